@@ -1,0 +1,456 @@
+//! [`MemoryBackend`]: locks in this process's memory.
+//!
+//! The embedded default, for examples, tests and single-instance apps. Locks
+//! live in a sharded hash map, so acquire and release cost the same whatever
+//! the number of held keys.
+//!
+//! - **Fair, direct hand-off**: a release hands the lock straight to the
+//!   longest-waiting acquirer (FIFO) and wakes it; the lock is never idle
+//!   between holders, and the releasing task cannot barge back in.
+//! - **Expiry without cleanup calls**: an expired lock is free for the next
+//!   acquirer; waiters sleep until the holder's expiry (or their own max
+//!   wait, whichever is first), not in a poll loop.
+//! - **Bounded memory**: expired entries are swept from a shard once it has
+//!   seen as many operations as it holds entries, so sweeping is O(1)
+//!   amortised and expired entries cannot pile up.
+//! - **Fencing tokens** come from one counter for the whole backend, so they
+//!   increase per key across release and expiry without keeping per-key
+//!   state forever.
+//! - Uses tokio's clock, so tests can pause and advance time.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{BoxFuture, Lease, LockBackend, LockStatus};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+const SHARDS: usize = 64;
+const MIN_SWEEP_INTERVAL: usize = 256;
+
+/// Locks held in this process's memory. Cheap to clone (clones share state).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{AcquireRequest, LockBackend, LockKey, MemoryBackend};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let backend = MemoryBackend::new();
+/// let key = LockKey::global("report").unwrap();
+/// let req = AcquireRequest::new(key.clone(), "me", Duration::from_secs(5), Duration::ZERO).unwrap();
+/// let lease = backend.acquire(&req).await.unwrap();
+/// assert!(lease.fence > 0);
+/// backend.release(&key, "me").await.unwrap();
+/// # });
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    fence: AtomicU64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            fence: AtomicU64::new(0),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<LockKey, Entry>,
+    ops_since_sweep: usize,
+}
+
+struct Entry {
+    owner: Arc<str>,
+    fence: u64,
+    acquired_at: SystemTime,
+    expires: Instant,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Waiter {
+    owner: Arc<str>,
+    ttl: Duration,
+    tx: oneshot::Sender<Lease>,
+}
+
+enum Attempt {
+    Acquired(Lease),
+    Busy {
+        rx: Option<oneshot::Receiver<Lease>>,
+        holder_expires: Instant,
+    },
+}
+
+impl MemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of entries currently stored (held locks plus expired ones
+    /// not yet swept). For tests and metrics.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no entry is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave an entry half-written (each
+    // critical section writes whole fields), so poisoning is ignored.
+    shard.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn shard(&self, key: &LockKey) -> MutexGuard<'_, Shard> {
+        let idx = self.hasher.hash_one(key) as usize % SHARDS;
+        let mut shard = lock(&self.shards[idx]);
+        shard.ops_since_sweep += 1;
+        if shard.ops_since_sweep >= shard.map.len().max(MIN_SWEEP_INTERVAL) {
+            shard.ops_since_sweep = 0;
+            let now = Instant::now();
+            // Waiters of a removed entry see their channel close and retry.
+            shard.map.retain(|_, e| e.expires > now);
+        }
+        shard
+    }
+
+    fn next_fence(&self) -> u64 {
+        self.fence.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn try_acquire(&self, req: &AcquireRequest, may_wait: bool) -> Attempt {
+        let now = Instant::now();
+        let mut shard = self.shard(req.key());
+        let wall = SystemTime::now();
+        if let Some(entry) = shard.map.get_mut(req.key()) {
+            if entry.expires > now && *entry.owner != *req.owner() {
+                let rx = may_wait.then(|| {
+                    let (tx, rx) = oneshot::channel();
+                    if entry.waiters.len() >= 64 && entry.waiters.len().is_power_of_two() {
+                        entry.waiters.retain(|w| !w.tx.is_closed());
+                    }
+                    entry.waiters.push_back(Waiter {
+                        owner: req.owner_arc().clone(),
+                        ttl: req.ttl(),
+                        tx,
+                    });
+                    rx
+                });
+                return Attempt::Busy {
+                    rx,
+                    holder_expires: entry.expires,
+                };
+            }
+            // Free (expired), or already ours (an idempotent retry): take it,
+            // keeping the queue of waiters.
+            if *entry.owner != *req.owner() {
+                entry.owner = req.owner_arc().clone();
+                entry.fence = self.next_fence();
+                entry.acquired_at = wall;
+            }
+            entry.expires = now + req.ttl();
+            return Attempt::Acquired(Lease::new(entry.fence, entry.acquired_at, wall, req.ttl()));
+        }
+        let fence = self.next_fence();
+        shard.map.insert(
+            req.key().clone(),
+            Entry {
+                owner: req.owner_arc().clone(),
+                fence,
+                acquired_at: wall,
+                expires: now + req.ttl(),
+                waiters: VecDeque::new(),
+            },
+        );
+        Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
+    }
+
+    /// Give the lock in `shard[key]` to the first live waiter, or remove it.
+    fn hand_off(&self, shard: &mut Shard, key: &LockKey) {
+        let Some(entry) = shard.map.get_mut(key) else {
+            return;
+        };
+        while let Some(w) = entry.waiters.pop_front() {
+            let wall = SystemTime::now();
+            let fence = self.next_fence();
+            let lease = Lease::new(fence, wall, wall, w.ttl);
+            if w.tx.send(lease).is_ok() {
+                entry.owner = w.owner;
+                entry.fence = fence;
+                entry.acquired_at = wall;
+                entry.expires = Instant::now() + w.ttl;
+                return;
+            }
+        }
+        shard.map.remove(key);
+    }
+
+    /// Release on behalf of a waiter that was handed the lock but is gone.
+    fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
+        let mut shard = self.shard(key);
+        let ours = matches!(shard.map.get(key), Some(e) if *e.owner == *owner && e.fence == fence);
+        if ours {
+            self.hand_off(&mut shard, key);
+        }
+    }
+
+    fn release(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let entry = shard.map.get(key).ok_or(LockError::NotFound)?;
+        if entry.expires <= now {
+            // Expired: not held by anyone. Free it for waiters right away.
+            self.hand_off(&mut shard, key);
+            return Err(LockError::NotFound);
+        }
+        if *entry.owner != *owner {
+            return Err(LockError::OwnershipMismatch);
+        }
+        self.hand_off(&mut shard, key);
+        Ok(())
+    }
+
+    fn extend(&self, key: &LockKey, owner: &str, ttl: Duration) -> Result<Lease, LockError> {
+        crate::spec::validate_ttl(ttl)?;
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let entry = shard.map.get_mut(key).ok_or(LockError::NotFound)?;
+        if entry.expires <= now {
+            return Err(LockError::NotFound);
+        }
+        if *entry.owner != *owner {
+            return Err(LockError::OwnershipMismatch);
+        }
+        entry.expires = now + ttl;
+        Ok(Lease::new(
+            entry.fence,
+            entry.acquired_at,
+            SystemTime::now(),
+            ttl,
+        ))
+    }
+
+    fn force_release(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let held = matches!(shard.map.get(key), Some(e) if e.expires > now);
+        self.hand_off(&mut shard, key);
+        held
+    }
+
+    fn status(&self, key: &LockKey) -> Option<LockStatus> {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        let entry = shard.map.get(key).filter(|e| e.expires > now)?;
+        let remaining = entry.expires - now;
+        Some(LockStatus::new(
+            entry.owner.to_string(),
+            entry.fence,
+            entry.acquired_at,
+            SystemTime::now() + remaining,
+            remaining,
+        ))
+    }
+}
+
+/// A place in a key's queue. If the waiting future is dropped after the lock
+/// was handed to it, the lock is passed on at once instead of idling until
+/// its TTL ends.
+struct WaitSlot<'a> {
+    inner: &'a Inner,
+    key: &'a LockKey,
+    owner: &'a str,
+    rx: oneshot::Receiver<Lease>,
+}
+
+impl WaitSlot<'_> {
+    /// Leave the queue; returns the lease if it was handed over meanwhile.
+    fn leave(&mut self) -> Option<Lease> {
+        self.rx.close();
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.leave() {
+            self.inner.release_sync(self.key, self.owner, lease.fence);
+        }
+    }
+}
+
+async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError> {
+    let start = Instant::now();
+    let deadline = start.checked_add(req.max_wait());
+    loop {
+        let may_wait = deadline.is_some_and(|d| d > Instant::now());
+        let (rx, holder_expires) = match inner.try_acquire(req, may_wait) {
+            Attempt::Acquired(lease) => return Ok(lease),
+            Attempt::Busy { rx, holder_expires } => (rx, holder_expires),
+        };
+        let retry_after = Some(holder_expires.saturating_duration_since(Instant::now()));
+        let Some(rx) = rx else {
+            return Err(if req.max_wait().is_zero() {
+                LockError::AcquisitionFailed { retry_after }
+            } else {
+                LockError::Timeout {
+                    waited: start.elapsed(),
+                    retry_after,
+                }
+            });
+        };
+        let mut slot = WaitSlot {
+            inner,
+            key: req.key(),
+            owner: req.owner(),
+            rx,
+        };
+        let wake_at = match deadline {
+            Some(d) => d.min(holder_expires),
+            None => holder_expires,
+        };
+        tokio::select! {
+            biased;
+            handed = &mut slot.rx => {
+                if let Ok(lease) = handed {
+                    // Consumed: nothing for the slot's Drop to give back.
+                    return Ok(lease);
+                }
+                // The entry was swept or force-released: try again at once.
+            }
+            _ = tokio::time::sleep_until(wake_at) => {
+                if let Some(lease) = slot.leave() {
+                    return Ok(lease);
+                }
+                // Holder expired (retry takes it) or our wait is over (the
+                // retry fails with a timeout unless the lock just came free).
+            }
+        }
+    }
+}
+
+impl LockBackend for MemoryBackend {
+    fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(acquire(&self.inner, req))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(std::future::ready(self.inner.release(key, owner)))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(std::future::ready(self.inner.extend(key, owner, ttl)))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(std::future::ready(Ok(self.inner.force_release(key))))
+    }
+
+    fn status<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
+        Box::pin(std::future::ready(Ok(self.inner.status(key))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
+        AcquireRequest::new(
+            LockKey::global(key).unwrap(),
+            owner,
+            Duration::from_millis(ttl_ms),
+            Duration::from_millis(wait_ms),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_entries_are_swept() {
+        let b = MemoryBackend::new();
+        for i in 0..2000 {
+            b.acquire(&req(&format!("k{i}"), "o", 10, 0)).await.unwrap();
+        }
+        assert_eq!(b.len(), 2000);
+        tokio::time::advance(Duration::from_millis(20)).await;
+        for i in 0..(MIN_SWEEP_INTERVAL * SHARDS * 4) {
+            let r = req(&format!("x{i}"), "o", 10_000, 0);
+            b.acquire(&r).await.unwrap();
+            b.release(r.key(), "o").await.unwrap();
+        }
+        assert_eq!(b.len(), 0, "expired entries must not accumulate");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_waiter_passes_the_lock_on() {
+        let b = MemoryBackend::new();
+        let first = req("k", "a", 10_000, 0);
+        b.acquire(&first).await.unwrap();
+        let second = req("k", "b", 10_000, 5_000);
+        let third = req("k", "c", 10_000, 5_000);
+        let mut w2 = Box::pin(b.acquire(&second));
+        assert!(futures_poll(&mut w2).is_none());
+        let w3 = tokio::spawn({
+            let b = b.clone();
+            let third = third.clone();
+            async move { b.acquire(&third).await }
+        });
+        tokio::task::yield_now().await;
+        b.release(first.key(), "a").await.unwrap();
+        // b was handed the lock but its future is dropped before it looks.
+        drop(w2);
+        let lease = w3.await.unwrap().unwrap();
+        assert!(lease.fence > 1);
+        assert_eq!(b.status(third.key()).await.unwrap().unwrap().owner, "c");
+    }
+
+    fn futures_poll<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match std::pin::Pin::new(f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The [`LockBackend`] trait and the backends that implement it.
+//!
+//! # Why an object-safe trait with boxed futures
+//!
+//! Handlers receive their locks through one extractor type ([`Locks`]), and
+//! owned handles ([`OwnedLock`]) move into background jobs; neither should
+//! carry the backend as a type parameter, and apps pick a backend from their
+//! configuration at run time (`--redis URL` or in-memory). So the layer keeps
+//! an `Arc<dyn LockBackend>`. The price is one small allocation per call,
+//! which is noise next to a network round trip and still allows millions of
+//! in-memory cycles per second.
+//!
+//! Every method is async and fallible, and is meant to be one round trip to a
+//! remote store.
+//!
+//! [`Locks`]: crate::Locks
+//! [`OwnedLock`]: crate::OwnedLock
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+pub mod memory;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
+
+/// A boxed, `Send` future, as returned by [`LockBackend`] methods.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a successful acquisition or extension returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lease {
+    /// Fencing token: strictly greater than any earlier acquisition of the
+    /// same key returned, on this backend (never reset by release or expiry).
+    pub fence: u64,
+    /// When the lock was acquired (wall clock of the backend).
+    pub acquired_at: SystemTime,
+    /// When the lock expires unless extended (wall clock of the backend).
+    pub expires_at: SystemTime,
+    /// The TTL granted from the moment of this acquisition/extension.
+    pub ttl: Duration,
+}
+
+impl Lease {
+    /// A lease with the given fence, acquired at `acquired_at`, expiring
+    /// `ttl` after `now`.
+    pub fn new(fence: u64, acquired_at: SystemTime, now: SystemTime, ttl: Duration) -> Self {
+        Lease {
+            fence,
+            acquired_at,
+            expires_at: now + ttl,
+            ttl,
+        }
+    }
+}
+
+/// What a status lookup finds for a held lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The holder's owner token.
+    pub owner: String,
+    /// The holder's fencing token.
+    pub fence: u64,
+    /// When the holder acquired it.
+    pub acquired_at: SystemTime,
+    /// When it expires unless extended.
+    pub expires_at: SystemTime,
+    /// Time left before it expires.
+    pub ttl_remaining: Duration,
+}
+
+impl LockStatus {
+    /// Build a status.
+    pub fn new(
+        owner: String,
+        fence: u64,
+        acquired_at: SystemTime,
+        expires_at: SystemTime,
+        ttl_remaining: Duration,
+    ) -> Self {
+        LockStatus {
+            owner,
+            fence,
+            acquired_at,
+            expires_at,
+            ttl_remaining,
+        }
+    }
+}
+
+/// A store that can hold locks: in memory, Redis, and (later) others.
+///
+/// Contract shared by every implementation (the behavioural test suite runs
+/// the same tests against each):
+/// - `acquire` takes the lock if it is free or its holder's TTL has passed,
+///   else waits up to `max_wait` (woken by the release or by the holder's
+///   expiry, not by polling) and then fails with
+///   [`LockError::AcquisitionFailed`] (no wait) or [`LockError::Timeout`],
+///   carrying the holder's remaining TTL.
+/// - `release` and `extend` check the owner token: [`LockError::NotFound`]
+///   when nothing is held (or it expired), [`LockError::OwnershipMismatch`]
+///   when someone else holds it. `extend` sets the remaining TTL to `ttl`
+///   (expires = now + ttl) and never revives an expired lock.
+/// - Every failure to reach the store is [`LockError::BackendUnavailable`],
+///   within a bounded time.
+pub trait LockBackend: Send + Sync + 'static {
+    /// Take the lock described by `req`, waiting up to its max wait.
+    fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>>;
+
+    /// Give back a lock held by `owner`.
+    fn release<'a>(&'a self, key: &'a LockKey, owner: &'a str)
+    -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Replace the remaining TTL of a lock held by `owner` with `ttl`.
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Lease, LockError>>;
+
+    /// Remove the lock whoever holds it. `Ok(true)` if one was held.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>>;
+
+    /// Who holds the lock and until when; `Ok(None)` when it is free.
+    fn status<'a>(&'a self, key: &'a LockKey)
+    -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
+}
+
+impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
+    fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
+        (**self).acquire(req)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        (**self).release(key, owner)
+    }
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        (**self).extend(key, owner, ttl)
+    }
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
+        (**self).force_release(key)
+    }
+    fn status<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
+        (**self).status(key)
+    }
+}
+
+/// A shared, type-erased backend, as the layer and the handles keep it.
+pub type SharedBackend = Arc<dyn LockBackend>;

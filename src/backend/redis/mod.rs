@@ -1,0 +1,1 @@
+//! Redis backend (being written).

@@ -1,0 +1,187 @@
+//! [`LockError`] and its stable machine codes.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, keeping or giving back a lock.
+///
+/// Every variant has a stable machine code ([`LockError::code`]) that the
+/// middleware puts in its JSON error bodies, and an HTTP status
+/// ([`LockError::status`]) it answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock is held by someone else and the spec allowed no waiting.
+    ///
+    /// `retry_after` is the holder's remaining TTL, when the backend knows it.
+    AcquisitionFailed {
+        /// How long until the current holder's lock expires.
+        retry_after: Option<Duration>,
+    },
+    /// The lock stayed held for the whole max wait.
+    Timeout {
+        /// How long the caller waited.
+        waited: Duration,
+        /// How long until the current holder's lock expires.
+        retry_after: Option<Duration>,
+    },
+    /// No lock is held under that key (never taken, released, or expired).
+    NotFound,
+    /// The lock is held, but by another owner token.
+    OwnershipMismatch,
+    /// This handle already released the lock.
+    AlreadyReleased,
+    /// The key is empty, too long, or otherwise unusable.
+    InvalidKey(&'static str),
+    /// The TTL is zero, shorter than a millisecond, or absurdly long.
+    InvalidTtl(&'static str),
+    /// The owner token is empty, too long or not printable ASCII.
+    InvalidOwner(&'static str),
+    /// The backend could not be reached or answered with an error in time.
+    ///
+    /// The middleware never runs a handler unlocked because of this: it
+    /// answers `503 Service Unavailable`.
+    BackendUnavailable(String),
+}
+
+impl LockError {
+    /// The stable machine code, e.g. `"LOCK_TIMEOUT"`.
+    ///
+    /// ```
+    /// use tower_lock::LockError;
+    /// assert_eq!(LockError::NotFound.code(), "LOCK_NOT_FOUND");
+    /// ```
+    pub fn code(&self) -> &'static str {
+        match self {
+            LockError::AcquisitionFailed { .. } => "LOCK_ACQUISITION_FAILED",
+            LockError::Timeout { .. } => "LOCK_TIMEOUT",
+            LockError::NotFound => "LOCK_NOT_FOUND",
+            LockError::OwnershipMismatch => "LOCK_OWNERSHIP_MISMATCH",
+            LockError::AlreadyReleased => "LOCK_ALREADY_RELEASED",
+            LockError::InvalidKey(_) => "LOCK_INVALID_KEY",
+            LockError::InvalidTtl(_) => "LOCK_INVALID_TTL",
+            LockError::InvalidOwner(_) => "LOCK_INVALID_OWNER",
+            LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
+        }
+    }
+
+    /// The HTTP status the middleware answers with for this error.
+    ///
+    /// `429` for a busy lock, `503` for an unreachable backend, `400` for a
+    /// bad key/TTL/owner, `404`/`409`/`410` for release and extend errors.
+    pub fn status(&self) -> http::StatusCode {
+        use http::StatusCode;
+        match self {
+            LockError::AcquisitionFailed { .. } | LockError::Timeout { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            LockError::NotFound => StatusCode::NOT_FOUND,
+            LockError::OwnershipMismatch => StatusCode::CONFLICT,
+            LockError::AlreadyReleased => StatusCode::GONE,
+            LockError::InvalidKey(_) | LockError::InvalidTtl(_) | LockError::InvalidOwner(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The holder's remaining TTL for a busy lock, if known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LockError::AcquisitionFailed { retry_after } | LockError::Timeout { retry_after, .. } => {
+                *retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether trying again later can succeed (busy lock or backend down).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LockError::AcquisitionFailed { .. }
+                | LockError::Timeout { .. }
+                | LockError::BackendUnavailable(_)
+        )
+    }
+
+    /// `Retry-After` in whole seconds: rounded up, at least 1.
+    pub(crate) fn retry_after_secs(&self) -> u64 {
+        retry_after_secs(self.retry_after().unwrap_or(Duration::from_secs(1)))
+    }
+}
+
+/// Whole seconds, rounded up, never 0 (a `Retry-After: 0` invites a hot loop).
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::AcquisitionFailed { .. } => f.write_str("the resource is locked"),
+            LockError::Timeout { waited, .. } => write!(
+                f,
+                "the resource stayed locked for the whole wait of {} ms",
+                waited.as_millis()
+            ),
+            LockError::NotFound => f.write_str("no lock is held under this key"),
+            LockError::OwnershipMismatch => f.write_str("the lock is held by another owner"),
+            LockError::AlreadyReleased => f.write_str("the lock was already released"),
+            LockError::InvalidKey(why) => write!(f, "invalid lock key: {why}"),
+            LockError::InvalidTtl(why) => write!(f, "invalid lock TTL: {why}"),
+            LockError::InvalidOwner(why) => write!(f, "invalid owner token: {why}"),
+            LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn codes_are_stable() {
+        let all = [
+            LockError::AcquisitionFailed { retry_after: None },
+            LockError::Timeout {
+                waited: Duration::ZERO,
+                retry_after: None,
+            },
+            LockError::NotFound,
+            LockError::OwnershipMismatch,
+            LockError::AlreadyReleased,
+            LockError::InvalidKey("x"),
+            LockError::InvalidTtl("x"),
+            LockError::InvalidOwner("x"),
+            LockError::BackendUnavailable("x".into()),
+        ];
+        let codes: Vec<_> = all.iter().map(LockError::code).collect();
+        assert_eq!(
+            codes,
+            [
+                "LOCK_ACQUISITION_FAILED",
+                "LOCK_TIMEOUT",
+                "LOCK_NOT_FOUND",
+                "LOCK_OWNERSHIP_MISMATCH",
+                "LOCK_ALREADY_RELEASED",
+                "LOCK_INVALID_KEY",
+                "LOCK_INVALID_TTL",
+                "LOCK_INVALID_OWNER",
+                "LOCK_BACKEND_UNAVAILABLE",
+            ]
+        );
+    }
+}

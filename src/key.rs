@@ -1,0 +1,213 @@
+//! Validated lock keys and their storage encoding.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use unicode_normalization::{UnicodeNormalization, is_nfc_quick};
+
+use crate::error::LockError;
+
+/// The longest key a user may give, in bytes of UTF-8 after NFC normalisation.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// Where a key lives: its own route's namespace or the shared global one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scope {
+    /// The key is namespaced by the matched route pattern (`/orders/{id}`):
+    /// the same key on two routes names two different locks. The default.
+    #[default]
+    Route,
+    /// The bare key, shared by every route (and job) that uses it.
+    Global,
+}
+
+/// A validated, NFC-normalised key together with its namespace.
+///
+/// Two different (scope, key) pairs never share a stored key: the storage
+/// encoding tags the scope and length-prefixes the route pattern, so a key
+/// containing `:` cannot reach another route's namespace.
+///
+/// ```
+/// use tower_lock::LockKey;
+///
+/// let key = LockKey::global("account:7").unwrap();
+/// assert_eq!(key.key(), "account:7");
+/// assert!(LockKey::global("").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    key: Arc<str>,
+    route: Option<Arc<str>>,
+}
+
+impl LockKey {
+    /// A key in the global namespace.
+    pub fn global(key: impl AsRef<str>) -> Result<Self, LockError> {
+        Ok(LockKey {
+            key: normalise(key.as_ref())?,
+            route: None,
+        })
+    }
+
+    /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
+    pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
+        Ok(LockKey {
+            key: normalise(key.as_ref())?,
+            route: Some(Arc::from(route.as_ref())),
+        })
+    }
+
+    /// The user's key, NFC-normalised.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The route pattern of a route-scoped key, `None` for a global one.
+    pub fn route_pattern(&self) -> Option<&str> {
+        self.route.as_deref()
+    }
+
+    /// The scope of this key.
+    pub fn scope(&self) -> Scope {
+        if self.route.is_some() {
+            Scope::Route
+        } else {
+            Scope::Global
+        }
+    }
+
+    /// The injective encoding of (scope, key), without any backend prefix.
+    ///
+    /// `g:<key>` for a global key, `r<n>:<route>:<key>` for a route-scoped one
+    /// (`n` = byte length of the route pattern). When the encoding is longer
+    /// than `max_len` bytes it is replaced by `h:<sha256 hex>` of itself, so
+    /// backends with key-length limits never see an over-long key.
+    pub fn encoded(&self, max_len: usize) -> String {
+        let full = match &self.route {
+            None => format!("g:{}", self.key),
+            Some(route) => format!("r{}:{}:{}", route.len(), route, self.key),
+        };
+        if full.len() <= max_len {
+            full
+        } else {
+            format!("h:{}", hex(&Sha256::digest(full.as_bytes())))
+        }
+    }
+
+    /// `prefix` followed by [`LockKey::encoded`].
+    pub fn storage_key(&self, prefix: &str, max_len: usize) -> String {
+        let mut out = String::with_capacity(prefix.len() + self.key.len() + 8);
+        out.push_str(prefix);
+        out.push_str(&self.encoded(max_len.saturating_sub(prefix.len())));
+        out
+    }
+
+    /// A short, stable digest of the key for logs, so raw keys (which may
+    /// carry user data) never reach them. Computed only when formatted.
+    pub fn digest(&self) -> KeyDigest<'_> {
+        KeyDigest(self)
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockKey")
+            .field("scope", &self.scope())
+            .field("digest", &format_args!("{}", self.digest()))
+            .finish()
+    }
+}
+
+/// Lazily computed short hash of a [`LockKey`] (see [`LockKey::digest`]).
+pub struct KeyDigest<'a>(&'a LockKey);
+
+impl fmt::Display for KeyDigest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = Sha256::digest(self.0.encoded(usize::MAX).as_bytes());
+        f.write_str(&hex(&digest[..6]))
+    }
+}
+
+impl fmt::Debug for KeyDigest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+    s
+}
+
+fn normalise(key: &str) -> Result<Arc<str>, LockError> {
+    let key: Arc<str> = match is_nfc_quick(key.chars()) {
+        unicode_normalization::IsNormalized::Yes => Arc::from(key),
+        _ => Arc::from(key.nfc().collect::<String>()),
+    };
+    if key.is_empty() {
+        return Err(LockError::InvalidKey("the key is empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LockError::InvalidKey(
+            "the key is longer than 512 bytes of UTF-8",
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(LockError::InvalidKey("the key contains control characters"));
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalises_to_nfc() {
+        let decomposed = LockKey::global("cafe\u{301}").unwrap();
+        let composed = LockKey::global("caf\u{e9}").unwrap();
+        assert_eq!(decomposed, composed);
+        assert_eq!(decomposed.encoded(1024), composed.encoded(1024));
+    }
+
+    #[test]
+    fn rejects_bad_keys() {
+        assert!(matches!(LockKey::global(""), Err(LockError::InvalidKey(_))));
+        assert!(matches!(
+            LockKey::global("a".repeat(513)),
+            Err(LockError::InvalidKey(_))
+        ));
+        assert!(LockKey::global("a".repeat(512)).is_ok());
+        assert!(matches!(
+            LockKey::global("a\nb"),
+            Err(LockError::InvalidKey(_))
+        ));
+        // 171 three-byte characters = 513 bytes.
+        assert!(LockKey::global("\u{20ac}".repeat(171)).is_err());
+    }
+
+    #[test]
+    fn long_keys_are_hashed_and_fit() {
+        let key = LockKey::route("/a/very/long/route/pattern", "k".repeat(512)).unwrap();
+        let stored = key.storage_key("lock:", 128);
+        assert!(stored.len() <= 128, "{stored}");
+        assert!(stored.starts_with("lock:h:"));
+        let other = LockKey::route("/a/very/long/route/pattern", "k".repeat(511)).unwrap();
+        assert_ne!(stored, other.storage_key("lock:", 128));
+    }
+
+    #[test]
+    fn colons_do_not_cross_namespaces() {
+        let a = LockKey::route("/a", "b:c").unwrap();
+        let b = LockKey::route("/a:b", "c").unwrap();
+        let g = LockKey::global("r2:/a:b:c").unwrap();
+        assert_ne!(a.encoded(4096), b.encoded(4096));
+        assert_ne!(a.encoded(4096), g.encoded(4096));
+    }
+}

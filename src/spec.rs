@@ -1,0 +1,259 @@
+//! [`LockSpec`]: what a route asks the layer to lock for one request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::key::{LockKey, Scope};
+
+/// The longest TTL accepted (one year): longer ones are almost surely a unit
+/// mistake, and keep every backend far from integer overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest owner token accepted, in bytes.
+pub const MAX_OWNER_BYTES: usize = 128;
+
+/// What to lock: a key, a TTL and how to wait, scope and release.
+///
+/// Built with [`LockSpec::new`] and refined with the builder methods. Nothing
+/// is validated here: the layer validates when it acquires and answers `400`
+/// with `LOCK_INVALID_KEY`/`LOCK_INVALID_TTL`/`LOCK_INVALID_OWNER` for a bad
+/// spec, so a key taken from a request can never make the service panic.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{LockSpec, Scope};
+///
+/// let spec = LockSpec::new("order:42", Duration::from_secs(30))
+///     .max_wait(Duration::from_secs(2))
+///     .scope(Scope::Global);
+/// assert_eq!(spec.key(), "order:42");
+/// assert!(spec.auto_releases());
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockSpec {
+    key: String,
+    ttl: Duration,
+    max_wait: Duration,
+    scope: Scope,
+    owner: Option<String>,
+    auto_release: bool,
+}
+
+impl LockSpec {
+    /// Lock `key` for at most `ttl`. No waiting, route scope, a random owner
+    /// token, released after the response.
+    pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
+        LockSpec {
+            key: key.into(),
+            ttl,
+            max_wait: Duration::ZERO,
+            scope: Scope::Route,
+            owner: None,
+            auto_release: true,
+        }
+    }
+
+    /// Wait up to `max_wait` for a busy lock (default zero: one attempt).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Set the scope (default [`Scope::Route`]).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Shorthand for `.scope(Scope::Global)`.
+    pub fn global(self) -> Self {
+        self.scope(Scope::Global)
+    }
+
+    /// Use this owner token instead of a random one (1 to 128 bytes of
+    /// printable ASCII, no spaces).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Whether to release the lock after the response (default `true`).
+    pub fn auto_release(mut self, auto_release: bool) -> Self {
+        self.auto_release = auto_release;
+        self
+    }
+
+    /// The raw key as given.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The max wait.
+    pub fn wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The scope.
+    pub fn get_scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The custom owner token, if any.
+    pub fn get_owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+
+    /// Whether the lock is released after the response.
+    pub fn auto_releases(&self) -> bool {
+        self.auto_release
+    }
+
+    /// Validate and turn into a backend request; `route` is the matched route
+    /// pattern used for [`Scope::Route`].
+    pub(crate) fn to_request(&self, route: &str) -> Result<AcquireRequest, LockError> {
+        let key = match self.scope {
+            Scope::Global => LockKey::global(&self.key)?,
+            Scope::Route => LockKey::route(route, &self.key)?,
+        };
+        let owner = match &self.owner {
+            Some(owner) => owner.clone(),
+            None => new_owner_token(),
+        };
+        AcquireRequest::new(key, owner, self.ttl, self.max_wait)
+    }
+}
+
+/// A fresh owner token: a UUID v4 from a CSPRNG.
+pub fn new_owner_token() -> String {
+    uuid::Uuid::new_v4().hyphenated().to_string()
+}
+
+/// Check an owner token: 1 to [`MAX_OWNER_BYTES`] bytes of visible ASCII.
+pub fn validate_owner(owner: &str) -> Result<(), LockError> {
+    if owner.is_empty() {
+        return Err(LockError::InvalidOwner("the owner token is empty"));
+    }
+    if owner.len() > MAX_OWNER_BYTES {
+        return Err(LockError::InvalidOwner(
+            "the owner token is longer than 128 bytes",
+        ));
+    }
+    if !owner.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(LockError::InvalidOwner(
+            "the owner token must be printable ASCII without spaces",
+        ));
+    }
+    Ok(())
+}
+
+/// Check a TTL: at least 1 ms, at most [`MAX_TTL`].
+pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl < Duration::from_millis(1) {
+        return Err(LockError::InvalidTtl("the TTL must be at least 1 ms"));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::InvalidTtl("the TTL must be at most one year"));
+    }
+    Ok(())
+}
+
+/// One validated acquisition, as a backend receives it.
+///
+/// The owner token is made *before* anything is sent, so a caller that gives
+/// up mid-flight can still release what may have landed.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    key: LockKey,
+    owner: Arc<str>,
+    ttl: Duration,
+    max_wait: Duration,
+}
+
+impl AcquireRequest {
+    /// Validate owner and TTL.
+    pub fn new(
+        key: LockKey,
+        owner: impl Into<Arc<str>>,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Self, LockError> {
+        let owner = owner.into();
+        validate_owner(&owner)?;
+        validate_ttl(ttl)?;
+        Ok(AcquireRequest {
+            key,
+            owner,
+            ttl,
+            max_wait,
+        })
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The owner token.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The owner token, shared.
+    pub fn owner_arc(&self) -> &Arc<str> {
+        &self.owner
+    }
+
+    /// The TTL (validated: 1 ms to one year).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How long to wait for a busy lock.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_owner_and_ttl() {
+        let key = LockKey::global("k").unwrap();
+        let ok = |o: &str, t| AcquireRequest::new(key.clone(), o, t, Duration::ZERO);
+        assert!(ok("abc", Duration::from_secs(1)).is_ok());
+        assert!(matches!(
+            ok("", Duration::from_secs(1)),
+            Err(LockError::InvalidOwner(_))
+        ));
+        assert!(matches!(
+            ok("a b", Duration::from_secs(1)),
+            Err(LockError::InvalidOwner(_))
+        ));
+        assert!(matches!(
+            ok("abc", Duration::ZERO),
+            Err(LockError::InvalidTtl(_))
+        ));
+        assert!(matches!(
+            ok("abc", Duration::from_micros(999)),
+            Err(LockError::InvalidTtl(_))
+        ));
+        assert!(matches!(
+            ok("abc", MAX_TTL + Duration::from_secs(1)),
+            Err(LockError::InvalidTtl(_))
+        ));
+    }
+
+    #[test]
+    fn random_owners_differ() {
+        assert_ne!(new_owner_token(), new_owner_token());
+        assert!(validate_owner(&new_owner_token()).is_ok());
+    }
+}

@@ -88,9 +88,8 @@ impl LockError {
     /// The holder's remaining TTL for a busy lock, if known.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            LockError::AcquisitionFailed { retry_after } | LockError::Timeout { retry_after, .. } => {
-                *retry_after
-            }
+            LockError::AcquisitionFailed { retry_after }
+            | LockError::Timeout { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -105,8 +104,9 @@ impl LockError {
         )
     }
 
-    /// `Retry-After` in whole seconds: rounded up, at least 1.
-    pub(crate) fn retry_after_secs(&self) -> u64 {
+    /// `Retry-After` in whole seconds: the holder's remaining TTL rounded up,
+    /// at least 1 (1 when unknown).
+    pub fn retry_after_secs(&self) -> u64 {
         retry_after_secs(self.retry_after().unwrap_or(Duration::from_secs(1)))
     }
 }

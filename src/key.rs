@@ -35,7 +35,7 @@ pub enum Scope {
 /// assert_eq!(key.key(), "account:7");
 /// assert!(LockKey::global("").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {
     key: Arc<str>,
     route: Option<Arc<str>>,

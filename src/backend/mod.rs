@@ -116,8 +116,11 @@ pub trait LockBackend: Send + Sync + 'static {
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>>;
 
     /// Give back a lock held by `owner`.
-    fn release<'a>(&'a self, key: &'a LockKey, owner: &'a str)
-    -> BoxFuture<'a, Result<(), LockError>>;
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>>;
 
     /// Replace the remaining TTL of a lock held by `owner` with `ttl`.
     fn extend<'a>(
@@ -131,8 +134,10 @@ pub trait LockBackend: Send + Sync + 'static {
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>>;
 
     /// Who holds the lock and until when; `Ok(None)` when it is free.
-    fn status<'a>(&'a self, key: &'a LockKey)
-    -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
+    fn status<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
 }
 
 impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {

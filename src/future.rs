@@ -1,0 +1,164 @@
+//! [`ResponseFuture`]: the future of [`LockService`](crate::LockService).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::backend::BoxFuture;
+use crate::body::{LockBody, ReleaseGuard};
+use crate::error::LockError;
+use crate::locks::Locks;
+use crate::rejection::SharedRejection;
+
+pin_project! {
+    /// Response future of [`LockService`](crate::LockService).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        // No lock asked for: the inner future, untouched.
+        Passthrough {
+            #[pin]
+            future: S::Future,
+        },
+        // Taking the locks; the handler has not been called.
+        Acquiring {
+            acquire: BoxFuture<'static, Result<Locks, LockError>>,
+            request: Option<Request<B>>,
+            inner: Option<S>,
+            rejection: SharedRejection,
+        },
+        // Handler running with the locks; the guard releases them if this
+        // future is dropped (client gone, timeout, panic unwinding).
+        Calling {
+            #[pin]
+            future: S::Future,
+            guard: Option<ReleaseGuard>,
+        },
+        // Response without a body left to send (or an error): release before
+        // handing it on, so a client that has it can take the lock again.
+        Releasing {
+            release: BoxFuture<'static, ()>,
+            result: Option<Result<S::Response, S::Error>>,
+        },
+        Done,
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn passthrough(future: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Passthrough { future },
+        }
+    }
+
+    pub(crate) fn acquiring(
+        acquire: BoxFuture<'static, Result<Locks, LockError>>,
+        request: Request<B>,
+        inner: S,
+        rejection: SharedRejection,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Acquiring {
+                acquire,
+                request: Some(request),
+                inner: Some(inner),
+                rejection,
+            },
+        }
+    }
+}
+
+impl<S, B, ResB> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Body,
+{
+    type Output = Result<Response<LockBody<ResB>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let mut state = self.as_mut().project().state;
+            match state.as_mut().project() {
+                StateProj::Passthrough { future } => {
+                    let res = ready!(future.poll(cx));
+                    state.set(State::Done);
+                    return Poll::Ready(res.map(|r| r.map(LockBody::new)));
+                }
+                StateProj::Acquiring {
+                    acquire,
+                    request,
+                    inner,
+                    rejection,
+                } => {
+                    let locks = match ready!(acquire.as_mut().poll(cx)) {
+                        Ok(locks) => locks,
+                        Err(error) => {
+                            tracing::info!(
+                                code = error.code(),
+                                status = error.status().as_u16(),
+                                "request rejected: lock not acquired"
+                            );
+                            let res = rejection.rejection(&error);
+                            state.set(State::Done);
+                            return Poll::Ready(Ok(res.map(LockBody::rejection)));
+                        }
+                    };
+                    let (Some(mut req), Some(mut svc)) = (request.take(), inner.take()) else {
+                        unreachable!("ResponseFuture polled after it was taken apart");
+                    };
+                    req.extensions_mut().insert(locks.clone());
+                    let guard = Some(ReleaseGuard::new(locks));
+                    let future = svc.call(req);
+                    state.set(State::Calling { future, guard });
+                }
+                StateProj::Calling { future, guard } => {
+                    let result = ready!(future.poll(cx));
+                    let guard = guard.take().expect("guard present until the response");
+                    match result {
+                        Ok(res) if !res.body().is_end_stream() => {
+                            state.set(State::Done);
+                            return Poll::Ready(Ok(res.map(|b| LockBody::guarded(b, guard))));
+                        }
+                        result => match guard.start() {
+                            None => {
+                                state.set(State::Done);
+                                return Poll::Ready(result.map(|r| r.map(LockBody::new)));
+                            }
+                            Some(release) => state.set(State::Releasing {
+                                release,
+                                result: Some(result),
+                            }),
+                        },
+                    }
+                }
+                StateProj::Releasing { release, result } => {
+                    ready!(release.as_mut().poll(cx));
+                    let result = result.take().expect("result present until released");
+                    state.set(State::Done);
+                    return Poll::Ready(result.map(|r| r.map(LockBody::new)));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}

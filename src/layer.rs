@@ -1,0 +1,91 @@
+//! [`LockLayer`]: the tower layer.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use crate::backend::{LockBackend, SharedBackend};
+use crate::rejection::{Rejection, SharedRejection, default_rejection};
+use crate::service::LockService;
+
+/// Wraps services with [`LockService`]: per request, asks the
+/// [`LockRequest`](crate::LockRequest) `R` what to lock, acquires it (waiting
+/// up to the spec's max wait) or answers `429` with `Retry-After`, and
+/// releases after the response.
+///
+/// Works per route (`post(handler).layer(..)`), on a whole axum `Router`
+/// (`.route_layer(..)`, which sees the matched route; `.layer(..)` runs
+/// before routing) and inside a `tower::ServiceBuilder`.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, routing::post};
+/// use http::Request;
+/// use tower_lock::{LockLayer, LockSpec, MemoryBackend, path_params};
+///
+/// let layer = LockLayer::new(MemoryBackend::new(), |req: &Request<Body>| {
+///     let id = path_params(req).get("id")?.to_owned();
+///     Some(LockSpec::new(format!("order:{id}"), Duration::from_secs(30)))
+/// });
+/// let app: Router = Router::new().route("/orders/{id}", post(|| async { "paid" }).layer(layer));
+/// # let _ = app;
+/// ```
+pub struct LockLayer<R> {
+    pub(crate) backend: SharedBackend,
+    pub(crate) locker: Arc<R>,
+    pub(crate) rejection: SharedRejection,
+}
+
+impl<R> LockLayer<R> {
+    /// A layer taking locks in `backend` as `locker` decides.
+    pub fn new(backend: impl LockBackend, locker: R) -> Self {
+        Self::from_shared(Arc::new(backend), locker)
+    }
+
+    /// Like [`new`](LockLayer::new), with a backend already shared (e.g. the
+    /// same `Arc<dyn LockBackend>` for several layers and an admin API).
+    pub fn from_shared(backend: SharedBackend, locker: R) -> Self {
+        LockLayer {
+            backend,
+            locker: Arc::new(locker),
+            rejection: Arc::new(default_rejection),
+        }
+    }
+
+    /// Shape the response sent when a lock cannot be taken (default:
+    /// [`default_rejection`]).
+    pub fn rejection(mut self, rejection: impl Rejection) -> Self {
+        self.rejection = Arc::new(rejection);
+        self
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &SharedBackend {
+        &self.backend
+    }
+}
+
+impl<R> Clone for LockLayer<R> {
+    fn clone(&self) -> Self {
+        LockLayer {
+            backend: self.backend.clone(),
+            locker: self.locker.clone(),
+            rejection: self.rejection.clone(),
+        }
+    }
+}
+
+impl<R> fmt::Debug for LockLayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S, R> Layer<S> for LockLayer<R> {
+    type Service = LockService<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService::from_layer(inner, self.clone())
+    }
+}

@@ -1,0 +1,549 @@
+//! The per-request lock registry ([`Locks`]), held-lock info ([`HeldLock`])
+//! and owned handles for background jobs ([`OwnedLock`]).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+
+use crate::backend::{BoxFuture, Lease, LockStatus, SharedBackend};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::{AcquireRequest, LockSpec};
+
+/// A lock that is held: its key, owner token, fencing token and expiry.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    key: LockKey,
+    owner: Arc<str>,
+    lease: Lease,
+}
+
+impl HeldLock {
+    pub(crate) fn new(key: LockKey, owner: Arc<str>, lease: Lease) -> Self {
+        HeldLock { key, owner, lease }
+    }
+
+    /// The validated key (with its scope).
+    pub fn lock_key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The user's key, as given in the spec (NFC-normalised).
+    pub fn key(&self) -> &str {
+        self.key.key()
+    }
+
+    /// The owner token: whoever presents it can release or extend the lock.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The fencing token. Pass it to the resource you protect and have it
+    /// refuse writes carrying a smaller token than one it has already seen.
+    pub fn fence(&self) -> u64 {
+        self.lease.fence
+    }
+
+    /// When the lock was acquired.
+    pub fn acquired_at(&self) -> SystemTime {
+        self.lease.acquired_at
+    }
+
+    /// When the lock expires unless extended.
+    pub fn expires_at(&self) -> SystemTime {
+        self.lease.expires_at
+    }
+
+    /// The TTL granted by the last acquisition or extension.
+    pub fn ttl(&self) -> Duration {
+        self.lease.ttl
+    }
+}
+
+impl fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The owner token is a credential: keep it out of logs.
+        f.debug_struct("HeldLock")
+            .field("key", &self.key)
+            .field("fence", &self.lease.fence)
+            .field("expires_at", &self.lease.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Slot {
+    lock: HeldLock,
+    auto_release: bool,
+}
+
+struct Registry {
+    backend: SharedBackend,
+    route: Arc<str>,
+    state: Mutex<RegistryState>,
+}
+
+#[derive(Default)]
+struct RegistryState {
+    slots: Vec<Slot>,
+    released: Vec<LockKey>,
+    closed: bool,
+}
+
+/// The locks of one request, in its extensions; also an axum extractor.
+///
+/// The layer puts the locks it acquired here. A handler can read them, take
+/// more locks that are released with the response, release one early, or
+/// [`cancel_auto_release`](Locks::cancel_auto_release) one to hand it to a
+/// background job.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{Locks, LockSpec};
+///
+/// async fn handler(locks: Locks) -> String {
+///     let order = locks.get("order:1").map(|l| l.fence());
+///     // A second lock, released together with the first after the response.
+///     let audit = locks
+///         .acquire(LockSpec::new("audit", Duration::from_secs(5)).global())
+///         .await;
+///     format!("{order:?} {:?}", audit.map(|l| l.fence()))
+/// }
+/// # let _ = handler;
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    inner: Arc<Registry>,
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("held", &self.held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Locks {
+    pub(crate) fn new(backend: SharedBackend, route: Arc<str>) -> Self {
+        Locks {
+            inner: Arc::new(Registry {
+                backend,
+                route,
+                state: Mutex::default(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, RegistryState> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every lock this request holds (auto-release or kept).
+    pub fn held(&self) -> Vec<HeldLock> {
+        self.state().slots.iter().map(|s| s.lock.clone()).collect()
+    }
+
+    /// The held lock with this user key, if any.
+    pub fn get(&self, key: &str) -> Option<HeldLock> {
+        self.state()
+            .slots
+            .iter()
+            .find(|s| s.lock.key() == key)
+            .map(|s| s.lock.clone())
+    }
+
+    /// The first lock the layer took for this request, if any.
+    pub fn first(&self) -> Option<HeldLock> {
+        self.state().slots.first().map(|s| s.lock.clone())
+    }
+
+    /// The backend these locks live in.
+    pub fn backend(&self) -> &SharedBackend {
+        &self.inner.backend
+    }
+
+    /// The route pattern used for [`Scope::Route`](crate::Scope::Route) keys.
+    pub fn route(&self) -> &str {
+        &self.inner.route
+    }
+
+    pub(crate) fn register(&self, lock: HeldLock, auto_release: bool) -> Result<(), HeldLock> {
+        let mut state = self.state();
+        if state.closed {
+            return Err(lock);
+        }
+        state.slots.push(Slot { lock, auto_release });
+        Ok(())
+    }
+
+    /// Take one more lock for this request, waiting up to the spec's max wait.
+    ///
+    /// It is released with the response unless the spec turns auto-release
+    /// off. Fails with [`LockError::AlreadyReleased`] once the response has
+    /// ended and the request's locks were released.
+    pub async fn acquire(&self, spec: LockSpec) -> Result<HeldLock, LockError> {
+        if self.state().closed {
+            return Err(LockError::AlreadyReleased);
+        }
+        let req = spec.to_request(&self.inner.route)?;
+        let lock = acquire_guarded(&self.inner.backend, &req).await?;
+        match self.register(lock.clone(), spec.auto_releases()) {
+            Ok(()) => Ok(lock),
+            Err(lock) => {
+                release_detached(self.inner.backend.clone(), vec![lock]);
+                Err(LockError::AlreadyReleased)
+            }
+        }
+    }
+
+    /// Release one of this request's locks now, before the response ends.
+    ///
+    /// [`LockError::AlreadyReleased`] if this request already released it,
+    /// [`LockError::NotFound`] if the request never held it.
+    pub async fn release(&self, key: &str) -> Result<(), LockError> {
+        let lock = {
+            let mut state = self.state();
+            match state.slots.iter().position(|s| s.lock.key() == key) {
+                Some(i) => {
+                    let slot = state.slots.remove(i);
+                    state.released.push(slot.lock.key.clone());
+                    slot.lock
+                }
+                None if state.released.iter().any(|k| k.key() == key) => {
+                    return Err(LockError::AlreadyReleased);
+                }
+                None => return Err(LockError::NotFound),
+            }
+        };
+        self.inner.backend.release(&lock.key, &lock.owner).await
+    }
+
+    /// Stop releasing this lock with the response and get an owned handle
+    /// to it, e.g. to move into `tokio::spawn`. The job then releases or
+    /// extends it; dropping the handle releases it.
+    ///
+    /// `None` if this request holds no lock with that key.
+    pub fn cancel_auto_release(&self, key: &str) -> Option<OwnedLock> {
+        let mut state = self.state();
+        let i = state.slots.iter().position(|s| s.lock.key() == key)?;
+        let slot = state.slots.remove(i);
+        Some(OwnedLock::new(self.inner.backend.clone(), slot.lock))
+    }
+
+    /// Close the registry and start releasing its auto-release locks.
+    ///
+    /// Returns `None` when everything was released synchronously (the
+    /// in-memory backend), else the rest of the work to drive.
+    pub(crate) fn release_auto(&self) -> Option<BoxFuture<'static, ()>> {
+        self.close_and_release(false)
+    }
+
+    /// Close the registry and release every lock, kept ones included (the
+    /// request was rejected after taking some of its locks).
+    pub(crate) fn release_all(&self) -> Option<BoxFuture<'static, ()>> {
+        self.close_and_release(true)
+    }
+
+    fn close_and_release(&self, all: bool) -> Option<BoxFuture<'static, ()>> {
+        let locks: Vec<HeldLock> = {
+            let mut state = self.state();
+            state.closed = true;
+            let (release, kept): (Vec<_>, Vec<_>) =
+                state.slots.drain(..).partition(|s| all || s.auto_release);
+            state.slots = kept;
+            release.into_iter().map(|s| s.lock).collect()
+        };
+        release_now(self.inner.backend.clone(), locks)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // The last handle on the request's locks is gone without the response
+        // having released them (a dropped acquisition, a leaked extension).
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.closed {
+            return;
+        }
+        let locks: Vec<HeldLock> = state
+            .slots
+            .drain(..)
+            .filter(|s| s.auto_release)
+            .map(|s| s.lock)
+            .collect();
+        if !locks.is_empty() {
+            release_detached(self.backend.clone(), locks);
+        }
+    }
+}
+
+/// Rejection of the [`Locks`] extractor when no [`LockLayer`](crate::LockLayer)
+/// runs in front of the handler: `500` with code `LOCK_LAYER_MISSING`.
+#[derive(Debug, Clone, Copy)]
+pub struct MissingLockLayer;
+
+impl IntoResponse for MissingLockLayer {
+    fn into_response(self) -> Response {
+        let body = crate::rejection::json_body(
+            "LOCK_LAYER_MISSING",
+            "no LockLayer runs in front of this handler",
+        );
+        let mut res = body.into_response();
+        *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+        res
+    }
+}
+
+impl fmt::Display for MissingLockLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no LockLayer runs in front of this handler")
+    }
+}
+
+impl std::error::Error for MissingLockLayer {}
+
+impl<S: Send + Sync> FromRequestParts<S> for Locks {
+    type Rejection = MissingLockLayer;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Locks>()
+            .cloned()
+            .ok_or(MissingLockLayer)
+    }
+}
+
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Locks {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Locks>().cloned())
+    }
+}
+
+/// A lock owned outside any request: from
+/// [`Locks::cancel_auto_release`] or [`OwnedLock::acquire`].
+///
+/// Move it into a background task and [`release`](OwnedLock::release) or
+/// [`extend`](OwnedLock::extend) it there. Dropping it releases the lock (in
+/// a background task; if that fails, the TTL frees it).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::Locks;
+///
+/// async fn handler(locks: Locks) -> &'static str {
+///     if let Some(lock) = locks.cancel_auto_release("report") {
+///         tokio::spawn(async move {
+///             // ... long work, still holding the lock ...
+///             let _ = lock.release().await;
+///         });
+///     }
+///     "accepted"
+/// }
+/// # let _ = handler;
+/// ```
+pub struct OwnedLock {
+    backend: SharedBackend,
+    lock: HeldLock,
+    released: bool,
+}
+
+impl fmt::Debug for OwnedLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedLock")
+            .field("lock", &self.lock)
+            .field("released", &self.released)
+            .finish()
+    }
+}
+
+impl OwnedLock {
+    pub(crate) fn new(backend: SharedBackend, lock: HeldLock) -> Self {
+        OwnedLock {
+            backend,
+            lock,
+            released: false,
+        }
+    }
+
+    /// Acquire a lock outside any request (e.g. in a job), waiting up to the
+    /// spec's max wait. A [`Scope::Route`](crate::Scope::Route) spec is
+    /// namespaced by `route`.
+    pub async fn acquire(
+        backend: SharedBackend,
+        spec: &LockSpec,
+        route: &str,
+    ) -> Result<OwnedLock, LockError> {
+        let req = spec.to_request(route)?;
+        let lock = acquire_guarded(&backend, &req).await?;
+        Ok(OwnedLock::new(backend, lock))
+    }
+
+    /// The lock's key, owner, fence and expiry.
+    pub fn info(&self) -> &HeldLock {
+        &self.lock
+    }
+
+    /// The fencing token.
+    pub fn fence(&self) -> u64 {
+        self.lock.fence()
+    }
+
+    /// Release the lock (checked against the owner token).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        self.backend.release(&self.lock.key, &self.lock.owner).await
+    }
+
+    /// Set the remaining TTL to `ttl` (never revives an expired lock:
+    /// [`LockError::NotFound`] then).
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
+        let lease = self
+            .backend
+            .extend(&self.lock.key, &self.lock.owner, ttl)
+            .await?;
+        self.lock.lease = lease;
+        Ok(())
+    }
+
+    /// Ask the backend who holds this lock now.
+    pub async fn status(&self) -> Result<Option<LockStatus>, LockError> {
+        self.backend.status(&self.lock.key).await
+    }
+
+    /// Give up the handle without releasing: the lock stays held until its
+    /// TTL ends (or someone releases it with the owner token).
+    pub fn keep(mut self) -> HeldLock {
+        self.released = true;
+        self.lock.clone()
+    }
+}
+
+impl Drop for OwnedLock {
+    fn drop(&mut self) {
+        if !self.released {
+            release_detached(self.backend.clone(), vec![self.lock.clone()]);
+        }
+    }
+}
+
+/// Acquire, and if this future is dropped while the backend call is in
+/// flight, release best-effort with the owner token: a request that was
+/// cancelled may still have taken the lock on the server.
+pub(crate) async fn acquire_guarded(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+) -> Result<HeldLock, LockError> {
+    struct InFlight<'a> {
+        backend: &'a SharedBackend,
+        req: &'a AcquireRequest,
+        done: bool,
+    }
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            if !self.done {
+                let backend = self.backend.clone();
+                let key = self.req.key().clone();
+                let owner = self.req.owner_arc().clone();
+                run_detached(Box::pin(async move {
+                    let _ = backend.release(&key, &owner).await;
+                }));
+            }
+        }
+    }
+    let mut guard = InFlight {
+        backend,
+        req,
+        done: false,
+    };
+    let result = backend.acquire(req).await;
+    guard.done = true;
+    match &result {
+        Ok(lease) => tracing::debug!(
+            key = %req.key().digest(),
+            fence = lease.fence,
+            "lock acquired"
+        ),
+        Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
+    }
+    result.map(|lease| HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease))
+}
+
+/// Release `locks` now: returns `None` if that finished synchronously, else
+/// the remaining work.
+pub(crate) fn release_now(
+    backend: SharedBackend,
+    locks: Vec<HeldLock>,
+) -> Option<BoxFuture<'static, ()>> {
+    if locks.is_empty() {
+        return None;
+    }
+    poll_once(Box::pin(async move {
+        for lock in locks {
+            match backend.release(&lock.key, &lock.owner).await {
+                Ok(()) => tracing::debug!(key = %lock.key.digest(), "lock released"),
+                Err(e) => tracing::warn!(
+                    key = %lock.key.digest(),
+                    code = e.code(),
+                    error = %e,
+                    "lock release failed; the lock will be freed by its TTL"
+                ),
+            }
+        }
+    }))
+}
+
+/// Poll `fut` once: backends that answer synchronously (in memory) finish
+/// here, without a task or a wake-up; others return the remaining work.
+fn poll_once(mut fut: BoxFuture<'static, ()>) -> Option<BoxFuture<'static, ()>> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        // A remote backend's future would need the runtime's timers and I/O.
+        tracing::warn!("no tokio runtime to release a lock on; it will be freed by its TTL");
+        return None;
+    }
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(()) => None,
+        Poll::Pending => Some(fut),
+    }
+}
+
+/// Release `locks` without anyone waiting for it (from `Drop`).
+pub(crate) fn release_detached(backend: SharedBackend, locks: Vec<HeldLock>) {
+    if let Some(fut) = release_now(backend, locks) {
+        spawn_or_warn(fut);
+    }
+}
+
+/// Drive the rest of a started release in the background.
+pub(crate) fn release_detached_future(fut: BoxFuture<'static, ()>) {
+    spawn_or_warn(fut);
+}
+
+/// Drive `fut` to completion in the background.
+pub(crate) fn run_detached(fut: BoxFuture<'static, ()>) {
+    if let Some(fut) = poll_once(fut) {
+        spawn_or_warn(fut);
+    }
+}
+
+fn spawn_or_warn(fut: BoxFuture<'static, ()>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(fut);
+        }
+        Err(_) => {
+            tracing::warn!("no tokio runtime to release a lock on; it will be freed by its TTL")
+        }
+    }
+}

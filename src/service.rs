@@ -1,0 +1,141 @@
+//! [`LockService`]: the middleware service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::extract::MatchedPath;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use crate::backend::{BoxFuture, LockBackend};
+use crate::body::LockBody;
+use crate::error::LockError;
+use crate::future::ResponseFuture;
+use crate::layer::LockLayer;
+use crate::locks::{Locks, acquire_guarded};
+use crate::request::LockRequest;
+use crate::spec::LockSpec;
+
+/// Middleware that locks what a [`LockRequest`] names around each request.
+/// See [`LockLayer`].
+pub struct LockService<S, R> {
+    inner: S,
+    layer: LockLayer<R>,
+}
+
+impl<S, R> LockService<S, R> {
+    /// Wrap `inner`, taking locks in `backend` as `locker` decides.
+    pub fn new(inner: S, backend: impl LockBackend, locker: R) -> Self {
+        Self::from_layer(inner, LockLayer::new(backend, locker))
+    }
+
+    pub(crate) fn from_layer(inner: S, layer: LockLayer<R>) -> Self {
+        LockService { inner, layer }
+    }
+
+    /// A [`LockLayer`] (same as [`LockLayer::new`]).
+    pub fn layer(backend: impl LockBackend, locker: R) -> LockLayer<R> {
+        LockLayer::new(backend, locker)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, R> Clone for LockService<S, R> {
+    fn clone(&self) -> Self {
+        LockService {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, R> fmt::Debug for LockService<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, R, ReqB, ResB> Service<Request<ReqB>> for LockService<S, R>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    R: LockRequest<ReqB>,
+    ResB: Body,
+{
+    type Response = Response<LockBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let specs: Vec<LockSpec> = self.layer.locker.lock_request(&req).into_iter().collect();
+        if specs.is_empty() {
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        // The ready service goes with this request; a clone stays for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let route: Arc<str> = match req.extensions().get::<MatchedPath>() {
+            Some(path) => Arc::from(path.as_str()),
+            None => Arc::from(req.uri().path()),
+        };
+        let acquire = acquire_all(self.layer.backend.clone(), route, specs);
+        ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
+    }
+}
+
+/// Acquire every spec, in one global order (sorted by key) so that two
+/// requests locking the same keys cannot deadlock; on any failure give back
+/// what was taken.
+fn acquire_all(
+    backend: crate::SharedBackend,
+    route: Arc<str>,
+    specs: Vec<LockSpec>,
+) -> BoxFuture<'static, Result<Locks, LockError>> {
+    Box::pin(async move {
+        let mut reqs = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            reqs.push((spec.to_request(&route)?, spec.auto_releases()));
+        }
+        if reqs.len() > 1 {
+            reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
+            reqs.dedup_by(|a, b| a.0.key() == b.0.key());
+        }
+        let locks = Locks::new(backend.clone(), route);
+        for (req, auto_release) in &reqs {
+            match acquire_guarded(&backend, req).await {
+                Ok(lock) => {
+                    // A fresh registry is never closed.
+                    let _ = locks.register(lock, *auto_release);
+                }
+                Err(e) => {
+                    if let Some(release) = locks.release_all() {
+                        release.await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(locks)
+    })
+}

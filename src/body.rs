@@ -33,10 +33,10 @@ impl ReleaseGuard {
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        if let Some(locks) = self.locks.take() {
-            if let Some(fut) = locks.release_auto() {
-                release_detached_future(fut);
-            }
+        if let Some(locks) = self.locks.take()
+            && let Some(fut) = locks.release_auto()
+        {
+            release_detached_future(fut);
         }
     }
 }
@@ -143,12 +143,10 @@ where
                     None | Some(Err(_)) => true,
                     Some(Ok(_)) => body.is_end_stream(),
                 };
-                if last {
-                    if let Some(release) = guard.take().and_then(ReleaseGuard::start) {
-                        *releasing = Some(release);
-                        *pending = Some(frame);
-                        continue;
-                    }
+                if last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
+                    *releasing = Some(release);
+                    *pending = Some(frame);
+                    continue;
                 }
                 return Poll::Ready(frame);
             },

@@ -25,6 +25,10 @@ impl ReleaseGuard {
         ReleaseGuard { locks: Some(locks) }
     }
 
+    pub(crate) fn locks(&self) -> Option<&Locks> {
+        self.locks.as_ref()
+    }
+
     /// Release now; `None` if done synchronously, else the work to await.
     pub(crate) fn start(mut self) -> Option<BoxFuture<'static, ()>> {
         self.locks.take().and_then(|locks| locks.release_auto())

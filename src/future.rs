@@ -132,8 +132,13 @@ where
                     state.set(State::Calling { future, guard });
                 }
                 StateProj::Calling { future, guard } => {
-                    let result = ready!(future.poll(cx));
+                    let mut result = ready!(future.poll(cx));
                     let guard = guard.take().expect("guard present until the response");
+                    if let Ok(res) = &mut result {
+                        for lock in guard.locks().map(Locks::kept).unwrap_or_default() {
+                            crate::headers::append(res.headers_mut(), &lock);
+                        }
+                    }
                     match result {
                         Ok(res) if !res.body().is_end_stream() => {
                             state.set(State::Done);

@@ -35,6 +35,7 @@ pub struct LockLayer<R> {
     pub(crate) backend: SharedBackend,
     pub(crate) locker: Arc<R>,
     pub(crate) rejection: SharedRejection,
+    pub(crate) watchdog: bool,
 }
 
 impl<R> LockLayer<R> {
@@ -50,7 +51,16 @@ impl<R> LockLayer<R> {
             backend,
             locker: Arc::new(locker),
             rejection: Arc::new(default_rejection),
+            watchdog: false,
         }
+    }
+
+    /// Turn the watchdog on (or off) for specs that do not say: their locks
+    /// are renewed by their TTL every TTL/3 while held (see
+    /// [`LockSpec::watchdog`](crate::LockSpec::watchdog)). Default off.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
     }
 
     /// Shape the response sent when a lock cannot be taken (default:
@@ -72,6 +82,7 @@ impl<R> Clone for LockLayer<R> {
             backend: self.backend.clone(),
             locker: self.locker.clone(),
             rejection: self.rejection.clone(),
+            watchdog: self.watchdog,
         }
     }
 }

@@ -1,4 +1,70 @@
-#![doc = "tower-lock: distributed locks as tower/axum middleware (docs in progress)."]
+//! Distributed locks as [tower] middleware, for [axum] and any tower HTTP
+//! service: when two requests must not touch the same resource at once.
+//!
+//! A [`LockLayer`] wraps routes. For each request it asks a [`LockRequest`]
+//! (a small trait, implemented for closures) which lock to take: a
+//! [`LockSpec`] with a key, a TTL, how long to wait, a [`Scope`] and whether to
+//! release after the response. No spec: the request passes through with no
+//! backend call. A spec: the layer acquires the lock, waiting at most the max
+//! wait, or answers **`429 Too Many Requests` with `Retry-After`** and a JSON
+//! error, and the handler never runs.
+//!
+//! Every lock of the request is **released after the response**: when its
+//! body has been sent, or was dropped because the client went away, or the
+//! handler failed or panicked. Handlers read and add locks through the
+//! [`Locks`] extractor, and can [`cancel_auto_release`](Locks::cancel_auto_release)
+//! a lock to hand it to a background job as an [`OwnedLock`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, body::Body, routing::post};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, path_params};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // One lock per order, held while the payment runs; 2 s of patience.
+//! let orders = LockLayer::new(MemoryBackend::new(), |req: &Request<Body>| {
+//!     let id = path_params(req).get("id")?.to_owned();
+//!     Some(LockSpec::new(format!("order:{id}"), Duration::from_secs(30)).max_wait(Duration::from_secs(2)))
+//! });
+//!
+//! async fn pay(locks: Locks) -> String {
+//!     let lock = locks.first().expect("the layer took it");
+//!     format!("paid under fence {}", lock.fence())
+//! }
+//!
+//! let app = Router::new().route("/orders/{id}/pay", post(pay).layer(orders));
+//! let res = app.oneshot(Request::post("/orders/7/pay").body(Body::empty()).unwrap()).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::OK);
+//! # }
+//! ```
+//!
+//! # Backends
+//!
+//! - [`MemoryBackend`]: in this process; the default for examples, tests and
+//!   single-instance apps.
+//! - `RedisBackend` (feature `redis`, on by default): shared by every
+//!   instance of the app through one Redis, on `deadpool-redis`.
+//!
+//! Both implement [`LockBackend`]; the same behavioural test suite runs
+//! against each.
+//!
+//! # Errors
+//!
+//! | code | status | when |
+//! |---|---|---|
+//! | `LOCK_ACQUISITION_FAILED` | 429 + `Retry-After` | held by someone else, no wait |
+//! | `LOCK_TIMEOUT` | 429 + `Retry-After` | still held after the max wait |
+//! | `LOCK_BACKEND_UNAVAILABLE` | 503 + `Retry-After` | the backend cannot be reached in time |
+//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request |
+//! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
+//! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
+//! | `LOCK_ALREADY_RELEASED` | 410 | a second release through the same handle |
+//!
+//! [tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -6,6 +72,7 @@ pub mod backend;
 mod body;
 mod error;
 mod future;
+pub mod headers;
 mod key;
 mod layer;
 mod locks;
@@ -13,15 +80,16 @@ mod rejection;
 mod request;
 mod service;
 mod spec;
+mod watchdog;
 
 pub use backend::memory::MemoryBackend;
-pub use backend::{BoxFuture, Lease, LockBackend, LockStatus, SharedBackend};
+pub use backend::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
 pub use error::LockError;
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
-pub use locks::{HeldLock, Locks, MissingLockLayer, OwnedLock};
+pub use locks::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
 pub use rejection::{Rejection, default_rejection};
 pub use request::{LockRequest, PathParams, path_params};
 pub use service::LockService;
@@ -29,3 +97,4 @@ pub use spec::{
     AcquireRequest, LockSpec, MAX_OWNER_BYTES, MAX_TTL, new_owner_token, validate_owner,
     validate_ttl,
 };
+pub use watchdog::LostSignal;

@@ -10,22 +10,62 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
+use serde::{Deserialize, Serialize};
+
 use crate::backend::{BoxFuture, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
-use crate::key::LockKey;
+use crate::key::{LockKey, Scope};
 use crate::spec::{AcquireRequest, LockSpec};
+use crate::watchdog::{LostSignal, WatchHandle, Watchdog};
 
-/// A lock that is held: its key, owner token, fencing token and expiry.
-#[derive(Clone, PartialEq, Eq)]
+/// A lock that is held: its key, owner token, fencing token and expiry, and
+/// a signal that fires if it is lost.
+#[derive(Clone)]
 pub struct HeldLock {
     key: LockKey,
     owner: Arc<str>,
     lease: Lease,
+    signal: LostSignal,
 }
 
+impl PartialEq for HeldLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.owner == other.owner && self.lease == other.lease
+    }
+}
+
+impl Eq for HeldLock {}
+
 impl HeldLock {
-    pub(crate) fn new(key: LockKey, owner: Arc<str>, lease: Lease) -> Self {
-        HeldLock { key, owner, lease }
+    pub(crate) fn new(
+        key: LockKey,
+        owner: Arc<str>,
+        lease: Lease,
+        expiry: tokio::time::Instant,
+    ) -> Self {
+        HeldLock {
+            key,
+            owner,
+            lease,
+            signal: LostSignal::new(expiry),
+        }
+    }
+
+    /// Whether the lock is known to be lost (see [`LostSignal`]).
+    pub fn is_lost(&self) -> bool {
+        self.signal.is_lost()
+    }
+
+    /// Resolves when the lock is lost: a renewal found it gone or owned by
+    /// someone else, or its TTL passed without a successful renewal. Use it
+    /// in `tokio::select!` to abort work that must not continue unlocked.
+    pub async fn lost(&self) {
+        self.signal.lost().await
+    }
+
+    /// The lost-lock signal itself, to hand to other tasks.
+    pub fn lost_signal(&self) -> &LostSignal {
+        &self.signal
     }
 
     /// The validated key (with its scope).
@@ -79,11 +119,22 @@ impl fmt::Debug for HeldLock {
 struct Slot {
     lock: HeldLock,
     auto_release: bool,
+    watch: Option<WatchHandle>,
+}
+
+impl Slot {
+    /// Stop renewals and the lost signal: the lock is being released.
+    fn retire(self) -> HeldLock {
+        drop(self.watch);
+        self.lock.signal.finish();
+        self.lock
+    }
 }
 
 struct Registry {
     backend: SharedBackend,
     route: Arc<str>,
+    watchdog: bool,
     state: Mutex<RegistryState>,
 }
 
@@ -129,11 +180,12 @@ impl fmt::Debug for Locks {
 }
 
 impl Locks {
-    pub(crate) fn new(backend: SharedBackend, route: Arc<str>) -> Self {
+    pub(crate) fn new(backend: SharedBackend, route: Arc<str>, watchdog: bool) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,
                 route,
+                watchdog,
                 state: Mutex::default(),
             }),
         }
@@ -172,12 +224,35 @@ impl Locks {
         &self.inner.route
     }
 
-    pub(crate) fn register(&self, lock: HeldLock, auto_release: bool) -> Result<(), HeldLock> {
+    /// Locks kept after the response (auto-release off), for the headers.
+    pub(crate) fn kept(&self) -> Vec<HeldLock> {
+        self.state()
+            .slots
+            .iter()
+            .filter(|s| !s.auto_release)
+            .map(|s| s.lock.clone())
+            .collect()
+    }
+
+    pub(crate) fn register(
+        &self,
+        lock: HeldLock,
+        auto_release: bool,
+        watchdog: Option<bool>,
+    ) -> Result<(), HeldLock> {
+        let watch = watchdog
+            .unwrap_or(self.inner.watchdog)
+            .then(|| watch(&self.inner.backend, &lock));
         let mut state = self.state();
         if state.closed {
+            drop(watch);
             return Err(lock);
         }
-        state.slots.push(Slot { lock, auto_release });
+        state.slots.push(Slot {
+            lock,
+            auto_release,
+            watch,
+        });
         Ok(())
     }
 
@@ -192,7 +267,7 @@ impl Locks {
         }
         let req = spec.to_request(&self.inner.route)?;
         let lock = acquire_guarded(&self.inner.backend, &req).await?;
-        match self.register(lock.clone(), spec.auto_releases()) {
+        match self.register(lock.clone(), spec.auto_releases(), spec.get_watchdog()) {
             Ok(()) => Ok(lock),
             Err(lock) => {
                 release_detached(self.inner.backend.clone(), vec![lock]);
@@ -210,9 +285,9 @@ impl Locks {
             let mut state = self.state();
             match state.slots.iter().position(|s| s.lock.key() == key) {
                 Some(i) => {
-                    let slot = state.slots.remove(i);
-                    state.released.push(slot.lock.key.clone());
-                    slot.lock
+                    let lock = state.slots.remove(i).retire();
+                    state.released.push(lock.key.clone());
+                    lock
                 }
                 None if state.released.iter().any(|k| k.key() == key) => {
                     return Err(LockError::AlreadyReleased);
@@ -232,7 +307,42 @@ impl Locks {
         let mut state = self.state();
         let i = state.slots.iter().position(|s| s.lock.key() == key)?;
         let slot = state.slots.remove(i);
-        Some(OwnedLock::new(self.inner.backend.clone(), slot.lock))
+        Some(OwnedLock {
+            backend: self.inner.backend.clone(),
+            lock: slot.lock,
+            released: false,
+            watch: slot.watch,
+        })
+    }
+
+    /// Set the remaining TTL of one of this request's locks.
+    pub async fn extend(&self, key: &str, ttl: Duration) -> Result<HeldLock, LockError> {
+        let lock = self.get(key).ok_or(LockError::NotFound)?;
+        let sent = tokio::time::Instant::now();
+        let lease = self
+            .inner
+            .backend
+            .extend(&lock.key, &lock.owner, ttl)
+            .await?;
+        lock.signal.set_expiry(sent + ttl);
+        let mut state = self.state();
+        let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
+        match slot {
+            Some(slot) => {
+                slot.lock.lease = lease;
+                if let Some(w) = &slot.watch {
+                    w.set_ttl(ttl);
+                }
+                Ok(slot.lock.clone())
+            }
+            None => Err(LockError::AlreadyReleased),
+        }
+    }
+
+    /// Ask the backend who holds this request's lock `key` now.
+    pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let lock = self.get(key).ok_or(LockError::NotFound)?;
+        self.inner.backend.status(&lock.key).await
     }
 
     /// Close the registry and start releasing its auto-release locks.
@@ -256,7 +366,7 @@ impl Locks {
             let (release, kept): (Vec<_>, Vec<_>) =
                 state.slots.drain(..).partition(|s| all || s.auto_release);
             state.slots = kept;
-            release.into_iter().map(|s| s.lock).collect()
+            release.into_iter().map(Slot::retire).collect()
         };
         release_now(self.inner.backend.clone(), locks)
     }
@@ -274,7 +384,7 @@ impl Drop for Registry {
             .slots
             .drain(..)
             .filter(|s| s.auto_release)
-            .map(|s| s.lock)
+            .map(Slot::retire)
             .collect();
         if !locks.is_empty() {
             release_detached(self.backend.clone(), locks);
@@ -356,29 +466,22 @@ pub struct OwnedLock {
     backend: SharedBackend,
     lock: HeldLock,
     released: bool,
+    watch: Option<WatchHandle>,
 }
 
 impl fmt::Debug for OwnedLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OwnedLock")
             .field("lock", &self.lock)
-            .field("released", &self.released)
+            .field("watchdog", &self.watch.is_some())
             .finish()
     }
 }
 
 impl OwnedLock {
-    pub(crate) fn new(backend: SharedBackend, lock: HeldLock) -> Self {
-        OwnedLock {
-            backend,
-            lock,
-            released: false,
-        }
-    }
-
     /// Acquire a lock outside any request (e.g. in a job), waiting up to the
-    /// spec's max wait. A [`Scope::Route`](crate::Scope::Route) spec is
-    /// namespaced by `route`.
+    /// spec's max wait. A [`Scope::Route`] spec is namespaced by `route`.
+    /// The spec's watchdog setting applies (default off).
     pub async fn acquire(
         backend: SharedBackend,
         spec: &LockSpec,
@@ -386,7 +489,64 @@ impl OwnedLock {
     ) -> Result<OwnedLock, LockError> {
         let req = spec.to_request(route)?;
         let lock = acquire_guarded(&backend, &req).await?;
-        Ok(OwnedLock::new(backend, lock))
+        let watch = spec
+            .get_watchdog()
+            .unwrap_or(false)
+            .then(|| watch(&backend, &lock));
+        Ok(OwnedLock {
+            backend,
+            lock,
+            released: false,
+            watch,
+        })
+    }
+
+    /// Take over a lock from a [`LockToken`] made by
+    /// [`into_token`](OwnedLock::into_token), here or in another process
+    /// using the same backend configuration.
+    ///
+    /// Checks with the backend: [`LockError::NotFound`] if the lock has
+    /// expired or was released, [`LockError::OwnershipMismatch`] if someone
+    /// else holds it now.
+    pub async fn restore(
+        backend: SharedBackend,
+        token: &LockToken,
+    ) -> Result<OwnedLock, LockError> {
+        let key = token.lock_key()?;
+        crate::spec::validate_owner(&token.owner)?;
+        let sent = tokio::time::Instant::now();
+        let status = backend.status(&key).await?.ok_or(LockError::NotFound)?;
+        if status.owner != token.owner {
+            return Err(LockError::OwnershipMismatch);
+        }
+        let lease = Lease {
+            fence: status.fence,
+            acquired_at: status.acquired_at,
+            expires_at: status.expires_at,
+            ttl: status.ttl_remaining,
+        };
+        let lock = HeldLock::new(
+            key,
+            Arc::from(token.owner.as_str()),
+            lease,
+            sent + status.ttl_remaining,
+        );
+        Ok(OwnedLock {
+            backend,
+            lock,
+            released: false,
+            watch: None,
+        })
+    }
+
+    /// Turn the handle into a serialisable token (key, scope, owner, fence,
+    /// expiry) without releasing the lock: hand it to a job queue, restore
+    /// it with [`restore`](OwnedLock::restore). Renewals by this process's
+    /// watchdog stop.
+    pub fn into_token(mut self) -> LockToken {
+        self.released = true;
+        self.watch = None;
+        LockToken::from_lock(&self.lock)
     }
 
     /// The lock's key, owner, fence and expiry.
@@ -399,20 +559,45 @@ impl OwnedLock {
         self.lock.fence()
     }
 
+    /// Whether the lock is known to be lost (see [`HeldLock::lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.lock.is_lost()
+    }
+
+    /// Resolves when the lock is lost (see [`HeldLock::lost`]).
+    pub async fn lost(&self) {
+        self.lock.lost().await
+    }
+
+    /// Renew the lock by its TTL every TTL/3 until it is released or this
+    /// handle is dropped (a no-op if already on).
+    pub fn start_watchdog(&mut self) {
+        if self.watch.is_none() {
+            self.watch = Some(watch(&self.backend, &self.lock));
+        }
+    }
+
     /// Release the lock (checked against the owner token).
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
+        self.watch = None;
+        self.lock.signal.finish();
         self.backend.release(&self.lock.key, &self.lock.owner).await
     }
 
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
     /// [`LockError::NotFound`] then).
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
+        let sent = tokio::time::Instant::now();
         let lease = self
             .backend
             .extend(&self.lock.key, &self.lock.owner, ttl)
             .await?;
         self.lock.lease = lease;
+        self.lock.signal.set_expiry(sent + ttl);
+        if let Some(w) = &self.watch {
+            w.set_ttl(ttl);
+        }
         Ok(())
     }
 
@@ -425,16 +610,88 @@ impl OwnedLock {
     /// TTL ends (or someone releases it with the owner token).
     pub fn keep(mut self) -> HeldLock {
         self.released = true;
+        self.watch = None;
         self.lock.clone()
     }
 }
 
 impl Drop for OwnedLock {
     fn drop(&mut self) {
+        self.watch = None;
         if !self.released {
+            self.lock.signal.finish();
             release_detached(self.backend.clone(), vec![self.lock.clone()]);
         }
     }
+}
+
+/// A held lock as data, to move it between processes (serde).
+///
+/// Made by [`OwnedLock::into_token`], taken back by [`OwnedLock::restore`].
+/// The owner token inside is the credential to release the lock: treat the
+/// token like a secret.
+///
+/// Releasing the same token twice: the second release answers
+/// [`LockError::NotFound`] on both built-in backends (they do not keep
+/// tombstones of released locks); an [`OwnedLock`] itself cannot be released
+/// twice, and [`Locks::release`] answers [`LockError::AlreadyReleased`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockToken {
+    /// The user's key.
+    pub key: String,
+    /// The route pattern of a route-scoped lock; `None` for global.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// The owner token.
+    pub owner: String,
+    /// The fencing token of the acquisition.
+    pub fence: u64,
+    /// Expiry when the token was made, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+impl LockToken {
+    fn from_lock(lock: &HeldLock) -> Self {
+        LockToken {
+            key: lock.key().to_owned(),
+            route: lock.key.route_pattern().map(str::to_owned),
+            owner: lock.owner().to_owned(),
+            fence: lock.fence(),
+            expires_at_ms: unix_ms(lock.expires_at()),
+        }
+    }
+
+    /// The validated key this token names.
+    pub fn lock_key(&self) -> Result<LockKey, LockError> {
+        match &self.route {
+            None => LockKey::global(&self.key),
+            Some(route) => LockKey::route(route, &self.key),
+        }
+    }
+
+    /// The scope of the lock.
+    pub fn scope(&self) -> Scope {
+        if self.route.is_some() {
+            Scope::Route
+        } else {
+            Scope::Global
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn watch(backend: &SharedBackend, lock: &HeldLock) -> WatchHandle {
+    Watchdog::for_backend(backend).watch(
+        lock.key.clone(),
+        lock.owner.clone(),
+        lock.ttl(),
+        lock.signal.clone(),
+    )
 }
 
 /// Acquire, and if this future is dropped while the backend call is in
@@ -466,8 +723,16 @@ pub(crate) async fn acquire_guarded(
         req,
         done: false,
     };
+    let sent = tokio::time::Instant::now();
     let result = backend.acquire(req).await;
     guard.done = true;
+    // The lock's TTL started between sending and now; without waiting, the
+    // send time is the safe (early) estimate, after a wait only the reply is.
+    let started = if req.max_wait().is_zero() {
+        sent
+    } else {
+        tokio::time::Instant::now()
+    };
     match &result {
         Ok(lease) => tracing::debug!(
             key = %req.key().digest(),
@@ -476,7 +741,10 @@ pub(crate) async fn acquire_guarded(
         ),
         Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
     }
-    result.map(|lease| HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease))
+    result.map(|lease| {
+        let expiry = started + lease.ttl;
+        HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
+    })
 }
 
 /// Release `locks` now: returns `None` if that finished synchronously, else

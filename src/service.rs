@@ -99,7 +99,12 @@ where
             Some(path) => Arc::from(path.as_str()),
             None => Arc::from(req.uri().path()),
         };
-        let acquire = acquire_all(self.layer.backend.clone(), route, specs);
+        let acquire = acquire_all(
+            self.layer.backend.clone(),
+            route,
+            specs,
+            self.layer.watchdog,
+        );
         ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
     }
 }
@@ -111,22 +116,23 @@ fn acquire_all(
     backend: crate::SharedBackend,
     route: Arc<str>,
     specs: Vec<LockSpec>,
+    watchdog: bool,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let mut reqs = Vec::with_capacity(specs.len());
         for spec in &specs {
-            reqs.push((spec.to_request(&route)?, spec.auto_releases()));
+            reqs.push((spec.to_request(&route)?, spec));
         }
         if reqs.len() > 1 {
             reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
             reqs.dedup_by(|a, b| a.0.key() == b.0.key());
         }
-        let locks = Locks::new(backend.clone(), route);
-        for (req, auto_release) in &reqs {
+        let locks = Locks::new(backend.clone(), route, watchdog);
+        for (req, spec) in &reqs {
             match acquire_guarded(&backend, req).await {
                 Ok(lock) => {
                     // A fresh registry is never closed.
-                    let _ = locks.register(lock, *auto_release);
+                    let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
                 }
                 Err(e) => {
                     if let Some(release) = locks.release_all() {

@@ -38,6 +38,7 @@ pub struct LockSpec {
     scope: Scope,
     owner: Option<String>,
     auto_release: bool,
+    watchdog: Option<bool>,
 }
 
 impl LockSpec {
@@ -51,6 +52,7 @@ impl LockSpec {
             scope: Scope::Route,
             owner: None,
             auto_release: true,
+            watchdog: None,
         }
     }
 
@@ -82,6 +84,26 @@ impl LockSpec {
     pub fn auto_release(mut self, auto_release: bool) -> Self {
         self.auto_release = auto_release;
         self
+    }
+
+    /// Renew the lock by its TTL every TTL/3 while it is held (default: the
+    /// layer's setting, off unless [`LockLayer::watchdog`] turned it on).
+    ///
+    /// For work whose length is unknown: keep the TTL short (a crashed
+    /// holder frees the lock soon) and let the watchdog keep it while the
+    /// work runs. Watch [`HeldLock::lost`] to stop work whose lock was lost.
+    ///
+    /// [`LockLayer::watchdog`]: crate::LockLayer::watchdog
+    /// [`HeldLock::lost`]: crate::HeldLock::lost
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = Some(on);
+        self
+    }
+
+    /// Whether the watchdog was turned on or off for this spec (`None`:
+    /// the layer decides).
+    pub fn get_watchdog(&self) -> Option<bool> {
+        self.watchdog
     }
 
     /// The raw key as given.

@@ -138,6 +138,35 @@ pub trait LockBackend: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
+
+    /// Extend several locks at once, one result per request, in order.
+    ///
+    /// The watchdog renews every due lock of a tick with one call. The
+    /// default runs [`extend`](LockBackend::extend) one by one; remote
+    /// backends override it to use one round trip.
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(batch.len());
+            for req in batch {
+                out.push(self.extend(&req.key, &req.owner, req.ttl).await);
+            }
+            out
+        })
+    }
+}
+
+/// One extension in a [`LockBackend::extend_many`] batch.
+#[derive(Debug, Clone)]
+pub struct ExtendRequest {
+    /// The lock's key.
+    pub key: LockKey,
+    /// The holder's owner token.
+    pub owner: Arc<str>,
+    /// The new remaining TTL.
+    pub ttl: Duration,
 }
 
 impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
@@ -167,6 +196,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         (**self).status(key)
+    }
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        (**self).extend_many(batch)
     }
 }
 

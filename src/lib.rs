@@ -68,6 +68,9 @@
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 pub mod backend;
 mod body;
 mod error;

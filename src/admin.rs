@@ -1,0 +1,214 @@
+//! Admin API: an axum [`Router`] for operators to inspect and release locks.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on); `{"key", "locked": false}` when free |
+//! | `DELETE /locks/{key}` + header `lock-owner` | release, checked against the owner token: `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the header |
+//! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
+//!
+//! `{key}` is the user's key, percent-decoded and validated like any key
+//! (`400 LOCK_INVALID_KEY`); it may contain `/`. Keys are global-scope keys
+//! unless the query names a route pattern: `?route=/orders/{id}`. The owner
+//! header is the one a keep-after-response response carries
+//! ([`headers::LOCK_OWNER`](crate::headers::LOCK_OWNER)), so a client can echo
+//! it back. Timestamps are RFC 3339 (UTC).
+//!
+//! The router has no authentication of its own: mount it behind your auth
+//! layer, as force release can break anyone's lock.
+//!
+//! ```
+//! use axum::{Router, middleware::{self, Next}, extract::Request, response::Response};
+//! use http::StatusCode;
+//! use tower_lock::{MemoryBackend, SharedBackend, admin::Admin};
+//! use std::sync::Arc;
+//!
+//! async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
+//!     match req.headers().get("authorization") {
+//!         Some(v) if v == "Bearer s3cret" => Ok(next.run(req).await),
+//!         _ => Err(StatusCode::UNAUTHORIZED),
+//!     }
+//! }
+//!
+//! let backend: SharedBackend = Arc::new(MemoryBackend::new());
+//! let admin = Admin::new(backend.clone()).allow_force(true).router();
+//! let app: Router = Router::new().nest("/admin", admin.layer(middleware::from_fn(require_token)));
+//! # let _ = app;
+//! ```
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use axum::routing::get;
+use http::{HeaderMap, StatusCode, Uri, header};
+use serde_json::{Value, json};
+
+use crate::backend::SharedBackend;
+use crate::error::LockError;
+use crate::headers::{LOCK_OWNER, percent_decode, rfc3339};
+use crate::key::LockKey;
+use crate::rejection::json_body;
+
+/// Builds the admin [`Router`]. See the [module docs](self).
+#[derive(Clone)]
+pub struct Admin {
+    backend: SharedBackend,
+    show_owner: bool,
+    allow_force: bool,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin")
+            .field("show_owner", &self.show_owner)
+            .field("allow_force", &self.allow_force)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Admin API over `backend`; owners hidden, force release off.
+    pub fn new(backend: SharedBackend) -> Self {
+        Admin {
+            backend,
+            show_owner: false,
+            allow_force: false,
+        }
+    }
+
+    /// Show holders' owner tokens in `GET` answers (they are credentials:
+    /// anyone who sees one can release that lock). Default off.
+    pub fn show_owner(mut self, on: bool) -> Self {
+        self.show_owner = on;
+        self
+    }
+
+    /// Allow `DELETE /locks/{key}?force=true`. Default off.
+    pub fn allow_force(mut self, on: bool) -> Self {
+        self.allow_force = on;
+        self
+    }
+
+    /// The router, to `nest` under a prefix of your choice.
+    pub fn router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
+        Router::new()
+            .route("/locks/{*key}", get(status).delete(release))
+            .with_state(Arc::new(self))
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    let mut res = Response::new(Body::from(value.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    let mut res = Response::new(Body::from(json_body(code, message)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn lock_error(e: &LockError) -> Response {
+    let message = match e {
+        LockError::BackendUnavailable(_) => "the lock backend is unavailable".to_owned(),
+        other => other.to_string(),
+    };
+    error_response(e.status(), e.code(), &message)
+}
+
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode(&v.replace('+', " ")))?
+    })
+}
+
+/// The key named by the path (already percent-decoded by axum) and query.
+fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, Response> {
+    let key = match query_param(uri, "route") {
+        Some(route) => LockKey::route(route, raw),
+        None => LockKey::global(raw),
+    };
+    key.map_err(|e| lock_error(&e))
+}
+
+async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: Uri) -> Response {
+    let key = match lock_key(&raw, &uri) {
+        Ok(key) => key,
+        Err(res) => return res,
+    };
+    match admin.backend.status(&key).await {
+        Ok(None) => json_response(StatusCode::OK, &json!({"key": key.key(), "locked": false})),
+        Ok(Some(s)) => {
+            let mut body = json!({
+                "key": key.key(),
+                "locked": true,
+                "acquired_at": rfc3339(s.acquired_at),
+                "expires_at": rfc3339(s.expires_at),
+                "ttl_remaining_ms": s.ttl_remaining.as_millis() as u64,
+                "fence": s.fence,
+            });
+            if admin.show_owner {
+                body["owner"] = Value::from(s.owner);
+            }
+            json_response(StatusCode::OK, &body)
+        }
+        Err(e) => lock_error(&e),
+    }
+}
+
+async fn release(
+    State(admin): State<Arc<Admin>>,
+    Path(raw): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let key = match lock_key(&raw, &uri) {
+        Ok(key) => key,
+        Err(res) => return res,
+    };
+    let force = matches!(query_param(&uri, "force").as_deref(), Some("true" | "1"));
+    if force {
+        if !admin.allow_force {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "LOCK_FORCE_DISABLED",
+                "force release is not enabled on this server",
+            );
+        }
+        return match admin.backend.force_release(&key).await {
+            Ok(true) => {
+                tracing::info!(key = %key.digest(), "lock force-released by an operator");
+                json_response(
+                    StatusCode::OK,
+                    &json!({"key": key.key(), "released": true, "forced": true}),
+                )
+            }
+            Ok(false) => lock_error(&LockError::NotFound),
+            Err(e) => lock_error(&e),
+        };
+    }
+    let Some(owner) = headers.get(&LOCK_OWNER).and_then(|v| v.to_str().ok()) else {
+        return lock_error(&LockError::InvalidOwner(
+            "send the owner token in the lock-owner header",
+        ));
+    };
+    if let Err(e) = crate::spec::validate_owner(owner) {
+        return lock_error(&e);
+    }
+    match admin.backend.release(&key, owner).await {
+        Ok(()) => json_response(StatusCode::OK, &json!({"key": key.key(), "released": true})),
+        Err(e) => lock_error(&e),
+    }
+}

@@ -1,0 +1,501 @@
+//! Lock lifecycle beyond one request: watchdog, lost-lock signal, hand-off
+//! tokens, keep-after-response headers, admin API. Every test runs against
+//! every backend (memory with paused time where TTLs matter; Redis against a
+//! private real server).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::{get, post};
+use axum::{Router, extract::Query};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_lock::admin::Admin;
+use tower_lock::headers::{LOCK_EXPIRES_AT, LOCK_FENCE, LOCK_KEY, LOCK_OWNER};
+use tower_lock::{
+    BoxFuture, ExtendRequest, Lease, LockBackend, LockError, LockKey, LockLayer, LockSpec,
+    LockStatus, LockToken, Locks, OwnedLock, SharedBackend,
+};
+
+use common::harness::Harness;
+
+/// Counts `extend_many` calls and their sizes around a real backend.
+struct CountingBackend {
+    inner: SharedBackend,
+    batches: AtomicUsize,
+    extended: AtomicUsize,
+}
+
+impl LockBackend for CountingBackend {
+    fn acquire<'a>(
+        &'a self,
+        req: &'a tower_lock::AcquireRequest,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        self.inner.acquire(req)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        self.inner.release(key, owner)
+    }
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        self.inner.extend(key, owner, ttl)
+    }
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
+        self.inner.force_release(key)
+    }
+    fn status<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
+        self.inner.status(key)
+    }
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.extended.fetch_add(batch.len(), Ordering::SeqCst);
+        self.inner.extend_many(batch)
+    }
+}
+
+fn spec(key: &str, ttl_ms: u64) -> LockSpec {
+    LockSpec::new(key, Duration::from_millis(ttl_ms)).global()
+}
+
+async fn body_json(
+    res: http::Response<impl http_body::Body<Error: std::fmt::Debug>>,
+) -> serde_json::Value {
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"))
+}
+
+async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
+    let backend = h.backend.clone();
+    let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
+        Some(spec("job", 300).watchdog(true))
+    });
+    let h2 = h.clone();
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| {
+            let h = h2.clone();
+            async move {
+                let lock = locks.first().unwrap();
+                // 2 s of work against a 300 ms TTL, checking on the way.
+                for _ in 0..20 {
+                    h.advance(Duration::from_millis(100)).await;
+                    if lock.is_lost() {
+                        return "lost";
+                    }
+                    let status = locks.status("job").await.unwrap();
+                    assert!(status.is_some(), "lock expired under the watchdog");
+                }
+                "done"
+            }
+        })
+        .layer(layer),
+    );
+    let res = app
+        .oneshot(Request::post("/run").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "done");
+    // Released with the response, and the watchdog does not bring it back.
+    let key = LockKey::global("job").unwrap();
+    assert_eq!(backend.status(&key).await.unwrap(), None);
+    h.advance(Duration::from_millis(400)).await;
+    assert_eq!(backend.status(&key).await.unwrap(), None);
+}
+
+async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
+    let backend = h.backend.clone();
+    let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
+        Some(spec("victim", 1_500).watchdog(true))
+    });
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| {
+            let started_tx = started_tx.clone();
+            async move {
+                let lock = locks.first().unwrap();
+                if let Some(tx) = started_tx.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                tokio::select! {
+                    _ = lock.lost() => "lost",
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => "finished",
+                }
+            }
+        })
+        .layer(layer),
+    );
+    let call = tokio::spawn(app.oneshot(Request::post("/run").body(Body::empty()).unwrap()));
+    started_rx.await.unwrap();
+    assert!(
+        backend
+            .force_release(&LockKey::global("victim").unwrap())
+            .await
+            .unwrap()
+    );
+    let res = call.await.unwrap().unwrap();
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "lost");
+}
+
+async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
+    let lock = OwnedLock::acquire(h.backend.clone(), &spec("short", 300), "")
+        .await
+        .unwrap();
+    assert!(!lock.is_lost());
+    let waited = tokio::time::timeout(Duration::from_secs(5), lock.lost()).await;
+    assert!(
+        waited.is_ok(),
+        "lost() must resolve once the TTL has passed"
+    );
+    assert!(lock.is_lost());
+}
+
+async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
+    let counting = Arc::new(CountingBackend {
+        inner: h.backend.clone(),
+        batches: AtomicUsize::new(0),
+        extended: AtomicUsize::new(0),
+    });
+    let shared: SharedBackend = counting.clone();
+    let mut locks = Vec::new();
+    for i in 0..50 {
+        let mut lock = OwnedLock::acquire(shared.clone(), &spec(&format!("many{i}"), 900), "")
+            .await
+            .unwrap();
+        lock.start_watchdog();
+        locks.push(lock);
+    }
+    // About three renewal rounds (every 300 ms).
+    for _ in 0..10 {
+        h.advance(Duration::from_millis(100)).await;
+    }
+    let batches = counting.batches.load(Ordering::SeqCst);
+    let extended = counting.extended.load(Ordering::SeqCst);
+    assert!(extended >= 100, "renewed {extended} locks");
+    assert!(
+        batches * 10 <= extended,
+        "{batches} round trips for {extended} renewals: renewals are not batched"
+    );
+    for lock in &locks {
+        assert!(lock.status().await.unwrap().is_some());
+    }
+    for lock in locks {
+        lock.release().await.unwrap();
+    }
+}
+
+async fn token_hand_off_across_handles(h: Harness) {
+    let backend = h.backend.clone();
+    let lock = OwnedLock::acquire(backend.clone(), &spec("report", 5_000), "")
+        .await
+        .unwrap();
+    let fence = lock.fence();
+    let json = serde_json::to_string(&lock.into_token()).unwrap();
+    // Another process: same backend configuration, token from the queue.
+    let token: LockToken = serde_json::from_str(&json).unwrap();
+    assert_eq!(token.fence, fence);
+    let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
+    assert_eq!(restored.fence(), fence);
+    restored.extend(Duration::from_secs(10)).await.unwrap();
+    restored.release().await.unwrap();
+    // A second release of the same token: the backend cannot tell it apart
+    // from a lock that never existed.
+    assert_eq!(
+        OwnedLock::restore(backend.clone(), &token)
+            .await
+            .unwrap_err(),
+        LockError::NotFound
+    );
+    assert_eq!(
+        backend
+            .release(&token.lock_key().unwrap(), &token.owner)
+            .await
+            .unwrap_err(),
+        LockError::NotFound
+    );
+}
+
+async fn stale_tokens_are_refused(h: Harness) {
+    let backend = h.backend.clone();
+    let lock = OwnedLock::acquire(backend.clone(), &spec("stale", 300), "")
+        .await
+        .unwrap();
+    let token = lock.into_token();
+    h.advance(Duration::from_millis(400)).await;
+    // Expired: not found.
+    assert_eq!(
+        OwnedLock::restore(backend.clone(), &token)
+            .await
+            .unwrap_err(),
+        LockError::NotFound
+    );
+    // Someone else took it: ownership mismatch, for restore and release.
+    let other = OwnedLock::acquire(backend.clone(), &spec("stale", 5_000), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        OwnedLock::restore(backend.clone(), &token)
+            .await
+            .unwrap_err(),
+        LockError::OwnershipMismatch
+    );
+    assert_eq!(
+        backend
+            .release(&token.lock_key().unwrap(), &token.owner)
+            .await
+            .unwrap_err(),
+        LockError::OwnershipMismatch
+    );
+    other.release().await.unwrap();
+}
+
+#[derive(serde::Deserialize)]
+struct KeepQuery {
+    #[allow(dead_code)]
+    keep: Option<bool>,
+}
+
+fn kept_app(backend: SharedBackend, allow_force: bool) -> Router {
+    let layer = LockLayer::new(backend.clone(), |req: &Request<Body>| {
+        let keep = req.uri().query().is_some_and(|q| q.contains("keep=true"));
+        Some(spec("account:7", 30_000).auto_release(!keep))
+    });
+    Router::new()
+        .route(
+            "/deposit",
+            post(|_: Query<KeepQuery>, locks: Locks| async move {
+                locks.first().unwrap().fence().to_string()
+            })
+            .layer(layer),
+        )
+        .nest(
+            "/admin",
+            Admin::new(backend).allow_force(allow_force).router(),
+        )
+        .route("/health", get(|| async { "ok" }))
+}
+
+async fn keep_after_response_then_release_through_admin(h: Harness) {
+    let app = kept_app(h.backend.clone(), false);
+    let res = app
+        .clone()
+        .oneshot(
+            Request::post("/deposit?keep=true")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let owner = res.headers()[&LOCK_OWNER].to_str().unwrap().to_owned();
+    assert_eq!(res.headers()[&LOCK_KEY], "account:7");
+    let fence: u64 = res.headers()[&LOCK_FENCE]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        res.headers()[&LOCK_EXPIRES_AT]
+            .to_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+
+    // Still held after the response.
+    let busy = app
+        .clone()
+        .oneshot(Request::post("/deposit").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    let status = app
+        .clone()
+        .oneshot(
+            Request::get("/admin/locks/account:7")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.status(), StatusCode::OK);
+    let status = body_json(status).await;
+    assert_eq!(status["key"], "account:7");
+    assert_eq!(status["locked"], true);
+    assert_eq!(status["fence"], fence);
+    assert!(status["ttl_remaining_ms"].as_u64().unwrap() <= 30_000);
+    assert!(status["acquired_at"].is_string() && status["expires_at"].is_string());
+    assert!(status.get("owner").is_none(), "owner shown without opt-in");
+
+    // Wrong owner: 409; no owner: 400; force while disabled: 403.
+    let wrong = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7")
+                .header("lock-owner", "someone-else")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        body_json(wrong).await["error"]["code"],
+        "LOCK_OWNERSHIP_MISMATCH"
+    );
+    let none = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(none.status(), StatusCode::BAD_REQUEST);
+    let forced = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7?force=true")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), StatusCode::FORBIDDEN);
+
+    // The echoed owner header releases it.
+    let released = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7")
+                .header("lock-owner", &owner)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(released.status(), StatusCode::OK);
+    assert_eq!(body_json(released).await["released"], true);
+    let again = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7")
+                .header("lock-owner", &owner)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::NOT_FOUND);
+    assert_eq!(body_json(again).await["error"]["code"], "LOCK_NOT_FOUND");
+    let free = app
+        .clone()
+        .oneshot(
+            Request::get("/admin/locks/account%3A7")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        body_json(free).await,
+        serde_json::json!({"key": "account:7", "locked": false})
+    );
+}
+
+async fn admin_force_release_and_bad_keys(h: Harness) {
+    let app = kept_app(h.backend.clone(), true);
+    let res = app
+        .clone()
+        .oneshot(
+            Request::post("/deposit?keep=true")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let forced = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7?force=true")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), StatusCode::OK);
+    assert_eq!(body_json(forced).await["forced"], true);
+    let missing = app
+        .clone()
+        .oneshot(
+            Request::delete("/admin/locks/account:7?force=true")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let long = format!("/admin/locks/{}", "k".repeat(600));
+    let bad = app
+        .clone()
+        .oneshot(Request::get(long).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(body_json(bad).await["error"]["code"], "LOCK_INVALID_KEY");
+    let ctrl = app
+        .clone()
+        .oneshot(
+            Request::get("/admin/locks/a%0Ab")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ctrl.status(), StatusCode::BAD_REQUEST);
+    // A key with a slash, percent-encoded or not.
+    let slash = app
+        .clone()
+        .oneshot(
+            Request::get("/admin/locks/a/b")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(body_json(slash).await["key"], "a/b");
+}
+
+common::backend_tests! {
+    watchdog_keeps_a_short_ttl_lock_through_a_long_handler,
+    lost_signal_fires_when_force_released_under_a_handler,
+    lost_signal_fires_at_ttl_without_watchdog,
+    watchdog_renews_many_locks_in_one_call_per_tick,
+    token_hand_off_across_handles,
+    stale_tokens_are_refused,
+    keep_after_response_then_release_through_admin,
+    admin_force_release_and_bad_keys,
+}

@@ -724,7 +724,12 @@ pub(crate) async fn acquire_guarded(
         done: false,
     };
     let sent = tokio::time::Instant::now();
-    let result = backend.acquire(req).await;
+    let span = tracing::debug_span!(
+        "tower_lock.acquire",
+        key = %req.key().digest(),
+        max_wait_ms = req.max_wait().as_millis() as u64
+    );
+    let result = tracing::Instrument::instrument(backend.acquire(req), span).await;
     guard.done = true;
     // The lock's TTL started between sending and now; without waiting, the
     // send time is the safe (early) estimate, after a wait only the reply is.

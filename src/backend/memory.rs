@@ -328,6 +328,7 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
                 }
             });
         };
+        tracing::debug!(key = %req.key().digest(), "lock busy: waiting");
         let mut slot = WaitSlot {
             inner,
             key: req.key(),

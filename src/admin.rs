@@ -135,18 +135,17 @@ fn query_param(uri: &Uri, name: &str) -> Option<String> {
 }
 
 /// The key named by the path (already percent-decoded by axum) and query.
-fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, Response> {
-    let key = match query_param(uri, "route") {
+fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, LockError> {
+    match query_param(uri, "route") {
         Some(route) => LockKey::route(route, raw),
         None => LockKey::global(raw),
-    };
-    key.map_err(|e| lock_error(&e))
+    }
 }
 
 async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: Uri) -> Response {
     let key = match lock_key(&raw, &uri) {
         Ok(key) => key,
-        Err(res) => return res,
+        Err(e) => return lock_error(&e),
     };
     match admin.backend.status(&key).await {
         Ok(None) => json_response(StatusCode::OK, &json!({"key": key.key(), "locked": false})),
@@ -176,7 +175,7 @@ async fn release(
 ) -> Response {
     let key = match lock_key(&raw, &uri) {
         Ok(key) => key,
-        Err(res) => return res,
+        Err(e) => return lock_error(&e),
     };
     let force = matches!(query_param(&uri, "force").as_deref(), Some("true" | "1"));
     if force {

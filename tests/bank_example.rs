@@ -1,0 +1,475 @@
+//! Drives the `bank` example (`examples/bank.rs`) as a client would: spawn the
+//! compiled binary with `--listen 127.0.0.1:0`, read `listening on ADDR` from
+//! its stdout and talk HTTP to it. Nothing here depends on its code.
+//!
+//! The binary is `target/<profile>/examples/bank` next to this test's own
+//! directory; it is (re)built with `cargo build --example bank` when missing
+//! or older than the sources. `BANK_BIN=/path/to/bank` overrides it.
+//!
+//! Memory backend only: the multi-process Redis test lives elsewhere.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+/// Upper bound for any one test, so a wedged server fails instead of hanging.
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------
+// The tests
+
+#[tokio::test]
+async fn concurrent_deposits_are_serialised() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let mut tasks = JoinSet::new();
+        for _ in 0..40 {
+            let http = http.clone();
+            tasks.spawn(async move {
+                http.post("/accounts/alice/deposit?amount=1&hold_ms=2&wait_ms=5000")
+                    .await
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(reply) = tasks.join_next().await {
+            let reply = reply.unwrap();
+            reply.assert_json(StatusCode::OK);
+            done.push((reply.int("balance"), reply.uint("fence")));
+        }
+
+        // Each deposit saw the previous one's write: the balances are exactly
+        // 1..=40, and in that (lock) order the fencing tokens strictly grow.
+        done.sort();
+        let balances: Vec<i64> = done.iter().map(|&(b, _)| b).collect();
+        assert_eq!(balances, (1..=40).collect::<Vec<_>>(), "lost updates");
+        for pair in done.windows(2) {
+            assert!(pair[0].1 < pair[1].1, "fences not increasing: {done:?}");
+        }
+
+        let reply = http.get("/accounts/alice").await;
+        reply.assert_json(StatusCode::OK);
+        assert_eq!(reply.json, serde_json::json!({ "balance": 40 }));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn busy_account_is_429_with_retry_after() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+
+        let holder = tokio::spawn({
+            let http = http.clone();
+            async move {
+                http.post("/accounts/bob/deposit?amount=10&hold_ms=1000")
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+
+        // No waiting allowed: refused at once, without running the handler.
+        let started = Instant::now();
+        let busy = http.post("/accounts/bob/deposit?amount=1&wait_ms=0").await;
+        assert!(started.elapsed() < Duration::from_millis(500));
+        busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.error_code(), "LOCK_ACQUISITION_FAILED");
+        let retry_after: u64 = busy.headers[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .expect("Retry-After in whole seconds");
+        assert!((1..=30).contains(&retry_after), "Retry-After {retry_after}");
+
+        // Waiting less than the holder holds: a timeout, also 429.
+        let timeout = http
+            .post("/accounts/bob/deposit?amount=1&wait_ms=100")
+            .await;
+        timeout.assert_json(StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(timeout.error_code(), "LOCK_TIMEOUT");
+        assert!(timeout.headers.contains_key(header::RETRY_AFTER));
+
+        // Other accounts are not blocked.
+        let other = http.post("/accounts/carol/deposit?amount=1").await;
+        other.assert_json(StatusCode::OK);
+
+        let holder = holder.await.unwrap();
+        holder.assert_json(StatusCode::OK);
+        assert_eq!(holder.int("balance"), 10);
+        assert_eq!(
+            http.get("/accounts/bob").await.int("balance"),
+            10,
+            "a refused deposit changed the balance"
+        );
+
+        // The lock is released by the time the response has arrived.
+        let next = http.post("/accounts/bob/deposit?amount=1").await;
+        next.assert_json(StatusCode::OK);
+        assert_eq!(next.int("balance"), 11);
+        assert!(next.uint("fence") > holder.uint("fence"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_parameters_are_400_json() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        for query in [
+            "",
+            "?hold_ms=1",
+            "?amount=",
+            "?amount=abc",
+            "?amount=1.5",
+            "?amount=99999999999999999999",
+            "?amount=1&amount=2",
+            "?amount=1&hold_ms=-1",
+            "?amount=1&wait_ms=soon",
+            "?amount=1&ttl_ms=1e3",
+        ] {
+            let reply = http.post(&format!("/accounts/dave/deposit{query}")).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "query {query:?}");
+            reply.assert_json(StatusCode::BAD_REQUEST);
+            assert_eq!(reply.error_code(), "BAD_REQUEST", "query {query:?}");
+            assert!(reply.json["error"]["message"].is_string());
+        }
+        assert_eq!(http.get("/accounts/dave").await.int("balance"), 0);
+
+        // Any i64 is an amount, negative ones included (percent-encoded too).
+        let reply = http.post("/accounts/dave/deposit?amount=%2D5").await;
+        reply.assert_json(StatusCode::OK);
+        assert_eq!(reply.int("balance"), -5);
+        let reply = http
+            .post("/accounts/dave/deposit?amount=-9223372036854775803")
+            .await;
+        assert_eq!(reply.int("balance"), i64::MIN);
+        // Overflow is refused, not wrapped (and never a panic).
+        let reply = http.post("/accounts/dave/deposit?amount=-1").await;
+        reply.assert_json(StatusCode::BAD_REQUEST);
+        assert_eq!(http.get("/accounts/dave").await.int("balance"), i64::MIN);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_account_has_balance_zero() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let reply = bank.http().get("/accounts/nobody").await;
+        reply.assert_json(StatusCode::OK);
+        assert_eq!(reply.json, serde_json::json!({ "balance": 0 }));
+    })
+    .await;
+}
+
+/// `ttl_ms` shorter than the hold: the lock expires under the first deposit,
+/// the second one gets in, and one update is lost. The fences show it.
+#[tokio::test]
+async fn a_ttl_shorter_than_the_hold_loses_an_update() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let slow = tokio::spawn({
+            let http = http.clone();
+            async move {
+                http.post("/accounts/erin/deposit?amount=1&hold_ms=1500&ttl_ms=100")
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let fast = http
+            .post("/accounts/erin/deposit?amount=1&wait_ms=5000")
+            .await;
+        fast.assert_json(StatusCode::OK);
+        let slow = slow.await.unwrap();
+        slow.assert_json(StatusCode::OK);
+        assert!(fast.uint("fence") > slow.uint("fence"));
+        assert_eq!(fast.int("balance"), 1);
+        assert_eq!(slow.int("balance"), 1);
+        assert_eq!(http.get("/accounts/erin").await.int("balance"), 1);
+    })
+    .await;
+}
+
+#[test]
+fn unknown_flag_prints_usage_and_exits_2() {
+    let mut child = Command::new(bank_binary())
+        .arg("--frobnicate")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bank");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("bank --frobnicate did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("usage"), "stderr: {stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// The bank process
+
+/// A running bank; killed when dropped.
+struct Bank {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Bank {
+    fn start() -> Bank {
+        let mut child = Command::new(bank_binary())
+            .args(["--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the bank example");
+        let stdout = child.stdout.take().unwrap();
+        // From here on a panic kills the process.
+        let mut bank = Bank {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            // Keep draining so the bank never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(Ok(line))) => line,
+            Ok(other) => panic!("bank exited before listening: {other:?}"),
+            Err(_) => panic!("bank did not print `listening on ADDR` within 30 s"),
+        };
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        bank.addr = addr
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("not an address: {addr:?}"));
+        bank
+    }
+
+    fn http(&self) -> Http {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{}", self.addr),
+        }
+    }
+}
+
+impl Drop for Bank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A small HTTP client
+
+#[derive(Clone)]
+struct Http {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path).await
+    }
+
+    async fn post(&self, path: &str) -> Reply {
+        self.send(Method::POST, path).await
+    }
+
+    async fn send(&self, method: Method, path: &str) -> Reply {
+        let req = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.base))
+            .body(Empty::new())
+            .unwrap();
+        let res = self
+            .client
+            .request(req)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        let json = serde_json::from_slice(&body).unwrap_or_else(|_| {
+            panic!(
+                "{method} {path}: {} with a non-JSON body {:?}",
+                parts.status,
+                String::from_utf8_lossy(&body)
+            )
+        });
+        Reply {
+            what: format!("{method} {path}"),
+            status: parts.status,
+            headers: parts.headers,
+            json,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    what: String,
+    status: StatusCode,
+    headers: HeaderMap,
+    json: Value,
+}
+
+impl Reply {
+    fn assert_json(&self, status: StatusCode) {
+        assert_eq!(self.status, status, "{}: {}", self.what, self.json);
+        let content_type = self.headers.get(header::CONTENT_TYPE);
+        assert_eq!(
+            content_type.and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{}",
+            self.what
+        );
+    }
+
+    fn int(&self, field: &str) -> i64 {
+        self.json[field]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
+    }
+
+    fn uint(&self, field: &str) -> u64 {
+        self.json[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
+    }
+
+    fn error_code(&self) -> &str {
+        self.json["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: not a JSON error: {}", self.what, self.json))
+    }
+}
+
+async fn within_timeout(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .expect("test timed out");
+}
+
+// ---------------------------------------------------------------------------
+// Finding (and if needed building) the example binary
+
+fn bank_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(path) = std::env::var_os("BANK_BIN") {
+            return PathBuf::from(path);
+        }
+        // This test runs as target/<profile>/deps/bank_example-<hash>.
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary in target/<profile>/deps");
+        let bin = profile_dir
+            .join("examples")
+            .join(format!("bank{}", std::env::consts::EXE_SUFFIX));
+        if is_stale(&bin) {
+            build_example(profile_dir);
+        }
+        assert!(bin.is_file(), "no example binary at {}", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// Missing, or older than a source it is built from.
+fn is_stale(bin: &Path) -> bool {
+    let Some(built) = modified(bin) else {
+        return true;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut newest = None;
+    for path in [root.join("Cargo.toml"), root.join("examples/bank.rs")] {
+        newest = newest.max(modified(&path));
+    }
+    newest = newest.max(newest_in(&root.join("src")));
+    newest.is_some_and(|source| source > built)
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    path.metadata().and_then(|m| m.modified()).ok()
+}
+
+fn newest_in(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        newest = newest.max(if path.is_dir() {
+            newest_in(&path)
+        } else {
+            modified(&path)
+        });
+    }
+    newest
+}
+
+/// `cargo build --example bank` into the same target dir and profile as this
+/// test.
+fn build_example(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--example", "bank", "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    // target/<profile>, or target/<triple>/<profile> when cross-compiling.
+    let mut target_dir = profile_dir.parent().expect("target dir");
+    if !target_dir.join("CACHEDIR.TAG").exists()
+        && let Some(root) = target_dir.parent()
+        && root.join("CACHEDIR.TAG").exists()
+    {
+        cmd.arg("--target").arg(target_dir.file_name().unwrap());
+        target_dir = root;
+    }
+    cmd.arg("--target-dir").arg(target_dir);
+    let out = cmd.output().expect("run cargo build --example bank");
+    assert!(
+        out.status.success(),
+        "cargo build --example bank failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -11,7 +11,16 @@
 //!   balance + N. It answers `{"balance": new, "fence": fencing token}`.
 //!   The read-then-write is deliberate: without the lock (or with a TTL
 //!   shorter than the hold) concurrent deposits lose updates.
+//!   `keep=true` keeps the lock after the response (auto-release off): the
+//!   response carries it in the `lock-key`, `lock-owner`, `lock-fence` and
+//!   `lock-expires-at` headers, and the lock is freed by its TTL or by
+//!   `DELETE /admin/locks/account:{id}` with the `lock-owner` header.
+//!   `watchdog=true` renews the lock every TTL/3 while the deposit runs.
 //! - `GET /accounts/{id}` answers `{"balance": n}` without locking.
+//! - With `--admin-token T`, the admin API is mounted under `/admin` behind
+//!   `Authorization: Bearer T`: `GET /admin/locks/account:7`,
+//!   `DELETE /admin/locks/account:7` (owner in the `lock-owner` header) and
+//!   `DELETE /admin/locks/account:7?force=true`.
 //!
 //! A busy account gets the layer's `429` with `Retry-After`; bad query
 //! parameters get `400`, an unreachable balance store `503`, all with a JSON
@@ -31,17 +40,20 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, Request, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, body::Body};
 use serde_json::json;
+use tower_lock::admin::Admin;
 use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
 
-const USAGE: &str = "usage: bank [--listen ADDR] [--redis URL]
+const USAGE: &str = "usage: bank [--listen ADDR] [--redis URL] [--admin-token T]
 
-  --listen ADDR   address to listen on (default 127.0.0.1:3000; port 0 picks one)
-  --redis URL     keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
-  -h, --help      show this help";
+  --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
+  --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
+  --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
+  -h, --help          show this help";
 
 /// TTL of an account lock unless the request says `ttl_ms`.
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -85,6 +97,7 @@ async fn main() -> ExitCode {
 struct Args {
     listen: String,
     redis: Option<String>,
+    admin_token: Option<String>,
 }
 
 impl Args {
@@ -92,6 +105,7 @@ impl Args {
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         let mut listen = None;
         let mut redis = None;
+        let mut admin_token = None;
         while let Some(arg) = args.next() {
             // Accept both `--flag value` and `--flag=value`.
             let (flag, inline) = match arg.split_once('=') {
@@ -102,6 +116,7 @@ impl Args {
                 "-h" | "--help" => return Ok(None),
                 "--listen" => &mut listen,
                 "--redis" => &mut redis,
+                "--admin-token" => &mut admin_token,
                 _ => return Err(format!("unknown argument `{arg}`")),
             };
             let value = match inline.or_else(|| args.next()) {
@@ -115,6 +130,7 @@ impl Args {
         Ok(Some(Args {
             listen: listen.unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             redis,
+            admin_token,
         }))
     }
 }
@@ -127,7 +143,7 @@ async fn run(args: Args) -> Result<(), String> {
         },
         Some(url) => redis_bank(url).await?,
     };
-    let app = router(Arc::new(bank));
+    let app = router(Arc::new(bank), args.admin_token.as_deref());
 
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -171,13 +187,51 @@ struct Bank {
     balances: Balances,
 }
 
-fn router(bank: Arc<Bank>) -> Router {
+fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
     let lock_account = LockLayer::from_shared(bank.locks.clone(), deposit_lock);
-    Router::new()
+    let mut app = Router::new()
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
-        .route("/accounts/{id}", get(balance))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
+        .route("/accounts/{id}", get(balance));
+    if let Some(token) = admin_token {
+        let expected: Arc<str> = Arc::from(format!("Bearer {token}"));
+        let admin = Admin::new(bank.locks.clone())
+            .allow_force(true)
+            .router()
+            .layer(middleware::from_fn(
+                move |req: Request<Body>, next: Next| {
+                    let expected = expected.clone();
+                    async move { require_bearer(&expected, req, next).await }
+                },
+            ));
+        app = app.nest("/admin", admin);
+    }
+    app.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
         .with_state(bank)
+}
+
+/// The admin API's guard: `Authorization: Bearer <token>` or 401.
+async fn require_bearer(expected: &str, req: Request<Body>, next: Next) -> Response {
+    let authorized = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()));
+    if !authorized {
+        let mut res = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "send `Authorization: Bearer <admin token>`",
+        )
+        .into_response();
+        res.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return res;
+    }
+    next.run(req).await
+}
+
+/// Compare without an early exit, so timing does not reveal the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The [`LockRequest`](tower_lock::LockRequest) of the deposit route: lock
@@ -198,6 +252,8 @@ struct DepositParams {
     hold: Duration,
     wait: Duration,
     ttl: Duration,
+    keep: bool,
+    watchdog: bool,
 }
 
 impl DepositParams {
@@ -208,12 +264,16 @@ impl DepositParams {
         let mut hold_ms = None;
         let mut wait_ms = None;
         let mut ttl_ms = None;
+        let mut keep = None;
+        let mut watchdog = None;
         for (name, value) in &pairs {
             match name.as_str() {
                 "amount" => set_once(&mut amount, name, value)?,
                 "hold_ms" => set_once(&mut hold_ms, name, value)?,
                 "wait_ms" => set_once(&mut wait_ms, name, value)?,
                 "ttl_ms" => set_once(&mut ttl_ms, name, value)?,
+                "keep" => set_once(&mut keep, name, value)?,
+                "watchdog" => set_once(&mut watchdog, name, value)?,
                 // Unknown parameters are ignored, as most HTTP APIs do.
                 _ => {}
             }
@@ -225,6 +285,8 @@ impl DepositParams {
             hold: ms(hold_ms).unwrap_or(Duration::ZERO),
             wait: ms(wait_ms).unwrap_or(Duration::ZERO),
             ttl: ms(ttl_ms).unwrap_or(DEFAULT_TTL),
+            keep: keep.unwrap_or(false),
+            watchdog: watchdog.unwrap_or(false),
         })
     }
 
@@ -232,6 +294,8 @@ impl DepositParams {
         LockSpec::new(format!("account:{id}"), self.ttl)
             .global()
             .max_wait(self.wait)
+            .auto_release(!self.keep)
+            .watchdog(self.watchdog)
     }
 }
 
@@ -248,7 +312,7 @@ fn set_once<T: std::str::FromStr>(
     }
     let parsed = value.parse().map_err(|_| {
         ApiError::bad_request(format!(
-            "query parameter `{name}` must be an integer in range, got `{value}`"
+            "query parameter `{name}` has an invalid value `{value}` (integers in range; `true`/`false` for flags)"
         ))
     })?;
     *slot = Some(parsed);

@@ -68,7 +68,7 @@ async fn concurrent_deposits_are_serialised() {
 #[tokio::test]
 async fn busy_account_is_429_with_retry_after() {
     within_timeout(async {
-        let bank = Bank::start();
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
         let http = bank.http();
 
         let holder = tokio::spawn({
@@ -78,7 +78,7 @@ async fn busy_account_is_429_with_retry_after() {
                     .await
             }
         });
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        wait_until_locked(&http, "account:bob").await;
 
         // No waiting allowed: refused at once, without running the handler.
         let started = Instant::now();
@@ -239,8 +239,13 @@ struct Bank {
 
 impl Bank {
     fn start() -> Bank {
+        Bank::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Bank {
         let mut child = Command::new(bank_binary())
             .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -309,11 +314,17 @@ impl Http {
     }
 
     async fn send(&self, method: Method, path: &str) -> Reply {
-        let req = Request::builder()
+        self.send_with(method, path, &[]).await
+    }
+
+    async fn send_with(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::builder()
             .method(method.clone())
-            .uri(format!("{}{path}", self.base))
-            .body(Empty::new())
-            .unwrap();
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Empty::new()).unwrap();
         let res = self
             .client
             .request(req)
@@ -374,6 +385,169 @@ impl Reply {
             .as_str()
             .unwrap_or_else(|| panic!("{}: not a JSON error: {}", self.what, self.json))
     }
+}
+
+const ADMIN_TOKEN: &str = "t0ken";
+const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
+
+/// Wait until the admin API reports `key` locked (the holder's handler runs).
+async fn wait_until_locked(http: &Http, key: &str) {
+    loop {
+        let status = http
+            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
+            .await;
+        status.assert_json(StatusCode::OK);
+        if status.json["locked"] == true {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn keep_true_keeps_the_lock_until_the_admin_api_releases_it() {
+    within_timeout(async {
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
+        let http = bank.http();
+        let kept = http.post("/accounts/kim/deposit?amount=5&keep=true").await;
+        kept.assert_json(StatusCode::OK);
+        let header = |name: &str| {
+            kept.headers
+                .get(name)
+                .unwrap_or_else(|| panic!("no {name} header"))
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(header("lock-key"), "account:kim");
+        let owner = header("lock-owner");
+        let fence: u64 = header("lock-fence").parse().unwrap();
+        assert_eq!(fence, kept.uint("fence"));
+        assert!(header("lock-expires-at").ends_with('Z'));
+
+        // Held after the response.
+        let busy = http.post("/accounts/kim/deposit?amount=1").await;
+        busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
+
+        // The admin API wants the bearer token.
+        let anon = http.get("/admin/locks/account:kim").await;
+        anon.assert_json(StatusCode::UNAUTHORIZED);
+        let status = http
+            .send_with(Method::GET, "/admin/locks/account:kim", &[AUTH])
+            .await;
+        status.assert_json(StatusCode::OK);
+        assert_eq!(status.json["locked"], true);
+        assert_eq!(status.json["key"], "account:kim");
+        assert_eq!(status.uint("fence"), fence);
+        assert!(status.uint("ttl_remaining_ms") <= 30_000);
+
+        // Wrong owner: 409. The echoed owner header: released.
+        let wrong = http
+            .send_with(
+                Method::DELETE,
+                "/admin/locks/account:kim",
+                &[AUTH, ("lock-owner", "not-the-owner")],
+            )
+            .await;
+        wrong.assert_json(StatusCode::CONFLICT);
+        assert_eq!(wrong.error_code(), "LOCK_OWNERSHIP_MISMATCH");
+        let released = http
+            .send_with(
+                Method::DELETE,
+                &format!("/admin/locks/{}", header("lock-key")),
+                &[AUTH, ("lock-owner", &owner)],
+            )
+            .await;
+        released.assert_json(StatusCode::OK);
+        let again = http
+            .send_with(
+                Method::DELETE,
+                "/admin/locks/account:kim",
+                &[AUTH, ("lock-owner", &owner)],
+            )
+            .await;
+        again.assert_json(StatusCode::NOT_FOUND);
+        assert_eq!(again.error_code(), "LOCK_NOT_FOUND");
+
+        let next = http.post("/accounts/kim/deposit?amount=1").await;
+        next.assert_json(StatusCode::OK);
+        assert_eq!(next.int("balance"), 6);
+        assert!(
+            next.headers.get("lock-owner").is_none(),
+            "an auto-released lock is advertised"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admin_force_release_frees_a_kept_lock() {
+    within_timeout(async {
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
+        let http = bank.http();
+        http.post("/accounts/fay/deposit?amount=1&keep=true")
+            .await
+            .assert_json(StatusCode::OK);
+        let anon = http
+            .send_with(Method::DELETE, "/admin/locks/account:fay?force=true", &[])
+            .await;
+        anon.assert_json(StatusCode::UNAUTHORIZED);
+        let forced = http
+            .send_with(
+                Method::DELETE,
+                "/admin/locks/account:fay?force=true",
+                &[AUTH],
+            )
+            .await;
+        forced.assert_json(StatusCode::OK);
+        assert_eq!(forced.json["forced"], true);
+        let status = http
+            .send_with(Method::GET, "/admin/locks/account:fay", &[AUTH])
+            .await;
+        assert_eq!(
+            status.json,
+            serde_json::json!({"key": "account:fay", "locked": false})
+        );
+        http.post("/accounts/fay/deposit?amount=1")
+            .await
+            .assert_json(StatusCode::OK);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn watchdog_keeps_the_lock_past_its_ttl() {
+    within_timeout(async {
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
+        let http = bank.http();
+        let holder = tokio::spawn({
+            let http = http.clone();
+            async move {
+                http.post("/accounts/wes/deposit?amount=10&hold_ms=1500&ttl_ms=300&watchdog=true")
+                    .await
+            }
+        });
+        wait_until_locked(&http, "account:wes").await;
+        // Three TTLs later the lock is still held (renewed): a deposit that
+        // does not wait is refused, and no update is lost.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let busy = http.post("/accounts/wes/deposit?amount=1").await;
+        busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
+        holder.await.unwrap().assert_json(StatusCode::OK);
+        assert_eq!(http.get("/accounts/wes").await.int("balance"), 10);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_admin_api_without_a_token() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let res = http.get("/admin/locks/account:1").await;
+        res.assert_json(StatusCode::NOT_FOUND);
+    })
+    .await;
 }
 
 async fn within_timeout(test: impl std::future::Future<Output = ()>) {

@@ -31,7 +31,32 @@ impl ReleaseGuard {
 
     /// Release now; `None` if done synchronously, else the work to await.
     pub(crate) fn start(mut self) -> Option<BoxFuture<'static, ()>> {
-        self.locks.take().and_then(|locks| locks.release_auto())
+        self.locks
+            .take()
+            .and_then(|locks| locks.release_auto())
+            .map(|f| Box::pin(DetachOnDrop(Some(f))) as BoxFuture<'static, ()>)
+    }
+}
+
+/// A started release that finishes in a task if it is dropped unfinished.
+struct DetachOnDrop(Option<BoxFuture<'static, ()>>);
+
+impl std::future::Future for DetachOnDrop {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(f) = self.0.as_mut() {
+            ready!(f.as_mut().poll(cx));
+            self.0 = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            release_detached_future(f);
+        }
     }
 }
 

@@ -82,7 +82,8 @@ impl LockKey {
     /// `g:<key>` for a global key, `r<n>:<route>:<key>` for a route-scoped one
     /// (`n` = byte length of the route pattern). When the encoding is longer
     /// than `max_len` bytes it is replaced by `h:<sha256 hex>` of itself, so
-    /// backends with key-length limits never see an over-long key.
+    /// backends with key-length limits never see an over-long key. The
+    /// hashed form is 66 bytes, so `max_len` must be at least that.
     pub fn encoded(&self, max_len: usize) -> String {
         let full = match &self.route {
             None => format!("g:{}", self.key),

@@ -380,12 +380,7 @@ impl Drop for Registry {
         if state.closed {
             return;
         }
-        let locks: Vec<HeldLock> = state
-            .slots
-            .drain(..)
-            .filter(|s| s.auto_release)
-            .map(Slot::retire)
-            .collect();
+        let locks: Vec<HeldLock> = state.slots.drain(..).map(Slot::retire).collect();
         if !locks.is_empty() {
             release_detached(self.backend.clone(), locks);
         }

@@ -1,0 +1,893 @@
+//! Behaviour through axum and tower: what clients see, and that every way a
+//! request can end gives its locks back.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Path;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_lock::{LockError, LockKey, LockLayer, LockSpec, Locks, OwnedLock, path_params};
+
+use super::harness::Harness;
+use super::support::*;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// (1) A request for which the locker names no lock goes straight through.
+pub async fn pass_through_without_spec(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let layer = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| None::<LockSpec>);
+    let app = Router::new().route("/r/{key}", gated(&ctl).layer(layer));
+
+    let reply = send(&app, post_req("/r/k")).await;
+
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "done");
+    assert_eq!(ctl.runs(), 1);
+    assert_eq!(probe.calls(), 0, "no backend call without a spec");
+}
+
+/// (2) A busy lock without waiting: 429, `Retry-After` from the holder's TTL,
+/// a JSON error without the key, and the handler not called.
+pub async fn busy_lock_is_429_with_retry_after_and_json(h: Harness) {
+    let ctl = Ctl::default();
+    let app = app(&h.backend, Cfg::global(TTL), &ctl);
+    let key = "secret-order-7f3a";
+    let uri = format!("/r/{key}");
+    let holder = spawn_send(&app, gated_req(&uri));
+    ctl.entered().await;
+
+    let reply = send(&app, post_req(&uri)).await;
+
+    reply.assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    let retry_after = reply.retry_after().expect("Retry-After");
+    assert!(
+        (29..=30).contains(&retry_after),
+        "Retry-After {retry_after}"
+    );
+    assert!(
+        !reply.text().contains(key),
+        "the key leaked: {}",
+        reply.text()
+    );
+    assert_eq!(ctl.runs(), 1, "the rejected request's handler must not run");
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+}
+
+/// (3) A waiter gets the lock when the holder releases within its max wait,
+/// woken by the release itself (on virtual time: no time passes at all).
+pub async fn max_wait_succeeds_when_holder_releases(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let app = app(&probe.backend(), Cfg::global(TTL).wait(h.units(10)), &ctl);
+    let holder = spawn_send(&app, gated_req("/r/k"));
+    ctl.entered().await;
+
+    let start = Instant::now();
+    let waiter = spawn_send(&app, post_req("/r/k"));
+    probe.acquires_started(2).await;
+    assert!(!waiter.is_finished(), "the waiter must wait for the holder");
+    assert_eq!(ctl.runs(), 1);
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    let reply = waiter.await.unwrap();
+
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(ctl.runs(), 2);
+    if h.is_paused() {
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "the waiter must be woken by the release, not by a timer"
+        );
+    }
+}
+
+/// (4) A waiter that never gets the lock: 429 `LOCK_TIMEOUT` exactly when its
+/// max wait ends.
+pub async fn timeout_after_max_wait(h: Harness) {
+    let ctl = Ctl::default();
+    let max_wait = h.units(2);
+    let app = app(&h.backend, Cfg::global(TTL).wait(max_wait), &ctl);
+    let holder = spawn_send(&app, gated_req("/r/k"));
+    ctl.entered().await;
+
+    let start = Instant::now();
+    let reply = send(&app, post_req("/r/k")).await;
+    let elapsed = start.elapsed();
+
+    reply.assert_rejection(429, "LOCK_TIMEOUT");
+    let retry_after = reply.retry_after().expect("Retry-After");
+    assert!((1..=30).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(ctl.runs(), 1);
+    if h.is_paused() {
+        assert_eq!(
+            elapsed, max_wait,
+            "the timeout comes when the max wait ends"
+        );
+    } else {
+        assert!(
+            elapsed >= max_wait,
+            "gave up after {elapsed:?} < {max_wait:?}"
+        );
+    }
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+}
+
+/// (5) 50 concurrent requests on one key (multi-thread runtime): no lost
+/// update, never two holders.
+pub async fn concurrent_requests_are_mutually_exclusive(h: Harness) {
+    #[derive(Default)]
+    struct Shared {
+        counter: AtomicU64,
+        active: AtomicUsize,
+        max_active: AtomicUsize,
+    }
+    let shared = Arc::new(Shared::default());
+    let handler = {
+        let shared = shared.clone();
+        post(move || {
+            let shared = shared.clone();
+            async move {
+                let now = shared.active.fetch_add(1, SeqCst) + 1;
+                shared.max_active.fetch_max(now, SeqCst);
+                let read = shared.counter.load(SeqCst);
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                shared.counter.store(read + 1, SeqCst);
+                shared.active.fetch_sub(1, SeqCst);
+                "ok"
+            }
+        })
+    };
+    let cfg = Cfg::global(TTL).wait(Duration::from_secs(60));
+    let app = Router::new().route("/c/{key}", handler.layer(layer(&h.backend, cfg)));
+
+    let requests: Vec<_> = (0..50)
+        .map(|_| spawn_send(&app, post_req("/c/counter")))
+        .collect();
+    for request in requests {
+        let reply = request.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    }
+
+    assert_eq!(shared.counter.load(SeqCst), 50, "lost updates");
+    assert_eq!(shared.max_active.load(SeqCst), 1, "two holders at once");
+    assert_eq!(status_of(&h.backend, &gkey("counter")).await, None);
+}
+
+/// (6) A streamed body keeps the lock until its last frame is consumed.
+pub async fn lock_held_while_body_streams(h: Harness) {
+    let ctl = Ctl::default();
+    let (senders_tx, mut senders) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let streaming = post(move || {
+        let senders_tx = senders_tx.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(4);
+            senders_tx.send(tx).expect("test listening");
+            Body::new(ChannelBody(rx))
+        }
+    });
+    let lock = layer(&h.backend, Cfg::global(TTL));
+    let app = Router::new()
+        .route("/s/{key}", streaming.layer(lock.clone()))
+        .route("/r/{key}", gated(&ctl).layer(lock));
+    let key = gkey("report");
+
+    let res = app.clone().oneshot(post_req("/s/report")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let frames = senders.recv().await.expect("handler ran");
+    let mut body = res.into_body();
+
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "held before the body"
+    );
+    send(&app, post_req("/r/report"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+
+    frames.send(Bytes::from_static(b"first")).await.unwrap();
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    assert_eq!(frame.into_data().expect("data"), "first");
+    assert!(status_of(&h.backend, &key).await.is_some(), "held mid-body");
+    send(&app, post_req("/r/report"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    assert_eq!(ctl.runs(), 0);
+
+    drop(frames);
+    assert!(body.frame().await.is_none(), "the body ends");
+
+    assert_eq!(
+        status_of(&h.backend, &key).await,
+        None,
+        "free once consumed"
+    );
+    assert_eq!(
+        send(&app, post_req("/r/report")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(ctl.runs(), 1);
+}
+
+/// (7a) The response future dropped mid-handler (client gone) releases.
+pub async fn release_on_dropped_response_future(h: Harness) {
+    let ctl = Ctl::default();
+    let app = app(&h.backend, Cfg::global(TTL), &ctl);
+    let key = gkey("k");
+    let request = tokio::spawn(app.clone().oneshot(gated_req("/r/k")));
+    ctl.entered().await;
+    assert!(status_of(&h.backend, &key).await.is_some());
+
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    ctl.left().await;
+
+    assert_released(&h, &key).await;
+    assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
+}
+
+/// (7b) Over a real connection: a client that sends its request and closes
+/// the connection while the handler runs gets its lock released.
+pub async fn release_on_tcp_client_disconnect(h: Harness) {
+    let ctl = Ctl::default();
+    let app = app(&h.backend, Cfg::global(TTL), &ctl);
+    let server = serve(app.clone()).await;
+    let key = gkey("k");
+
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /r/k HTTP/1.1\r\nhost: localhost\r\nx-gate: 1\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    ctl.entered().await;
+    assert!(status_of(&h.backend, &key).await.is_some());
+
+    drop(stream);
+    tokio::time::timeout(Duration::from_secs(10), ctl.left())
+        .await
+        .expect("the server must drop the handler once the client is gone");
+
+    assert_released(&h, &key).await;
+    let mut client = Client::connect(server.addr).await;
+    assert_eq!(client.post("/r/k").await.status, StatusCode::OK);
+}
+
+async fn panicky(headers: HeaderMap) -> &'static str {
+    if !headers.contains_key("x-calm") {
+        panic!("handler panics on purpose (expected in this test)");
+    }
+    "calm"
+}
+
+/// (7c) A waiter whose client leaves while it is queued is skipped: the lock
+/// does not end up with nobody when the holder releases.
+pub async fn dropped_waiter_does_not_keep_the_lock(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let app = app(
+        &probe.backend(),
+        Cfg::global(TTL).wait(Duration::from_secs(10)),
+        &ctl,
+    );
+    let holder = spawn_send(&app, gated_req("/r/k"));
+    ctl.entered().await;
+    let waiter = tokio::spawn(app.clone().oneshot(post_req("/r/k")));
+    probe.acquires_started(2).await;
+
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+
+    assert_released(&h, &gkey("k")).await;
+    assert_eq!(ctl.runs(), 1);
+}
+
+/// (7d) The client leaves while the release at the end of its (body-less)
+/// response is still in flight: the release still completes.
+pub async fn release_completes_when_client_leaves_mid_release(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let app = Router::new().route(
+        "/e/{key}",
+        post(|| async {}).layer(layer(&probe.backend(), Cfg::global(TTL))),
+    );
+    probe.hold_releases();
+    let request = tokio::spawn(app.clone().oneshot(post_req("/e/k")));
+    probe.releases_held(1).await;
+    assert!(!request.is_finished(), "the response waits for the release");
+
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    probe.let_releases_go();
+
+    assert_comes_free(&h, &gkey("k")).await;
+}
+
+/// (7e) The body is dropped (client gone) while the release started by its
+/// end is in flight: the release still completes.
+pub async fn release_completes_when_body_dropped_mid_release(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let (senders_tx, mut senders) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let streaming = post(move || {
+        let senders_tx = senders_tx.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(4);
+            senders_tx.send(tx).expect("test listening");
+            Body::new(ChannelBody(rx))
+        }
+    });
+    let app = Router::new().route(
+        "/s/{key}",
+        streaming.layer(layer(&probe.backend(), Cfg::global(TTL))),
+    );
+    let res = app.oneshot(post_req("/s/k")).await.unwrap();
+    drop(senders.recv().await.expect("handler ran"));
+    let mut body = res.into_body();
+
+    probe.hold_releases();
+    tokio::select! {
+        biased;
+        frame = body.frame() => panic!("the end must wait for the release: {frame:?}"),
+        () = probe.releases_held(1) => {}
+    }
+    drop(body);
+    probe.let_releases_go();
+
+    assert_comes_free(&h, &gkey("k")).await;
+}
+
+/// (8a) A handler panic caught by `CatchPanicLayer` inside the lock layer:
+/// 500, then the lock is free.
+pub async fn release_on_panic_with_catch_panic(h: Harness) {
+    let app = Router::new().route(
+        "/p/{key}",
+        post(panicky)
+            .layer::<_, Infallible>(CatchPanicLayer::new())
+            .layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+
+    let reply = send(&app, post_req("/p/k")).await;
+
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    let calm = with_header(post_req("/p/k"), "x-calm", b"1");
+    assert_eq!(send(&app, calm).await.status, StatusCode::OK);
+}
+
+/// (8b) Without catch-panic the panic unwinds through the service future (in
+/// a spawned task); the lock is freed all the same.
+pub async fn release_on_panic_unwinding(h: Harness) {
+    let app = Router::new().route(
+        "/p/{key}",
+        post(panicky).layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+
+    let err = tokio::spawn(app.clone().oneshot(post_req("/p/k")))
+        .await
+        .unwrap_err();
+
+    assert!(err.is_panic());
+    assert_released(&h, &gkey("k")).await;
+    let calm = with_header(post_req("/p/k"), "x-calm", b"1");
+    assert_eq!(send(&app, calm).await.status, StatusCode::OK);
+}
+
+/// (9) An inner service error (plain tower service) releases the lock
+/// before the error is handed on.
+pub async fn release_on_inner_service_error(h: Harness) {
+    let key = gkey("job");
+    let held_during_call = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let backend = h.backend.clone();
+        let key = key.clone();
+        let held = held_during_call.clone();
+        tower::service_fn(move |_req: Request<Body>| {
+            let backend = backend.clone();
+            let key = key.clone();
+            let held = held.clone();
+            async move {
+                if backend.status(&key).await.unwrap().is_some() {
+                    held.fetch_add(1, SeqCst);
+                }
+                Err::<Response<Body>, _>(std::io::Error::other("inner failure"))
+            }
+        })
+    };
+    let mut svc = ServiceBuilder::new()
+        .layer(layer(&h.backend, Cfg::global(TTL)))
+        .service(inner);
+
+    let req = with_header(post_req("/jobs"), KEY, b"job");
+    let err = svc.ready().await.unwrap().call(req).await.unwrap_err();
+
+    assert_eq!(err.to_string(), "inner failure");
+    assert_eq!(held_during_call.load(SeqCst), 1, "locked during the call");
+    assert_eq!(
+        status_of(&h.backend, &key).await,
+        None,
+        "free after the Err"
+    );
+}
+
+type Handoff = (
+    oneshot::Sender<()>,
+    oneshot::Receiver<Result<(), LockError>>,
+);
+
+/// `/j/{key}`: cancels auto-release and hands the lock to a spawned job that
+/// waits for the test's signal, then releases it (or drops it with `x-drop`).
+fn handoff_app(h: &Harness, ctl: &Ctl) -> (Router, mpsc::UnboundedReceiver<Handoff>) {
+    let (jobs_tx, jobs) = mpsc::unbounded_channel::<Handoff>();
+    let handler = post(
+        move |Path(key): Path<String>, headers: HeaderMap, locks: Locks| {
+            let jobs_tx = jobs_tx.clone();
+            async move {
+                let owned: OwnedLock = locks.cancel_auto_release(&key).expect("the layer's lock");
+                let drop_it = headers.contains_key("x-drop");
+                let (go_tx, go) = oneshot::channel::<()>();
+                let (done, done_rx) = oneshot::channel();
+                jobs_tx.send((go_tx, done_rx)).expect("test listening");
+                tokio::spawn(async move {
+                    let _ = go.await;
+                    let result = if drop_it {
+                        drop(owned);
+                        Ok(())
+                    } else {
+                        owned.release().await
+                    };
+                    let _ = done.send(result);
+                });
+                "accepted"
+            }
+        },
+    );
+    let lock = layer(&h.backend, Cfg::global(TTL));
+    let app = Router::new()
+        .route("/j/{key}", handler.layer(lock.clone()))
+        .route("/r/{key}", gated(ctl).layer(lock));
+    (app, jobs)
+}
+
+/// (10a) `cancel_auto_release`: the lock outlives the response until the
+/// job releases it.
+pub async fn cancel_auto_release_hands_lock_to_job(h: Harness) {
+    let ctl = Ctl::default();
+    let (app, mut jobs) = handoff_app(&h, &ctl);
+
+    let reply = send(&app, post_req("/j/report")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "accepted");
+    let (go, done) = jobs.recv().await.expect("job started");
+
+    assert!(status_of(&h.backend, &gkey("report")).await.is_some());
+    send(&app, post_req("/r/report"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    assert_eq!(ctl.runs(), 0);
+
+    go.send(()).unwrap();
+    assert_eq!(done.await.unwrap(), Ok(()), "the job releases its lock");
+
+    assert_eq!(status_of(&h.backend, &gkey("report")).await, None);
+    assert_eq!(
+        send(&app, post_req("/r/report")).await.status,
+        StatusCode::OK
+    );
+}
+
+/// (10b) Dropping the job's `OwnedLock` releases it.
+pub async fn dropping_owned_lock_releases(h: Harness) {
+    let ctl = Ctl::default();
+    let (app, mut jobs) = handoff_app(&h, &ctl);
+
+    let req = with_header(post_req("/j/report"), "x-drop", b"1");
+    assert_eq!(send(&app, req).await.status, StatusCode::OK);
+    let (go, done) = jobs.recv().await.expect("job started");
+    send(&app, post_req("/r/report"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+
+    go.send(()).unwrap();
+    done.await.unwrap().unwrap();
+
+    assert_released(&h, &gkey("report")).await;
+    assert_eq!(
+        send(&app, post_req("/r/report")).await.status,
+        StatusCode::OK
+    );
+}
+
+/// `/empty`, `/fixed` and `/stream` (each `/{key}`), locked with no wait.
+fn body_kinds_app(h: &Harness) -> Router {
+    let lock = layer(&h.backend, Cfg::route(TTL));
+    Router::new()
+        .route("/empty/{key}", post(|| async {}).layer(lock.clone()))
+        .route(
+            "/fixed/{key}",
+            post(|| async { "fixed body" }).layer(lock.clone()),
+        )
+        .route(
+            "/stream/{key}",
+            post(|| async { Body::new(Chunks::new(&["str", "eam", "ed"])) }).layer(lock),
+        )
+}
+
+/// (URI, route pattern, body).
+const BODY_KINDS: [(&str, &str, &str); 3] = [
+    ("/empty/k", "/empty/{key}", ""),
+    ("/fixed/k", "/fixed/{key}", "fixed body"),
+    ("/stream/k", "/stream/{key}", "streamed"),
+];
+
+/// (11a) Back-to-back requests, each read to its end before the next: never
+/// a 429 — the lock is free as soon as the client has the last frame (before
+/// it even drops the body).
+pub async fn sequential_requests_never_429(h: Harness) {
+    let app = body_kinds_app(&h);
+    for (uri, route, expected) in BODY_KINDS {
+        let key = LockKey::route(route, "k").unwrap();
+        for i in 0..200 {
+            let res = app.clone().oneshot(post_req(uri)).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{uri} #{i}");
+            let mut body = res.into_body();
+            let bytes = (&mut body).collect().await.unwrap().to_bytes();
+            assert_eq!(bytes, expected, "{uri} #{i}");
+            assert_eq!(status_of(&h.backend, &key).await, None, "{uri} #{i}");
+            drop(body);
+        }
+    }
+}
+
+/// (11b) The same over a real loopback server and one keep-alive hyper
+/// connection.
+pub async fn sequential_requests_over_keep_alive_never_429(h: Harness) {
+    let server = serve(body_kinds_app(&h)).await;
+    let mut client = Client::connect(server.addr).await;
+    for (uri, _, expected) in BODY_KINDS {
+        for i in 0..200 {
+            let reply = client.post(uri).await;
+            assert_eq!(reply.status, StatusCode::OK, "{uri} #{i}: {}", reply.text());
+            assert_eq!(reply.text(), expected);
+        }
+    }
+}
+
+fn two_routes(h: &Harness, cfg: Cfg, ctl: &Ctl) -> Router {
+    let lock = layer(&h.backend, cfg);
+    Router::new()
+        .route("/a/{key}", gated(ctl).layer(lock.clone()))
+        .route("/b/{key}", gated(ctl).layer(lock))
+}
+
+/// (12a) `Scope::Route`: the same key on two routes names two locks.
+pub async fn route_scope_isolates_routes(h: Harness) {
+    let ctl = Ctl::default();
+    let app = two_routes(&h, Cfg::route(TTL), &ctl);
+    let holder = spawn_send(&app, gated_req("/a/k"));
+    ctl.entered().await;
+
+    assert_eq!(send(&app, post_req("/b/k")).await.status, StatusCode::OK);
+    send(&app, post_req("/a/k"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    let route_key = LockKey::route("/a/{key}", "k").unwrap();
+    assert!(status_of(&h.backend, &route_key).await.is_some());
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+}
+
+/// (12b) `Scope::Global`: the same key on two routes is one lock.
+pub async fn global_scope_is_shared_across_routes(h: Harness) {
+    let ctl = Ctl::default();
+    let app = two_routes(&h, Cfg::global(TTL), &ctl);
+    let holder = spawn_send(&app, gated_req("/a/k"));
+    ctl.entered().await;
+
+    send(&app, post_req("/b/k"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    assert_eq!(ctl.runs(), 1);
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    assert_eq!(send(&app, post_req("/b/k")).await.status, StatusCode::OK);
+}
+
+/// (13) Bad keys and TTLs from a request: 400 with a code, handler not run,
+/// backend not called.
+pub async fn invalid_key_or_ttl_is_400(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let app = app(&probe.backend(), Cfg::route(TTL), &ctl);
+    let long = "a".repeat(513);
+    let bad_keys: [(Request<Body>, &str); 5] = [
+        (with_header(post_req("/r/x"), KEY, b""), "empty"),
+        (
+            with_header(post_req("/r/x"), KEY, long.as_bytes()),
+            "513 bytes",
+        ),
+        (with_header(post_req("/r/x"), KEY, b"a\tb"), "tab"),
+        (post_req("/r/a%01b"), "U+0001 in the path"),
+        (post_req("/r/a%7Fb"), "DEL in the path"),
+    ];
+    for (req, what) in bad_keys {
+        let reply = send(&app, req).await;
+        assert_eq!(reply.status, 400, "{what}: {}", reply.text());
+        reply.assert_rejection(400, "LOCK_INVALID_KEY");
+        assert_eq!(reply.retry_after(), None, "{what}");
+        assert!(!reply.text().contains(&long), "{what}: the key is echoed");
+    }
+    let zero_ttl = with_header(post_req("/r/x"), TTL_MS, b"0");
+    let reply = send(&app, zero_ttl).await;
+    reply.assert_rejection(400, "LOCK_INVALID_TTL");
+
+    assert_eq!(ctl.runs(), 0, "no handler runs for a bad spec");
+    assert_eq!(probe.calls(), 0, "a bad spec never reaches the backend");
+
+    let longest = with_header(post_req("/r/x"), KEY, "a".repeat(512).as_bytes());
+    assert_eq!(send(&app, longest).await.status, StatusCode::OK);
+}
+
+/// (18) Backend unreachable: 503 `LOCK_BACKEND_UNAVAILABLE`, no details, the
+/// handler not run; fine again once the backend is back.
+pub async fn backend_failure_is_503(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let app = app(&probe.backend(), Cfg::global(TTL), &ctl);
+
+    probe.set_down(true);
+    let reply = send(&app, post_req("/r/k")).await;
+
+    reply.assert_rejection(503, "LOCK_BACKEND_UNAVAILABLE");
+    assert!(reply.retry_after().expect("Retry-After") >= 1);
+    assert!(!reply.text().contains("10.9.8.7"), "{}", reply.text());
+    assert_eq!(ctl.runs(), 0, "never run a handler unlocked");
+
+    probe.set_down(false);
+    assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
+    assert_eq!(ctl.runs(), 1);
+}
+
+/// `/m/{x}/{y}` locks both keys (global, waiting up to `wait`), handler gated;
+/// `/r/{key}` locks one key without waiting.
+fn multi_app(backend: &tower_lock::SharedBackend, wait: Duration, ctl: &Ctl) -> Router {
+    let both = LockLayer::from_shared(backend.clone(), move |req: &Request<Body>| {
+        let params = path_params(req);
+        ["x", "y"]
+            .iter()
+            .filter_map(|name| params.get(name))
+            .map(|key| LockSpec::new(key, TTL).max_wait(wait).global())
+            .collect::<Vec<_>>()
+    });
+    let handler = {
+        let ctl = ctl.clone();
+        post(move |headers: HeaderMap, locks: Locks| {
+            let ctl = ctl.clone();
+            async move {
+                ctl.checkpoint(&headers).await;
+                let mut held: Vec<String> =
+                    locks.held().iter().map(|l| l.key().to_owned()).collect();
+                held.sort();
+                held.join(",")
+            }
+        })
+    };
+    Router::new()
+        .route("/m/{x}/{y}", handler.layer(both))
+        .route(
+            "/r/{key}",
+            gated(ctl).layer(layer(backend, Cfg::global(TTL))),
+        )
+}
+
+/// (19a) Several specs from one `LockRequest`: all held, all released.
+pub async fn multiple_specs_all_held_and_released(h: Harness) {
+    let ctl = Ctl::default();
+    let app = multi_app(&h.backend, Duration::ZERO, &ctl);
+    let holder = spawn_send(&app, gated_req("/m/b/a"));
+    ctl.entered().await;
+
+    for key in ["a", "b"] {
+        assert!(status_of(&h.backend, &gkey(key)).await.is_some(), "{key}");
+        send(&app, post_req(&format!("/r/{key}")))
+            .await
+            .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    }
+
+    ctl.open(1);
+    let reply = holder.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "a,b", "the handler sees both locks");
+    for key in ["a", "b"] {
+        assert_eq!(status_of(&h.backend, &gkey(key)).await, None, "{key}");
+    }
+}
+
+/// (19b) {a,b} and {b,a} with waits do not deadlock: both are queued behind
+/// an outside holder of `a`, then both succeed.
+pub async fn opposite_lock_orders_do_not_deadlock(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let app = multi_app(&probe.backend(), Duration::from_secs(10), &ctl);
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("a", TTL).global(), "/job")
+        .await
+        .unwrap();
+
+    let ab = spawn_send(&app, post_req("/m/a/b"));
+    let ba = spawn_send(&app, post_req("/m/b/a"));
+    probe.acquires_started(3).await;
+    outside.release().await.unwrap();
+
+    for request in [ab, ba] {
+        let reply = request.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        assert_eq!(reply.text(), "a,b");
+    }
+    for key in ["a", "b"] {
+        assert_eq!(status_of(&h.backend, &gkey(key)).await, None, "{key}");
+    }
+}
+
+/// (19c) A request dropped while acquiring its second lock gives back the
+/// first, even one that was to be kept after the response: no handler ran,
+/// so nobody else can release it.
+pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let both = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| {
+        [
+            LockSpec::new("a", TTL).global().auto_release(false),
+            LockSpec::new("b", TTL)
+                .global()
+                .max_wait(Duration::from_secs(10)),
+        ]
+    });
+    let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("b", TTL).global(), "/job")
+        .await
+        .unwrap();
+    let request = tokio::spawn(app.oneshot(post_req("/k")));
+    probe.acquires_started(3).await; // outside b, then a, then waiting for b
+    assert!(status_of(&h.backend, &gkey("a")).await.is_some());
+
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+
+    assert_released(&h, &gkey("a")).await;
+    outside.release().await.unwrap();
+}
+
+/// (20) A lock taken by the handler through the `Locks` extractor is released
+/// with the response.
+pub async fn extractor_lock_released_with_response(h: Harness) {
+    let ctl = Ctl::default();
+    let handler = {
+        let ctl = ctl.clone();
+        post(move |headers: HeaderMap, locks: Locks| {
+            let ctl = ctl.clone();
+            async move {
+                let extra = locks
+                    .acquire(LockSpec::new("extra", TTL).global())
+                    .await
+                    .expect("extra lock");
+                ctl.checkpoint(&headers).await;
+                format!("{} {}", locks.held().len(), extra.key())
+            }
+        })
+    };
+    let app = Router::new().route(
+        "/x/{key}",
+        handler.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+    let request = spawn_send(&app, gated_req("/x/main"));
+    ctl.entered().await;
+    assert!(status_of(&h.backend, &gkey("extra")).await.is_some());
+
+    ctl.open(1);
+    let reply = request.await.unwrap();
+
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "2 extra");
+    assert_eq!(status_of(&h.backend, &gkey("extra")).await, None);
+    assert_eq!(status_of(&h.backend, &gkey("main")).await, None);
+}
+
+/// 16 (registry part). `Locks::release` frees at once; a second release of
+/// the same key is `LOCK_ALREADY_RELEASED`, of a never-held key
+/// `LOCK_NOT_FOUND`.
+pub async fn locks_release_twice_is_already_released(h: Harness) {
+    fn outcome(result: Result<(), LockError>) -> &'static str {
+        match result {
+            Ok(()) => "ok",
+            Err(e) => e.code(),
+        }
+    }
+    let handler = post(|Path(key): Path<String>, locks: Locks| async move {
+        let first = outcome(locks.release(&key).await);
+        let free = locks
+            .backend()
+            .status(&LockKey::global(&key).unwrap())
+            .await
+            .unwrap()
+            .is_none();
+        let second = outcome(locks.release(&key).await);
+        let never = outcome(locks.release("never-held").await);
+        format!("{first} {free} {second} {never}")
+    });
+    let app = Router::new().route(
+        "/l/{key}",
+        handler.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+
+    let reply = send(&app, post_req("/l/k")).await;
+
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "ok true LOCK_ALREADY_RELEASED LOCK_NOT_FOUND");
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    assert_eq!(send(&app, post_req("/l/k")).await.status, StatusCode::OK);
+}
+
+/// (21a) The layer applied with `Router::route_layer` (sees the matched route
+/// and its parameters).
+pub async fn works_via_route_layer(h: Harness) {
+    let ctl = Ctl::default();
+    let app = Router::new()
+        .route("/r/{key}", gated(&ctl))
+        .route_layer(layer(&h.backend, Cfg::route(TTL)));
+    let holder = spawn_send(&app, gated_req("/r/k"));
+    ctl.entered().await;
+
+    send(&app, post_req("/r/k"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    let key = LockKey::route("/r/{key}", "k").unwrap();
+    assert!(status_of(&h.backend, &key).await.is_some());
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    assert_eq!(status_of(&h.backend, &key).await, None);
+    assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
+}
+
+/// (21b) The layer inside a `tower::ServiceBuilder` stack.
+pub async fn works_inside_service_builder(h: Harness) {
+    let ctl = Ctl::default();
+    let stack = ServiceBuilder::new()
+        .layer(CatchPanicLayer::new())
+        .layer(layer(&h.backend, Cfg::global(TTL)));
+    let app = Router::new().route("/r/{key}", gated(&ctl).layer(stack));
+    let holder = spawn_send(&app, gated_req("/r/k"));
+    ctl.entered().await;
+
+    send(&app, post_req("/r/k"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
+}

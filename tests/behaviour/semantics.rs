@@ -1,0 +1,217 @@
+//! The backend contract: TTL expiry, extension, ownership, fencing tokens.
+
+use std::time::Duration;
+
+use axum::Router;
+use http::StatusCode;
+use tower_lock::{LockError, LockSpec, OwnedLock};
+
+use super::harness::Harness;
+use super::support::*;
+
+/// (14) A holder that never releases: the lock is free for the next acquirer
+/// once its TTL has passed, with no cleanup call, and status says so.
+pub async fn ttl_expiry_frees_without_cleanup(h: Harness) {
+    let key = gkey("k");
+    let ttl = h.units(3);
+    let held = h
+        .backend
+        .acquire(&areq(&key, "holder", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    let ctl = Ctl::default();
+    let app: Router = app(&h.backend, Cfg::global(Duration::from_secs(30)), &ctl);
+
+    h.advance(h.units(2)).await;
+    let status = status_of(&h.backend, &key).await.expect("still held");
+    assert_eq!(status.owner, "holder");
+    let err = h
+        .backend
+        .acquire(&areq(&key, "next", ttl, Duration::ZERO))
+        .await
+        .unwrap_err();
+    let retry_after = err.retry_after().expect("holder's remaining TTL");
+    assert!(retry_after <= h.unit(), "{retry_after:?}");
+    send(&app, post_req("/r/k"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+
+    h.advance(h.units(3) / 2).await;
+    assert_eq!(status_of(&h.backend, &key).await, None, "expired");
+    assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
+    let next = h
+        .backend
+        .acquire(&areq(&key, "next", ttl, Duration::ZERO))
+        .await
+        .expect("free after the TTL");
+    assert!(next.fence > held.fence);
+    assert_eq!(ctl.runs(), 1);
+}
+
+/// (15a) `extend` replaces the remaining TTL: acquired for 10, extended by 10
+/// at 8, still held at 17, free after 18.
+pub async fn extend_replaces_ttl(h: Harness) {
+    let key = gkey("k");
+    let ten = h.units(10);
+    h.backend
+        .acquire(&areq(&key, "holder", ten, Duration::ZERO))
+        .await
+        .unwrap();
+
+    h.advance(h.units(8)).await;
+    let lease = h.backend.extend(&key, "holder", ten).await.unwrap();
+    assert_eq!(lease.ttl, ten);
+
+    h.advance(h.units(9)).await; // 17
+    let status = status_of(&h.backend, &key).await.expect("held at 17");
+    assert_eq!(status.owner, "holder");
+    if h.is_paused() {
+        assert_eq!(status.ttl_remaining, h.unit());
+    }
+    let busy = h
+        .backend
+        .acquire(&areq(&key, "other", ten, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(busy, Err(LockError::AcquisitionFailed { .. })),
+        "{busy:?}"
+    );
+
+    h.advance(h.units(3) / 2).await; // 18.5
+    assert_eq!(status_of(&h.backend, &key).await, None, "free after 18");
+}
+
+/// (15b) Extending an expired lock fails with `LOCK_NOT_FOUND` and never
+/// revives it; extending someone else's lock is `LOCK_OWNERSHIP_MISMATCH`.
+pub async fn extend_never_revives_and_checks_owner(h: Harness) {
+    let key = gkey("k");
+    let ttl = h.units(2);
+    h.backend
+        .acquire(&areq(&key, "holder", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    h.advance(h.units(3)).await;
+
+    let err = h.backend.extend(&key, "holder", ttl).await.unwrap_err();
+    assert_eq!(err, LockError::NotFound);
+    assert_eq!(err.code(), "LOCK_NOT_FOUND");
+    assert_eq!(status_of(&h.backend, &key).await, None, "not revived");
+
+    h.backend
+        .acquire(&areq(&key, "owner", h.units(10), Duration::ZERO))
+        .await
+        .unwrap();
+    let before = status_of(&h.backend, &key).await.unwrap();
+    let err = h.backend.extend(&key, "intruder", ttl).await.unwrap_err();
+    assert_eq!(err.code(), "LOCK_OWNERSHIP_MISMATCH");
+    let after = status_of(&h.backend, &key).await.unwrap();
+    assert_eq!(after.owner, "owner");
+    assert_eq!(after.fence, before.fence);
+    // Had the intruder's extension landed, 2 units would be left.
+    assert!(after.ttl_remaining > h.units(5), "TTL untouched: {after:?}");
+    if h.is_paused() {
+        assert_eq!(after.ttl_remaining, before.ttl_remaining);
+    }
+
+    // The same through an owned handle.
+    let spec = LockSpec::new("job", h.units(2)).global();
+    let mut job = OwnedLock::acquire(h.backend.clone(), &spec, "/jobs")
+        .await
+        .unwrap();
+    job.extend(h.units(10)).await.unwrap();
+    assert_eq!(job.info().ttl(), h.units(10));
+    h.advance(h.units(3)).await;
+    assert!(
+        job.status().await.unwrap().is_some(),
+        "extended past its TTL"
+    );
+    job.release().await.unwrap();
+}
+
+/// (16) Only the owner releases: another owner gets
+/// `LOCK_OWNERSHIP_MISMATCH` and the lock stays; a free key is
+/// `LOCK_NOT_FOUND`.
+pub async fn release_checks_owner(h: Harness) {
+    let key = gkey("k");
+    let ttl = Duration::from_secs(30);
+    h.backend
+        .acquire(&areq(&key, "owner", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let err = h.backend.release(&key, "intruder").await.unwrap_err();
+    assert_eq!(err.code(), "LOCK_OWNERSHIP_MISMATCH");
+    assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "owner");
+
+    let err = h
+        .backend
+        .release(&gkey("free"), "anyone")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "LOCK_NOT_FOUND");
+
+    h.backend.release(&key, "owner").await.unwrap();
+    assert_eq!(status_of(&h.backend, &key).await, None);
+    let err = h.backend.release(&key, "owner").await.unwrap_err();
+    assert_eq!(err.code(), "LOCK_NOT_FOUND", "a released lock is gone");
+}
+
+/// (17) Fencing tokens strictly increase per key across release, expiry,
+/// force-release and hand-off to a waiter.
+pub async fn fencing_tokens_strictly_increase(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let backend = probe.backend();
+    let key = gkey("k");
+    let ttl = h.units(2);
+    let mut fences = Vec::new();
+
+    let lease = backend
+        .acquire(&areq(&key, "a", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(status_of(&backend, &key).await.unwrap().fence, lease.fence);
+    fences.push(lease.fence);
+    backend.release(&key, "a").await.unwrap();
+
+    // After a release.
+    let lease = backend
+        .acquire(&areq(&key, "b", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    fences.push(lease.fence);
+
+    // After an expiry.
+    h.advance(h.units(3)).await;
+    let lease = backend
+        .acquire(&areq(&key, "c", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(status_of(&backend, &key).await.unwrap().fence, lease.fence);
+    fences.push(lease.fence);
+
+    // After a force-release.
+    assert!(backend.force_release(&key).await.unwrap());
+    assert!(!backend.force_release(&key).await.unwrap(), "nothing left");
+    let lease = backend
+        .acquire(&areq(&key, "d", h.units(10), Duration::ZERO))
+        .await
+        .unwrap();
+    fences.push(lease.fence);
+
+    // Handed to a waiter.
+    let waiter = tokio::spawn({
+        let backend = backend.clone();
+        let req = areq(&key, "e", ttl, h.units(5));
+        async move { backend.acquire(&req).await }
+    });
+    probe.acquires_started(5).await;
+    backend.release(&key, "d").await.unwrap();
+    let lease = waiter.await.unwrap().expect("handed over");
+    assert_eq!(status_of(&backend, &key).await.unwrap().owner, "e");
+    fences.push(lease.fence);
+
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {fences:?}"
+    );
+}

@@ -3,12 +3,14 @@
 
 mod harness;
 mod keys;
+mod lifecycle;
 mod middleware;
 mod semantics;
 mod support;
 
 /// Every backend-generic test, by name.
 mod tests {
+    pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::semantics::*;
 }
@@ -112,6 +114,11 @@ for_each_backend! {
             works_inside_service_builder,
             // Backend contract.
             release_checks_owner,
+            // Lifecycle beyond one request.
+            lost_signal_fires_when_force_released_under_a_handler,
+            token_hand_off_across_handles,
+            keep_after_response_then_release_through_admin,
+            admin_force_release_and_bad_keys,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -120,6 +127,10 @@ for_each_backend! {
             extend_replaces_ttl,
             extend_never_revives_and_checks_owner,
             fencing_tokens_strictly_increase,
+            watchdog_keeps_a_short_ttl_lock_through_a_long_handler,
+            lost_signal_fires_at_ttl_without_watchdog,
+            watchdog_renews_many_locks_in_one_call_per_tick,
+            stale_tokens_are_refused,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

@@ -1,9 +1,5 @@
 //! Lock lifecycle beyond one request: watchdog, lost-lock signal, hand-off
-//! tokens, keep-after-response headers, admin API. Every test runs against
-//! every backend (memory with paused time where TTLs matter; Redis against a
-//! private real server).
-
-mod common;
+//! tokens, keep-after-response headers, admin API.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +18,16 @@ use tower_lock::{
     LockStatus, LockToken, Locks, OwnedLock, SharedBackend,
 };
 
-use common::harness::Harness;
+use super::harness::Harness;
+
+/// Let `d` pass inside a handler (see [`Harness::advance`]).
+async fn pass(paused: bool, d: Duration) {
+    if paused {
+        tokio::time::advance(d).await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
+}
 
 /// Counts `extend_many` calls and their sizes around a real backend.
 struct CountingBackend {
@@ -83,21 +88,20 @@ async fn body_json(
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"))
 }
 
-async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
+pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
     let backend = h.backend.clone();
     let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
         Some(spec("job", 300).watchdog(true))
     });
-    let h2 = h.clone();
+    let paused = h.is_paused();
     let app = Router::new().route(
         "/run",
         post(move |locks: Locks| {
-            let h = h2.clone();
             async move {
                 let lock = locks.first().unwrap();
                 // 2 s of work against a 300 ms TTL, checking on the way.
                 for _ in 0..20 {
-                    h.advance(Duration::from_millis(100)).await;
+                    pass(paused, Duration::from_millis(100)).await;
                     if lock.is_lost() {
                         return "lost";
                     }
@@ -122,7 +126,7 @@ async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
     assert_eq!(backend.status(&key).await.unwrap(), None);
 }
 
-async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
+pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
     let backend = h.backend.clone();
     let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
         Some(spec("victim", 1_500).watchdog(true))
@@ -158,7 +162,7 @@ async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
     assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "lost");
 }
 
-async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
+pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
     let lock = OwnedLock::acquire(h.backend.clone(), &spec("short", 300), "")
         .await
         .unwrap();
@@ -171,7 +175,7 @@ async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
     assert!(lock.is_lost());
 }
 
-async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
+pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     let counting = Arc::new(CountingBackend {
         inner: h.backend.clone(),
         batches: AtomicUsize::new(0),
@@ -205,7 +209,7 @@ async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     }
 }
 
-async fn token_hand_off_across_handles(h: Harness) {
+pub async fn token_hand_off_across_handles(h: Harness) {
     let backend = h.backend.clone();
     let lock = OwnedLock::acquire(backend.clone(), &spec("report", 5_000), "")
         .await
@@ -236,7 +240,7 @@ async fn token_hand_off_across_handles(h: Harness) {
     );
 }
 
-async fn stale_tokens_are_refused(h: Harness) {
+pub async fn stale_tokens_are_refused(h: Harness) {
     let backend = h.backend.clone();
     let lock = OwnedLock::acquire(backend.clone(), &spec("stale", 300), "")
         .await
@@ -296,7 +300,7 @@ fn kept_app(backend: SharedBackend, allow_force: bool) -> Router {
         .route("/health", get(|| async { "ok" }))
 }
 
-async fn keep_after_response_then_release_through_admin(h: Harness) {
+pub async fn keep_after_response_then_release_through_admin(h: Harness) {
     let app = kept_app(h.backend.clone(), false);
     let res = app
         .clone()
@@ -425,7 +429,7 @@ async fn keep_after_response_then_release_through_admin(h: Harness) {
     );
 }
 
-async fn admin_force_release_and_bad_keys(h: Harness) {
+pub async fn admin_force_release_and_bad_keys(h: Harness) {
     let app = kept_app(h.backend.clone(), true);
     let res = app
         .clone()
@@ -487,15 +491,4 @@ async fn admin_force_release_and_bad_keys(h: Harness) {
         .await
         .unwrap();
     assert_eq!(body_json(slash).await["key"], "a/b");
-}
-
-common::backend_tests! {
-    watchdog_keeps_a_short_ttl_lock_through_a_long_handler,
-    lost_signal_fires_when_force_released_under_a_handler,
-    lost_signal_fires_at_ttl_without_watchdog,
-    watchdog_renews_many_locks_in_one_call_per_tick,
-    token_hand_off_across_handles,
-    stale_tokens_are_refused,
-    keep_after_response_then_release_through_admin,
-    admin_force_release_and_bad_keys,
 }

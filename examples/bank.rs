@@ -459,15 +459,11 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
 }
 
 /// The Redis lock backend for `url`, with a pool of its own.
-// TODO(redis backend): `tower_lock::backend::redis` is still being written
-// (draft in the `redis-wip` worktree). When it lands, make the body:
-//     let backend = tower_lock::backend::redis::RedisBackend::from_url(url)
-//         .map_err(|e| format!("bad --redis URL: {e}"))?;
-//     Ok(Arc::new(backend))
 #[cfg(feature = "redis")]
 fn redis_lock_backend(url: &str) -> Result<SharedBackend, String> {
-    let _ = url;
-    Err("this tower-lock has no Redis lock backend yet (tower_lock::backend::redis)".to_owned())
+    let backend = tower_lock::RedisBackend::from_url(url)
+        .map_err(|e| format!("bad --redis URL: {e}"))?;
+    Ok(Arc::new(backend))
 }
 
 /// A JSON error: `{"error": {"code": ..., "message": ...}}`, the same shape

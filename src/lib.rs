@@ -86,6 +86,8 @@ mod spec;
 mod watchdog;
 
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use backend::redis::RedisBackend;
 pub use backend::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
 pub use error::LockError;

@@ -6,7 +6,8 @@
 //! directory; it is (re)built with `cargo build --example bank` when missing
 //! or older than the sources. `BANK_BIN=/path/to/bank` overrides it.
 //!
-//! Memory backend only: the multi-process Redis test lives elsewhere.
+//! Most tests use the in-memory backend; `three_processes_share_one_redis`
+//! runs three banks on one private redis-server.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -22,6 +23,9 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::task::JoinSet;
+
+#[cfg(feature = "redis")]
+mod common;
 
 /// Upper bound for any one test, so a wedged server fails instead of hanging.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -385,6 +389,70 @@ impl Reply {
             .as_str()
             .unwrap_or_else(|| panic!("{}: not a JSON error: {}", self.what, self.json))
     }
+}
+
+/// Three bank processes on one Redis take 300 concurrent deposits spread
+/// over all three, some waiting and some not: every `200` is counted exactly
+/// once in the final balance, and every refusal is a `429` with
+/// `Retry-After`.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_redis() {
+    within_timeout(async {
+        let redis = common::redis_server::RedisServer::start();
+        let url = redis.url();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--redis", &url]))
+            .collect();
+        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+
+        let mut deposits = JoinSet::new();
+        for i in 0..300u64 {
+            let http = clients[i as usize % 3].clone();
+            let amount = i + 1;
+            let wait_ms = [0, 20, 200, 5_000][i as usize % 4];
+            deposits.spawn(async move {
+                let path =
+                    format!("/accounts/shared/deposit?amount={amount}&hold_ms=1&wait_ms={wait_ms}");
+                (amount, http.post(&path).await)
+            });
+        }
+        let (mut sum, mut accepted, mut refused) = (0u64, 0, 0);
+        let mut fences = Vec::new();
+        while let Some(done) = deposits.join_next().await {
+            let (amount, reply) = done.unwrap();
+            match reply.status {
+                StatusCode::OK => {
+                    sum += amount;
+                    accepted += 1;
+                    fences.push(reply.uint("fence"));
+                }
+                StatusCode::TOO_MANY_REQUESTS => {
+                    let retry_after: u64 = reply.headers[header::RETRY_AFTER]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .expect("Retry-After in whole seconds");
+                    assert!(retry_after >= 1);
+                    refused += 1;
+                }
+                other => panic!("{}: unexpected {other}: {}", reply.what, reply.json),
+            }
+        }
+        eprintln!("{accepted} deposits accepted, {refused} refused");
+        assert!(accepted > 0);
+        for http in &clients {
+            assert_eq!(
+                http.get("/accounts/shared").await.uint("balance"),
+                sum,
+                "the balance differs from the sum of accepted deposits: updates were lost"
+            );
+        }
+        fences.sort_unstable();
+        fences.dedup();
+        assert_eq!(fences.len(), accepted, "two deposits got the same fence");
+    })
+    .await;
 }
 
 const ADMIN_TOKEN: &str = "t0ken";

@@ -8,7 +8,7 @@
 //! [`MemoryBackend`]: tower_lock::MemoryBackend
 
 // Shared test support; `common::redis_server::RedisServer` starts the private
-// Redis of `suite::harness::redis_backend` (see the TODO(redis) there).
+// Redis of `suite::harness::redis_backend`.
 mod common;
 
 #[path = "behaviour/mod.rs"]

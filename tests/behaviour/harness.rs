@@ -13,7 +13,7 @@ pub enum BackendKind {
     /// In-process: releases finish inside the call, time can be virtual.
     Memory,
     /// A real server: releases from `Drop` run in a task, time is real.
-    #[allow(dead_code)] // TODO(redis): built by `redis_backend` once it is wired
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis,
 }
 
@@ -95,10 +95,7 @@ pub async fn memory_backend_paused() -> Harness {
 
 /// A Redis backend on a private server started for this test.
 ///
-/// TODO(redis): the only place that knows how to build the Redis backend;
-/// adjust to its final constructor and replace `any()` with
-/// `feature = "redis"` (also in `tests/behaviour.rs` and `mod.rs`).
-#[cfg(any())]
+#[cfg(feature = "redis")]
 pub async fn redis_backend() -> Harness {
     use crate::common::redis_server::RedisServer;
     use tower_lock::backend::redis::RedisBackend;

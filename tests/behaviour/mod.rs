@@ -76,8 +76,7 @@ for_each_backend! {
             crate::suite::harness::memory_backend(),
             crate::suite::harness::memory_backend_paused(),
             (start_paused = true),
-        // TODO(redis): replace `any()` with `feature = "redis"`.
-        #[cfg(any())]
+        #[cfg(feature = "redis")]
         redis =>
             crate::suite::harness::redis_backend(),
             crate::suite::harness::redis_backend(),

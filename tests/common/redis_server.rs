@@ -132,10 +132,10 @@ fn spawn(port: u16, dir: &PathBuf, timeout: Duration) -> Option<Child> {
         if let Ok(Some(_)) = child.try_wait() {
             return None;
         }
-        if let Ok(info) = command(port, &["INFO", "server"]) {
-            if info.lines().any(|l| l.trim() == pid) {
-                return Some(child);
-            }
+        if let Ok(info) = command(port, &["INFO", "server"])
+            && info.lines().any(|l| l.trim() == pid)
+        {
+            return Some(child);
         }
         std::thread::sleep(Duration::from_millis(10));
     }

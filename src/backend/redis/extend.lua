@@ -1,0 +1,14 @@
+-- extend: KEYS = lock; ARGV = owner, ttl ms
+-- Returns {1, fence, acquired ms, now ms}, {0} (not held), {-1} (other owner).
+local lock = KEYS[1]
+local current = redis.call('GET', lock)
+if not current then
+  return {0}
+end
+local f, a, holder = string.match(current, '^%d (%d+) (%d+) %S+ (.+)$')
+if holder ~= ARGV[1] then
+  return {-1}
+end
+redis.call('PEXPIRE', lock, ARGV[2])
+local t = redis.call('TIME')
+return {1, f, a, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}

@@ -1,0 +1,173 @@
+//! The Lua scripts (one round trip per operation) and their replies.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::{Script, Value};
+
+use crate::error::LockError;
+
+/// Every script, hashed once per process. `redis::Script` sends `EVALSHA` and
+/// loads the script on `NOSCRIPT`, so a `SCRIPT FLUSH` or a restarted server
+/// costs one extra round trip on the next call, not a failure.
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) release: Script,
+    pub(super) extend: Script,
+    pub(super) force_release: Script,
+    pub(super) status: Script,
+    pub(super) leave: Script,
+}
+
+/// Shared helpers for the slow paths (see `common.lua`).
+const HELPERS: &str = include_str!("common.lua");
+/// Where a script wants the helpers: after its fast path, so the fast path
+/// never pays for creating their closures.
+const HELPERS_MARK: &str = "-- @helpers\n";
+
+/// A script's source with the helpers spliced in at its marker (if any).
+fn source(script: &str) -> String {
+    script.replacen(HELPERS_MARK, HELPERS, 1)
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(&source(include_str!("acquire.lua"))),
+    release: Script::new(&source(include_str!("release.lua"))),
+    extend: Script::new(&source(include_str!("extend.lua"))),
+    force_release: Script::new(&source(include_str!("force_release.lua"))),
+    status: Script::new(&source(include_str!("status.lua"))),
+    leave: Script::new(&source(include_str!("leave.lua"))),
+});
+
+/// A reply that does not have the shape the script returns: a bug, or
+/// something else writing to our keys. Never a panic.
+pub(super) fn bad_reply(what: &str) -> LockError {
+    LockError::BackendUnavailable(format!("unexpected reply from Redis to {what}"))
+}
+
+/// The elements of an array reply.
+pub(super) fn array(value: Value, what: &str) -> Result<Vec<Value>, LockError> {
+    match value {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        _ => Err(bad_reply(what)),
+    }
+}
+
+/// An integer, sent either as an integer or as a decimal string.
+pub(super) fn int(value: &Value, what: &str) -> Result<i64, LockError> {
+    let parsed = match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    };
+    parsed.ok_or_else(|| bad_reply(what))
+}
+
+/// Element `i` of `items` as an integer.
+pub(super) fn int_at(items: &[Value], i: usize, what: &str) -> Result<i64, LockError> {
+    items
+        .get(i)
+        .ok_or_else(|| bad_reply(what))
+        .and_then(|v| int(v, what))
+}
+
+/// Element `i` of `items` as a non-negative integer (fences, timestamps).
+pub(super) fn uint_at(items: &[Value], i: usize, what: &str) -> Result<u64, LockError> {
+    u64::try_from(int_at(items, i, what)?).map_err(|_| bad_reply(what))
+}
+
+/// Element `i` of `items` as a UTF-8 string.
+pub(super) fn string_at(items: &[Value], i: usize, what: &str) -> Result<String, LockError> {
+    match items.get(i) {
+        Some(Value::BulkString(bytes)) => {
+            String::from_utf8(bytes.clone()).map_err(|_| bad_reply(what))
+        }
+        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        _ => Err(bad_reply(what)),
+    }
+}
+
+/// A server timestamp in milliseconds since the Unix epoch.
+pub(super) fn server_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// A `PTTL`-style reply as a duration; negative ("no key", "no TTL") is zero.
+pub(super) fn remaining(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Whole milliseconds, rounded up (a lock never expires earlier than asked).
+pub(super) fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceil_ms_rounds_up() {
+        assert_eq!(ceil_ms(Duration::from_millis(5)), 5);
+        assert_eq!(ceil_ms(Duration::from_micros(5_001)), 6);
+        assert_eq!(ceil_ms(Duration::from_micros(999)), 1);
+        assert_eq!(ceil_ms(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn replies_parse_without_panicking() {
+        let items = vec![
+            Value::Int(1),
+            Value::BulkString(b"42".to_vec()),
+            Value::BulkString(b"x".to_vec()),
+            Value::Nil,
+        ];
+        assert_eq!(int_at(&items, 0, "t").unwrap(), 1);
+        assert_eq!(uint_at(&items, 1, "t").unwrap(), 42);
+        assert!(int_at(&items, 2, "t").is_err());
+        assert!(int_at(&items, 3, "t").is_err());
+        assert!(int_at(&items, 9, "t").is_err());
+        assert!(uint_at(&[Value::Int(-1)], 0, "t").is_err());
+        assert_eq!(string_at(&items, 2, "t").unwrap(), "x");
+        assert!(array(Value::Nil, "t").is_err());
+        assert_eq!(remaining(-2), Duration::ZERO);
+    }
+
+    #[test]
+    fn helpers_are_spliced_where_marked() {
+        for (name, script) in [
+            ("acquire", include_str!("acquire.lua")),
+            ("release", include_str!("release.lua")),
+            ("force_release", include_str!("force_release.lua")),
+            ("leave", include_str!("leave.lua")),
+        ] {
+            assert_eq!(script.matches(HELPERS_MARK).count(), 1, "{name}");
+            let src = source(script);
+            assert!(src.contains("local function hand_off"), "{name}");
+            assert!(!src.contains(HELPERS_MARK), "{name}");
+        }
+        for script in [include_str!("extend.lua"), include_str!("status.lua")] {
+            assert!(!script.contains(HELPERS_MARK));
+        }
+    }
+
+    #[test]
+    fn scripts_compile_into_distinct_hashes() {
+        let s = &*SCRIPTS;
+        let hashes = [
+            s.acquire.get_hash(),
+            s.release.get_hash(),
+            s.extend.get_hash(),
+            s.force_release.get_hash(),
+            s.status.get_hash(),
+            s.leave.get_hash(),
+        ];
+        for (i, a) in hashes.iter().enumerate() {
+            for b in &hashes[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

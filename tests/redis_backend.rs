@@ -1,0 +1,738 @@
+//! `RedisBackend` against a real, private redis-server: semantics, waiting
+//! and hand-off, and faults. Timing goals belong to the benchmarks; here only
+//! bounds that ARE the behaviour are asserted, with generous slack.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use common::redis_server::RedisServer;
+use tokio::time::Instant;
+use tower_lock::backend::redis::RedisBackend;
+use tower_lock::{AcquireRequest, LockBackend, LockError, LockKey};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::from_url(&server.url()).unwrap()
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::global(name).unwrap()
+}
+
+fn req(name: &str, owner: &str, ttl: Duration, wait: Duration) -> AcquireRequest {
+    AcquireRequest::new(key(name), owner, ttl, wait).unwrap()
+}
+
+/// The stored key of the global lock `name` with the default prefix.
+fn stored(name: &str, suffix: &str) -> String {
+    format!("lock:{{g:{name}}}{suffix}")
+}
+
+/// Wait until `n` waiters are queued on `name` (a condition, not a guess).
+async fn queued(server: &RedisServer, name: &str, n: usize) {
+    let deadline = Instant::now() + 5 * SEC;
+    loop {
+        let len: usize = server.cmd(&["LLEN", &stored(name, ":q")]).parse().unwrap();
+        if len == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{len} waiters queued, expected {n}"
+        );
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+fn unavailable<T: std::fmt::Debug>(r: Result<T, LockError>) -> bool {
+    matches!(r, Err(LockError::BackendUnavailable(_)))
+}
+
+// ---------------------------------------------------------------- semantics
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_status_release() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let r = req("a", "alice", 10 * SEC, Duration::ZERO);
+    let before = SystemTime::now();
+    let lease = b.acquire(&r).await.unwrap();
+    assert!(lease.fence >= 1);
+    assert_eq!(lease.ttl, 10 * SEC);
+    assert_eq!(
+        lease.expires_at.duration_since(lease.acquired_at).unwrap(),
+        10 * SEC
+    );
+    // Server clock, same machine: sanity only.
+    let skew = lease
+        .acquired_at
+        .duration_since(before)
+        .unwrap_or_else(|e| e.duration());
+    assert!(skew < 5 * SEC, "acquired_at is {skew:?} away from now");
+
+    let st = b.status(r.key()).await.unwrap().expect("held");
+    assert_eq!(st.owner, "alice");
+    assert_eq!(st.fence, lease.fence);
+    assert_eq!(st.acquired_at, lease.acquired_at);
+    assert!(st.ttl_remaining <= 10 * SEC && st.ttl_remaining > 9 * SEC);
+
+    b.release(r.key(), "alice").await.unwrap();
+    assert_eq!(b.status(r.key()).await.unwrap(), None);
+    assert_eq!(b.release(r.key(), "alice").await, Err(LockError::NotFound));
+    // The lock key is gone; the fence counter stays (no TTL).
+    assert_eq!(server.cmd(&["EXISTS", &stored("a", "")]), "0");
+    assert_eq!(server.cmd(&["PTTL", &stored("a", ":fence")]), "-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_owner_reacquire_keeps_fence_and_refreshes_ttl() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let first = b
+        .acquire(&req("a", "alice", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let again = b
+        .acquire(&req("a", "alice", 20 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(again.fence, first.fence);
+    assert_eq!(again.acquired_at, first.acquired_at);
+    let st = b.status(&key("a")).await.unwrap().unwrap();
+    assert!(st.ttl_remaining > 19 * SEC, "{:?}", st.ttl_remaining);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_lock_fails_with_holders_remaining_ttl() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("a", "alice", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let err = b
+        .acquire(&req("a", "bob", SEC, Duration::ZERO))
+        .await
+        .unwrap_err();
+    let LockError::AcquisitionFailed {
+        retry_after: Some(left),
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(left <= 10 * SEC && left > 9 * SEC, "{left:?}");
+    // Not queued: no wait was allowed.
+    assert_eq!(server.cmd(&["EXISTS", &stored("a", ":q")]), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_owner_cannot_release_or_extend() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let lease = b
+        .acquire(&req("a", "alice", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.release(&key("a"), "bob").await,
+        Err(LockError::OwnershipMismatch)
+    );
+    assert_eq!(
+        b.extend(&key("a"), "bob", SEC).await,
+        Err(LockError::OwnershipMismatch)
+    );
+    let st = b.status(&key("a")).await.unwrap().unwrap();
+    assert_eq!((st.owner.as_str(), st.fence), ("alice", lease.fence));
+    assert_eq!(
+        b.extend(&key("nothing"), "bob", SEC).await,
+        Err(LockError::NotFound)
+    );
+    assert_eq!(
+        b.release(&key("nothing"), "bob").await,
+        Err(LockError::NotFound)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_increases_across_release_expiry_and_instances() {
+    let server = RedisServer::start();
+    let b1 = backend(&server);
+    let b2 = backend(&server).with_op_timeout(SEC);
+    let mut fences = Vec::new();
+    for i in 0..3 {
+        let b = if i % 2 == 0 { &b1 } else { &b2 };
+        fences.push(
+            b.acquire(&req("f", "o", SEC, Duration::ZERO))
+                .await
+                .unwrap()
+                .fence,
+        );
+        b.release(&key("f"), "o").await.unwrap();
+    }
+    // Expiry instead of release.
+    fences.push(
+        b1.acquire(&req("f", "x", ms(30), Duration::ZERO))
+            .await
+            .unwrap()
+            .fence,
+    );
+    tokio::time::sleep(ms(60)).await;
+    fences.push(
+        b2.acquire(&req("f", "y", ms(30), Duration::ZERO))
+            .await
+            .unwrap()
+            .fence,
+    );
+    // Force release.
+    assert!(b1.force_release(&key("f")).await.unwrap());
+    fences.push(
+        b1.acquire(&req("f", "z", SEC, Duration::ZERO))
+            .await
+            .unwrap()
+            .fence,
+    );
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_replaces_ttl_on_the_server_and_never_revives() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let lease = b
+        .acquire(&req("e", "alice", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let shorter = b.extend(&key("e"), "alice", ms(500)).await.unwrap();
+    assert_eq!(shorter.fence, lease.fence);
+    assert_eq!(shorter.acquired_at, lease.acquired_at);
+    assert_eq!(shorter.ttl, ms(500));
+    let pttl: i64 = server.cmd(&["PTTL", &stored("e", "")]).parse().unwrap();
+    assert!((0..=500).contains(&pttl), "PTTL {pttl}");
+
+    let longer = b.extend(&key("e"), "alice", 20 * SEC).await.unwrap();
+    assert!(longer.expires_at > lease.expires_at);
+    let pttl: i64 = server.cmd(&["PTTL", &stored("e", "")]).parse().unwrap();
+    assert!(pttl > 19_000, "PTTL {pttl}");
+
+    assert!(matches!(
+        b.extend(&key("e"), "alice", Duration::ZERO).await,
+        Err(LockError::InvalidTtl(_))
+    ));
+
+    b.extend(&key("e"), "alice", ms(30)).await.unwrap();
+    tokio::time::sleep(ms(60)).await;
+    assert_eq!(
+        b.extend(&key("e"), "alice", SEC).await,
+        Err(LockError::NotFound)
+    );
+    assert_eq!(b.status(&key("e")).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lock_is_free_without_cleanup() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let old = b
+        .acquire(&req("x", "alice", ms(50), Duration::ZERO))
+        .await
+        .unwrap();
+    tokio::time::sleep(ms(80)).await;
+    assert_eq!(b.status(&key("x")).await.unwrap(), None);
+    let new = b
+        .acquire(&req("x", "bob", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(new.fence > old.fence);
+    assert_eq!(
+        b.release(&key("x"), "alice").await,
+        Err(LockError::OwnershipMismatch)
+    );
+    b.release(&key("x"), "bob").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_frees_whoever_holds() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("k", "alice", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(b.force_release(&key("k")).await.unwrap());
+    assert_eq!(b.status(&key("k")).await.unwrap(), None);
+    assert!(!b.force_release(&key("k")).await.unwrap());
+    b.acquire(&req("k", "bob", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_keys_with_braces_and_long_keys_work() {
+    let server = RedisServer::start();
+    let b = backend(&server).with_prefix("app:");
+    let k = LockKey::route("/orders/{id}", "}{".repeat(256)).unwrap();
+    let r = AcquireRequest::new(k.clone(), "o", SEC, Duration::ZERO).unwrap();
+    b.acquire(&r).await.unwrap();
+    assert_eq!(b.status(&k).await.unwrap().unwrap().owner, "o");
+    let keys = server.cmd(&["KEYS", "app:*"]);
+    assert!(keys.lines().all(|k| k.starts_with("app:{h:")), "{keys}");
+    b.release(&k, "o").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_from_an_existing_pool() {
+    let server = RedisServer::start();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let b = RedisBackend::from_pool(pool.clone(), server.url().as_str()).unwrap();
+    b.acquire(&req("p", "o", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    b.release(&key("p"), "o").await.unwrap();
+    // The other constructors.
+    let from_config =
+        RedisBackend::from_config(&deadpool_redis::Config::from_url(server.url())).unwrap();
+    from_config
+        .acquire(&req("p", "o2", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(matches!(
+        RedisBackend::from_url("nonsense://x"),
+        Err(LockError::BackendUnavailable(_))
+    ));
+    // The app's pool still works.
+    let mut conn = pool.get().await.unwrap();
+    let pong: String = deadpool_redis::redis::cmd("PING")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+// ------------------------------------------------------- waiting, hand-off
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_is_handed_the_lock_on_release() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let held = b
+        .acquire(&req("w", "alice", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let mut latencies = Vec::new();
+    for round in 0..5 {
+        let owner = format!("bob{round}");
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            let r = req("w", &owner, 30 * SEC, 10 * SEC);
+            async move {
+                let lease = b.acquire(&r).await;
+                (lease, Instant::now())
+            }
+        });
+        queued(&server, "w", 1).await;
+        let released = Instant::now();
+        let holder = if round == 0 {
+            "alice".to_owned()
+        } else {
+            format!("bob{}", round - 1)
+        };
+        b.release(&key("w"), &holder).await.unwrap();
+        let (lease, woke) = waiter.await.unwrap();
+        let lease = lease.unwrap();
+        assert!(lease.fence > held.fence);
+        assert_eq!(
+            b.status(&key("w")).await.unwrap().unwrap().fence,
+            lease.fence
+        );
+        latencies.push(woke - released);
+    }
+    println!("wake-up latency (release call -> waiter returns): {latencies:?}");
+    // Sanity only: a hand-off is a message, not a poll or a TTL.
+    assert!(latencies.iter().all(|l| *l < SEC), "{latencies:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_gets_the_lock_when_the_holder_expires_without_releasing() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let holder_backend = backend(&server);
+    let held = holder_backend
+        .acquire(&req("exp", "crashed", ms(300), Duration::ZERO))
+        .await
+        .unwrap();
+    drop(holder_backend);
+    let lease = b.acquire(&req("exp", "bob", SEC, 5 * SEC)).await.unwrap();
+    let after_expiry = SystemTime::now()
+        .duration_since(held.expires_at)
+        .unwrap_or_default();
+    println!("waiter got the expired lock {after_expiry:?} after the holder's expiry");
+    assert!(lease.fence > held.fence);
+    assert!(after_expiry < SEC, "{after_expiry:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_fifo_order_and_newcomers_do_not_barge() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("q", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let b2 = b.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("w{i}");
+            let r = req("q", &owner, 30 * SEC, 20 * SEC);
+            b2.acquire(&r).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(ms(5)).await;
+            b2.release(r.key(), &owner).await.unwrap();
+        }));
+        queued(&server, "q", i + 1).await;
+    }
+    b.release(&key("q"), "holder").await.unwrap();
+    // The releaser (or anyone new) cannot take it back while others wait.
+    let barge = b.acquire(&req("q", "holder", SEC, Duration::ZERO)).await;
+    assert!(
+        matches!(barge, Err(LockError::AcquisitionFailed { .. })),
+        "{barge:?}"
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_times_out_with_retry_after_and_leaves_the_queue() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("t", "alice", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let err = b.acquire(&req("t", "bob", SEC, ms(200))).await.unwrap_err();
+    let took = start.elapsed();
+    let LockError::Timeout {
+        waited,
+        retry_after: Some(left),
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(
+        waited >= ms(200) && took < SEC,
+        "waited {waited:?}, took {took:?}"
+    );
+    assert!(left <= 10 * SEC && left > 8 * SEC, "{left:?}");
+    assert_eq!(server.cmd(&["LLEN", &stored("t", ":q")]), "0");
+    assert_eq!(server.cmd(&["HLEN", &stored("t", ":w")]), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiter_does_not_block_the_next_one() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("c", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("c", "gone", 30 * SEC, 20 * SEC)).await }
+    });
+    queued(&server, "c", 1).await;
+    let second = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("c", "next", 30 * SEC, 20 * SEC)).await }
+    });
+    queued(&server, "c", 2).await;
+    first.abort();
+    b.release(&key("c"), "holder").await.unwrap();
+    // Whether the cancelled waiter left the queue first or was handed the
+    // lock and gave it back, the next one gets it promptly, not after 30 s.
+    let lease = tokio::time::timeout(5 * SEC, second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(lease.fence > 0);
+    assert_eq!(b.status(&key("c")).await.unwrap().unwrap().owner, "next");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_queue_entries_are_skipped() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("d", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    // A waiter of a crashed process, its deadline passed.
+    server.cmd(&["RPUSH", &stored("d", ":q"), "ghost"]);
+    server.cmd(&[
+        "HSET",
+        &stored("d", ":w"),
+        "ghost",
+        "1000 60000 1 tower-lock:wake:nobody",
+    ]);
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("d", "live", SEC, 10 * SEC)).await }
+    });
+    queued(&server, "d", 2).await;
+    b.release(&key("d"), "holder").await.unwrap();
+    tokio::time::timeout(5 * SEC, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_lock_is_mutually_exclusive_and_fair() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let b = b.clone();
+        let holders = holders.clone();
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..10 {
+                let owner = format!("w{w}-{i}");
+                let r = req("hot", &owner, 10 * SEC, 10 * SEC);
+                b.acquire(&r).await.unwrap();
+                let n = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(n, 0, "two holders at once");
+                log.lock().unwrap().push(w);
+                tokio::time::sleep(ms(1)).await;
+                holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                b.release(r.key(), &owner).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap();
+    let repeats = log.windows(2).filter(|w| w[0] == w[1]).count();
+    println!(
+        "contended: {} acquisitions, same-worker re-acquire {:.1} %",
+        log.len(),
+        100.0 * repeats as f64 / (log.len() - 1) as f64
+    );
+    assert_eq!(log.len(), 80);
+}
+
+// ------------------------------------------------------------------- faults
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_is_unavailable_at_once() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let b = RedisBackend::from_url(&format!("redis://127.0.0.1:{port}")).unwrap();
+    for wait in [Duration::ZERO, 5 * SEC] {
+        let start = Instant::now();
+        let r = b.acquire(&req("r", "o", SEC, wait)).await;
+        let took = start.elapsed();
+        println!("refused connection (max wait {wait:?}): {r:?} after {took:?}");
+        assert!(unavailable(r));
+        assert!(took < SEC, "{took:?}");
+    }
+    assert!(unavailable(b.release(&key("r"), "o").await));
+    assert!(unavailable(b.status(&key("r")).await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_is_unavailable_within_the_op_timeout() {
+    // Accepts connections and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for conn in listener.incoming() {
+            open.push(conn);
+        }
+    });
+    let op_timeout = ms(300);
+    let b = RedisBackend::from_url(&format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .with_op_timeout(op_timeout);
+    for wait in [Duration::ZERO, ms(500)] {
+        let start = Instant::now();
+        let r = b.acquire(&req("s", "o", SEC, wait)).await;
+        let took = start.elapsed();
+        println!("silent server (max wait {wait:?}): {r:?} after {took:?}");
+        assert!(unavailable(r));
+        assert!(took < wait + op_timeout + ms(700), "{took:?}");
+    }
+    let start = Instant::now();
+    assert!(unavailable(b.release(&key("s"), "o").await));
+    assert!(start.elapsed() < op_timeout + ms(700));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_learns_at_once_that_redis_died() {
+    let mut server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let r = b.acquire(&req("k", "waiter", 30 * SEC, 10 * SEC)).await;
+            (r, Instant::now())
+        }
+    });
+    queued(&server, "k", 1).await;
+    let killing = Instant::now();
+    server.kill();
+    let (r, done) = waiter.await.unwrap();
+    let after = done.saturating_duration_since(killing);
+    println!("waiter after SIGKILL: {r:?}, {after:?} after the kill started");
+    assert!(unavailable(r));
+    assert!(after < SEC, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_calls_after_a_restart_succeed() {
+    let mut server = RedisServer::start();
+    let b = backend(&server);
+    // Warm up both connections (operations and pub/sub).
+    b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let w = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("k", "b", 30 * SEC, 10 * SEC)).await }
+    });
+    queued(&server, "k", 1).await;
+    b.release(&key("k"), "a").await.unwrap();
+    w.await.unwrap().unwrap();
+
+    server.kill();
+    server.restart();
+    // The held lock is gone with the empty restart: release says so.
+    assert_eq!(b.release(&key("k"), "b").await, Err(LockError::NotFound));
+    let start = Instant::now();
+    b.acquire(&req("k2", "a", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    println!("first acquire after restart took {:?}", start.elapsed());
+
+    // Waiting works again: the pub/sub connection is re-made.
+    let w = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("k2", "b", 30 * SEC, 10 * SEC)).await }
+    });
+    queued(&server, "k2", 1).await;
+    b.release(&key("k2"), "a").await.unwrap();
+    tokio::time::timeout(5 * SEC, w)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_acquire_after_restart_succeeds_without_warm_pubsub() {
+    let mut server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("k", "a", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    server.kill();
+    server.restart();
+    b.acquire(&req("k", "a", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_run_is_harmless() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("k", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
+    b.extend(&key("k"), "a", 20 * SEC).await.unwrap();
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
+    assert!(b.status(&key("k")).await.unwrap().is_some());
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
+    b.release(&key("k"), "a").await.unwrap();
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
+    b.acquire(&req("k", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
+    assert!(b.force_release(&key("k")).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_are_replaced() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let killed: u32 = server
+        .cmd(&["CLIENT", "KILL", "TYPE", "normal"])
+        .parse()
+        .unwrap();
+    assert!(killed >= 1);
+    b.extend(&key("k"), "a", 30 * SEC).await.unwrap();
+    server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+    b.release(&key("k"), "a").await.unwrap();
+
+    // Kill the pub/sub connection while a waiter waits: it re-subscribes and
+    // is still handed the lock.
+    b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let w = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&req("k", "b", 30 * SEC, 10 * SEC)).await }
+    });
+    queued(&server, "k", 1).await;
+    let killed: u32 = server
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .parse()
+        .unwrap();
+    assert_eq!(killed, 1);
+    // Wait until it has subscribed again before releasing.
+    let deadline = Instant::now() + 5 * SEC;
+    while server
+        .cmd(&["PUBSUB", "CHANNELS", "tower-lock:wake:*"])
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "never re-subscribed");
+        tokio::time::sleep(ms(2)).await;
+    }
+    b.release(&key("k"), "a").await.unwrap();
+    let lease = tokio::time::timeout(5 * SEC, w)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(lease.fence > 0);
+    assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
+}

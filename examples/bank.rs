@@ -461,8 +461,8 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
 /// The Redis lock backend for `url`, with a pool of its own.
 #[cfg(feature = "redis")]
 fn redis_lock_backend(url: &str) -> Result<SharedBackend, String> {
-    let backend = tower_lock::RedisBackend::from_url(url)
-        .map_err(|e| format!("bad --redis URL: {e}"))?;
+    let backend =
+        tower_lock::RedisBackend::from_url(url).map_err(|e| format!("bad --redis URL: {e}"))?;
     Ok(Arc::new(backend))
 }
 

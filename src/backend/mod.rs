@@ -205,5 +205,31 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
 }
 
+/// Drive `futures` concurrently; their outputs in order.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 /// A shared, type-erased backend, as the layer and the handles keep it.
 pub type SharedBackend = Arc<dyn LockBackend>;

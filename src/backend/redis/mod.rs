@@ -75,7 +75,7 @@ use self::scripts::{
     SCRIPTS, array, bad_reply, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
 };
 use self::wake::{Grant, Wakeups};
-use super::{BoxFuture, Lease, LockBackend, LockStatus};
+use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL, validate_ttl};
@@ -642,6 +642,21 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(self.extend_inner(key, owner, ttl))
+    }
+
+    /// All extensions go out together on the one multiplexed connection, so
+    /// a watchdog tick costs one pipelined round trip however many locks it
+    /// renews.
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        Box::pin(join_all(
+            batch
+                .iter()
+                .map(|r| self.extend_inner(&r.key, &r.owner, r.ttl))
+                .collect(),
+        ))
     }
 
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {

@@ -1,11 +1,12 @@
 //! [`LockBody`]: the response body that releases the request's locks when
 //! its last frame goes out, or when it is dropped.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -70,13 +71,20 @@ impl Drop for ReleaseGuard {
     }
 }
 
+/// Bodies ready at once up to this size are read ahead, so the locks are
+/// released before the response goes out and it leaves in one write.
+const READ_AHEAD_LIMIT: u64 = 64 * 1024;
+
 pin_project! {
     /// Response body of [`LockService`](crate::LockService).
     ///
-    /// Passes the handler's body through; the request's locks are released
+    /// Passes the handler's body through. The request's locks are released
     /// before its final frame is handed on (so a client that has read the
     /// whole response can take the lock again at once), or when the body is
-    /// dropped unfinished. A rejection carries the JSON error body.
+    /// dropped unfinished. A body that is complete at once (a string, JSON;
+    /// up to 64 KiB) is read ahead and the locks released before the
+    /// response is returned, so it leaves in one write; a streamed body keeps
+    /// the locks until its last frame. A rejection carries the JSON error.
     pub struct LockBody<B>
     where
         B: Body,
@@ -92,13 +100,25 @@ pin_project! {
     where
         B: Body,
     {
-        Inner {
+        // No locks to release: the body as it is.
+        Plain {
             #[pin]
             body: B,
+        },
+        // Boxed, so the service future can read it ahead before handing the
+        // response on, whatever `B` is.
+        Guarded {
+            body: Pin<Box<B>>,
             guard: Option<ReleaseGuard>,
             releasing: Option<BoxFuture<'static, ()>>,
-            // The final frame (or end), held back until the release is done.
-            pending: Option<Option<Result<Frame<B::Data>, B::Error>>>,
+            // Frames read ahead, not yet handed on.
+            queued: VecDeque<Frame<B::Data>>,
+            // Data bytes in `queued` and `last`.
+            buffered: u64,
+            // The final frame (or end, or error), held back until the
+            // release is done.
+            last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
+            done: bool,
         },
         Rejection {
             bytes: Option<Bytes>,
@@ -109,22 +129,20 @@ pin_project! {
 impl<B: Body> LockBody<B> {
     pub(crate) fn new(body: B) -> Self {
         LockBody {
-            kind: Kind::Inner {
-                body,
-                guard: None,
-                releasing: None,
-                pending: None,
-            },
+            kind: Kind::Plain { body },
         }
     }
 
     pub(crate) fn guarded(body: B, guard: ReleaseGuard) -> Self {
         LockBody {
-            kind: Kind::Inner {
-                body,
+            kind: Kind::Guarded {
+                body: Box::pin(body),
                 guard: Some(guard),
                 releasing: None,
-                pending: None,
+                queued: VecDeque::new(),
+                buffered: 0,
+                last: None,
+                done: false,
             },
         }
     }
@@ -136,6 +154,60 @@ impl<B: Body> LockBody<B> {
             },
         }
     }
+
+    /// Read the body ahead while it is ready at once (up to
+    /// [`READ_AHEAD_LIMIT`]); if it ends, release the locks. Ready when the
+    /// response can go out: the body is complete and the locks released, or
+    /// it is still streaming (then the locks wait for its last frame).
+    pub(crate) fn read_ahead(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Kind::Guarded {
+            body,
+            guard,
+            releasing,
+            queued,
+            buffered,
+            last,
+            ..
+        } = &mut self.kind
+        else {
+            return Poll::Ready(());
+        };
+        loop {
+            if let Some(release) = releasing.as_mut() {
+                ready!(release.as_mut().poll(cx));
+                *releasing = None;
+                return Poll::Ready(());
+            }
+            if last.is_some() || guard.is_none() || *buffered > READ_AHEAD_LIMIT {
+                return Poll::Ready(());
+            }
+            let Poll::Ready(frame) = body.as_mut().poll_frame(cx) else {
+                // Streaming: the headers go now, the locks stay.
+                return Poll::Ready(());
+            };
+            let is_last = match &frame {
+                None | Some(Err(_)) => true,
+                Some(Ok(_)) => body.is_end_stream(),
+            };
+            match frame {
+                Some(Ok(frame)) if !is_last => {
+                    *buffered += data_len(&frame);
+                    queued.push_back(frame);
+                }
+                frame => {
+                    if let Some(Ok(f)) = &frame {
+                        *buffered += data_len(f);
+                    }
+                    *last = Some(frame);
+                    *releasing = guard.take().and_then(ReleaseGuard::start);
+                }
+            }
+        }
+    }
+}
+
+fn data_len<D: Buf>(frame: &Frame<D>) -> u64 {
+    frame.data_ref().map_or(0, |d| d.remaining() as u64)
 }
 
 impl<B> Body for LockBody<B>
@@ -151,32 +223,46 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
+            KindProj::Plain { body } => body.poll_frame(cx),
             KindProj::Rejection { bytes } => {
                 Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
             }
-            KindProj::Inner {
-                mut body,
+            KindProj::Guarded {
+                body,
                 guard,
                 releasing,
-                pending,
+                queued,
+                buffered,
+                last,
+                done,
             } => loop {
+                if let Some(frame) = queued.pop_front() {
+                    *buffered -= data_len(&frame);
+                    return Poll::Ready(Some(Ok(frame)));
+                }
                 if let Some(release) = releasing.as_mut() {
                     ready!(release.as_mut().poll(cx));
                     *releasing = None;
                 }
-                if let Some(frame) = pending.take() {
+                if let Some(frame) = last.take() {
+                    *buffered = 0;
+                    *done = !matches!(frame, Some(Ok(_)));
                     return Poll::Ready(frame);
                 }
+                if *done {
+                    return Poll::Ready(None);
+                }
                 let frame = ready!(body.as_mut().poll_frame(cx));
-                let last = match &frame {
+                let is_last = match &frame {
                     None | Some(Err(_)) => true,
                     Some(Ok(_)) => body.is_end_stream(),
                 };
-                if last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
+                if is_last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
                     *releasing = Some(release);
-                    *pending = Some(frame);
+                    *last = Some(frame);
                     continue;
                 }
+                *done = !matches!(frame, Some(Ok(_)));
                 return Poll::Ready(frame);
             },
         }
@@ -184,13 +270,21 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner {
+            Kind::Plain { body } => body.is_end_stream(),
+            Kind::Guarded {
                 body,
                 guard,
                 releasing,
-                pending,
+                queued,
+                last,
+                done,
+                ..
             } => {
-                guard.is_none() && releasing.is_none() && pending.is_none() && body.is_end_stream()
+                queued.is_empty()
+                    && guard.is_none()
+                    && releasing.is_none()
+                    && last.is_none()
+                    && (*done || body.is_end_stream())
             }
             Kind::Rejection { bytes } => bytes.is_none(),
         }
@@ -198,7 +292,27 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Plain { body } => body.size_hint(),
+            Kind::Guarded {
+                body,
+                buffered,
+                last,
+                done,
+                ..
+            } => {
+                // Read-ahead bytes plus what the body still has.
+                let rest = if *done || last.is_some() {
+                    SizeHint::with_exact(0)
+                } else {
+                    body.size_hint()
+                };
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + buffered);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + buffered);
+                }
+                hint
+            }
             Kind::Rejection { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

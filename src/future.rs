@@ -17,20 +17,22 @@ use crate::rejection::SharedRejection;
 
 pin_project! {
     /// Response future of [`LockService`](crate::LockService).
-    pub struct ResponseFuture<S, B>
+    pub struct ResponseFuture<S, B, ResB>
     where
         S: Service<Request<B>>,
+        ResB: Body,
     {
         #[pin]
-        state: State<S, B>,
+        state: State<S, B, ResB>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, B>
+    enum State<S, B, ResB>
     where
         S: Service<Request<B>>,
+        ResB: Body,
     {
         // No lock asked for: the inner future, untouched.
         Passthrough {
@@ -57,13 +59,19 @@ pin_project! {
             release: BoxFuture<'static, ()>,
             result: Option<Result<S::Response, S::Error>>,
         },
+        // Reading a body that is ready at once ahead, then releasing, so the
+        // complete response leaves in one write.
+        ReadingAhead {
+            response: Option<Response<LockBody<ResB>>>,
+        },
         Done,
     }
 }
 
-impl<S, B> ResponseFuture<S, B>
+impl<S, B, ResB> ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>>,
+    ResB: Body,
 {
     pub(crate) fn passthrough(future: S::Future) -> Self {
         ResponseFuture {
@@ -88,7 +96,7 @@ where
     }
 }
 
-impl<S, B, ResB> Future for ResponseFuture<S, B>
+impl<S, B, ResB> Future for ResponseFuture<S, B, ResB>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     ResB: Body,
@@ -141,8 +149,10 @@ where
                     }
                     match result {
                         Ok(res) if !res.body().is_end_stream() => {
-                            state.set(State::Done);
-                            return Poll::Ready(Ok(res.map(|b| LockBody::guarded(b, guard))));
+                            let response = res.map(|b| LockBody::guarded(b, guard));
+                            state.set(State::ReadingAhead {
+                                response: Some(response),
+                            });
                         }
                         result => match guard.start() {
                             None => {
@@ -161,6 +171,14 @@ where
                     let result = result.take().expect("result present until released");
                     state.set(State::Done);
                     return Poll::Ready(result.map(|r| r.map(LockBody::new)));
+                }
+                StateProj::ReadingAhead { response } => {
+                    if let Some(res) = response.as_mut() {
+                        ready!(res.body_mut().read_ahead(cx));
+                    }
+                    let response = response.take().expect("response present until returned");
+                    state.set(State::Done);
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -286,7 +286,12 @@ impl Bank {
 
     fn http(&self) -> Http {
         Http {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build({
+                let mut connector = HttpConnector::new();
+                // No Nagle: small requests go out at once, as real clients do.
+                connector.set_nodelay(true);
+                connector
+            }),
             base: format!("http://{}", self.addr),
         }
     }
@@ -451,6 +456,95 @@ async fn three_processes_share_one_redis() {
         fences.sort_unstable();
         fences.dedup();
         assert_eq!(fences.len(), accepted, "two deposits got the same fence");
+    })
+    .await;
+}
+
+/// Redis goes away under a running bank: requests fail closed with `503
+/// LOCK_BACKEND_UNAVAILABLE` (never waiting out their max wait, never running
+/// the handler unlocked), and the first request after Redis is back succeeds.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_is_503_and_the_first_request_after_it_succeeds() {
+    within_timeout(async {
+        let mut redis = common::redis_server::RedisServer::start();
+        let bank = Bank::start_with(&["--redis", &redis.url()]);
+        let http = bank.http();
+        http.post("/accounts/out/deposit?amount=1")
+            .await
+            .assert_json(StatusCode::OK);
+
+        redis.kill();
+        let started = Instant::now();
+        let down = http
+            .post("/accounts/out/deposit?amount=1&wait_ms=10000")
+            .await;
+        let took = started.elapsed();
+        down.assert_json(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.error_code(), "LOCK_BACKEND_UNAVAILABLE");
+        assert!(down.headers.contains_key(header::RETRY_AFTER));
+        eprintln!("Redis down: 503 after {took:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "waited {took:?}: an unreachable backend must not eat the max wait"
+        );
+
+        redis.restart();
+        let started = Instant::now();
+        let first = http.post("/accounts/out/deposit?amount=1").await;
+        first.assert_json(StatusCode::OK);
+        eprintln!(
+            "first request after the restart: 200 in {:?}",
+            started.elapsed()
+        );
+        // The restarted Redis is empty: the balance starts again.
+        assert_eq!(first.int("balance"), 1);
+    })
+    .await;
+}
+
+/// The process holding a lock is SIGKILLed: it never releases, and a waiter
+/// in another process gets the lock when the holder's TTL runs out.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_at_its_ttl() {
+    within_timeout(async {
+        let redis = common::redis_server::RedisServer::start();
+        let url = redis.url();
+        let holder_bank = Bank::start_with(&["--redis", &url]);
+        let waiter_bank = Bank::start_with(&["--redis", &url, "--admin-token", ADMIN_TOKEN]);
+        let waiter = waiter_bank.http();
+
+        let holder = tokio::spawn({
+            let http = holder_bank.http();
+            async move {
+                let req = Request::post(format!(
+                    "{}/accounts/dead/deposit?amount=100&hold_ms=30000&ttl_ms=1000",
+                    http.base
+                ))
+                .body(Empty::new())
+                .unwrap();
+                // Its process dies mid-handler: the request fails.
+                http.client.request(req).await.is_err()
+            }
+        });
+        wait_until_locked(&waiter, "account:dead").await;
+        drop(holder_bank); // SIGKILL, mid-handler
+        assert!(holder.await.unwrap(), "the killed holder answered");
+        let status = waiter
+            .send_with(Method::GET, "/admin/locks/account:dead", &[AUTH])
+            .await;
+        let started = Instant::now();
+        let remaining = Duration::from_millis(status.uint("ttl_remaining_ms"));
+
+        let res = waiter
+            .post("/accounts/dead/deposit?amount=5&wait_ms=10000")
+            .await;
+        res.assert_json(StatusCode::OK);
+        let after_expiry = started.elapsed().saturating_sub(remaining);
+        eprintln!("holder killed: waiter got the lock {after_expiry:?} after the TTL ended");
+        // The dead holder never wrote.
+        assert_eq!(res.int("balance"), 5);
     })
     .await;
 }

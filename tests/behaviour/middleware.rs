@@ -230,6 +230,33 @@ pub async fn lock_held_while_body_streams(h: Harness) {
     assert_eq!(ctl.runs(), 1);
 }
 
+/// A body that is complete at once (a string) is read ahead: the lock is
+/// free when the response is handed on, before anyone reads the body, and
+/// the body and its length are intact.
+pub async fn ready_body_is_released_before_the_response_is_returned(h: Harness) {
+    let text = "x".repeat(10_000);
+    let handler = post({
+        let text = text.clone();
+        move || async move { text }
+    });
+    let app = Router::new().route(
+        "/s/{key}",
+        handler.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+    let res = app.oneshot(post_req("/s/ready")).await.unwrap();
+    assert_eq!(
+        status_of(&h.backend, &gkey("ready")).await,
+        None,
+        "still held when the response was handed on"
+    );
+    assert_eq!(
+        http_body::Body::size_hint(res.body()).exact(),
+        Some(text.len() as u64)
+    );
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, text.as_bytes());
+}
+
 /// (7a) The response future dropped mid-handler (client gone) releases.
 pub async fn release_on_dropped_response_future(h: Harness) {
     let ctl = Ctl::default();

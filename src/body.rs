@@ -185,10 +185,7 @@ impl<B: Body> LockBody<B> {
                 // Streaming: the headers go now, the locks stay.
                 return Poll::Ready(());
             };
-            let is_last = match &frame {
-                None | Some(Err(_)) => true,
-                Some(Ok(_)) => body.is_end_stream(),
-            };
+            let is_last = ends_stream(&frame, body);
             match frame {
                 Some(Ok(frame)) if !is_last => {
                     *buffered += data_len(&frame);
@@ -203,6 +200,15 @@ impl<B: Body> LockBody<B> {
                 }
             }
         }
+    }
+}
+
+/// Whether `frame`, just polled from `body`, is its last item (the end, an
+/// error, or a frame after which the body reports its end).
+fn ends_stream<B: Body>(frame: &Option<Result<Frame<B::Data>, B::Error>>, body: &B) -> bool {
+    match frame {
+        None | Some(Err(_)) => true,
+        Some(Ok(_)) => body.is_end_stream(),
     }
 }
 
@@ -253,10 +259,7 @@ where
                     return Poll::Ready(None);
                 }
                 let frame = ready!(body.as_mut().poll_frame(cx));
-                let is_last = match &frame {
-                    None | Some(Err(_)) => true,
-                    Some(Ok(_)) => body.is_end_stream(),
-                };
+                let is_last = ends_stream(&frame, body);
                 if is_last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
                     *releasing = Some(release);
                     *last = Some(frame);

@@ -2,7 +2,6 @@
 //! tokens, keep-after-response headers, admin API.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -14,11 +13,12 @@ use tower::ServiceExt;
 use tower_lock::admin::Admin;
 use tower_lock::headers::{LOCK_EXPIRES_AT, LOCK_FENCE, LOCK_KEY, LOCK_OWNER};
 use tower_lock::{
-    BoxFuture, ExtendRequest, Lease, LockBackend, LockError, LockKey, LockLayer, LockSpec,
-    LockStatus, LockToken, Locks, OwnedLock, SharedBackend,
+    LockBackend, LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock,
+    SharedBackend,
 };
 
 use super::harness::Harness;
+use super::support::Probe;
 
 /// Let `d` pass inside a handler (see [`Harness::advance`]).
 async fn pass(paused: bool, d: Duration) {
@@ -29,63 +29,8 @@ async fn pass(paused: bool, d: Duration) {
     }
 }
 
-/// Counts `extend_many` calls and their sizes around a real backend.
-struct CountingBackend {
-    inner: SharedBackend,
-    batches: AtomicUsize,
-    extended: AtomicUsize,
-}
-
-impl LockBackend for CountingBackend {
-    fn acquire<'a>(
-        &'a self,
-        req: &'a tower_lock::AcquireRequest,
-    ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        self.inner.acquire(req)
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        self.inner.release(key, owner)
-    }
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        self.inner.extend(key, owner, ttl)
-    }
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
-        self.inner.force_release(key)
-    }
-    fn status<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
-        self.inner.status(key)
-    }
-    fn extend_many<'a>(
-        &'a self,
-        batch: &'a [ExtendRequest],
-    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
-        self.batches.fetch_add(1, Ordering::SeqCst);
-        self.extended.fetch_add(batch.len(), Ordering::SeqCst);
-        self.inner.extend_many(batch)
-    }
-}
-
 fn spec(key: &str, ttl_ms: u64) -> LockSpec {
     LockSpec::new(key, Duration::from_millis(ttl_ms)).global()
-}
-
-async fn body_json(
-    res: http::Response<impl http_body::Body<Error: std::fmt::Debug>>,
-) -> serde_json::Value {
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"))
 }
 
 pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
@@ -176,12 +121,8 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
 }
 
 pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
-    let counting = Arc::new(CountingBackend {
-        inner: h.backend.clone(),
-        batches: AtomicUsize::new(0),
-        extended: AtomicUsize::new(0),
-    });
-    let shared: SharedBackend = counting.clone();
+    let probe = Probe::new(&h.backend);
+    let shared = probe.backend();
     let mut locks = Vec::new();
     for i in 0..50 {
         let mut lock = OwnedLock::acquire(shared.clone(), &spec(&format!("many{i}"), 900), "")
@@ -194,8 +135,7 @@ pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     for _ in 0..10 {
         h.advance(Duration::from_millis(100)).await;
     }
-    let batches = counting.batches.load(Ordering::SeqCst);
-    let extended = counting.extended.load(Ordering::SeqCst);
+    let (batches, extended) = probe.batches();
     assert!(extended >= 100, "renewed {extended} locks");
     assert!(
         batches * 10 <= extended,
@@ -300,195 +240,107 @@ fn kept_app(backend: SharedBackend, allow_force: bool) -> Router {
         .route("/health", get(|| async { "ok" }))
 }
 
-pub async fn keep_after_response_then_release_through_admin(h: Harness) {
-    let app = kept_app(h.backend.clone(), false);
+/// One request to `app`: status, headers and JSON body (`Null` if empty).
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    owner: Option<&str>,
+) -> (StatusCode, http::HeaderMap, serde_json::Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(owner) = owner {
+        req = req.header(LOCK_OWNER, owner);
+    }
     let res = app
         .clone()
-        .oneshot(
-            Request::post("/deposit?keep=true")
-                .body(Body::empty())
-                .unwrap(),
-        )
+        .oneshot(req.body(Body::empty()).unwrap())
         .await
         .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let owner = res.headers()[&LOCK_OWNER].to_str().unwrap().to_owned();
-    assert_eq!(res.headers()[&LOCK_KEY], "account:7");
-    let fence: u64 = res.headers()[&LOCK_FENCE]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        res.headers()[&LOCK_EXPIRES_AT]
-            .to_str()
-            .unwrap()
-            .ends_with('Z')
-    );
+    let (parts, body) = res.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let json = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+    };
+    (parts.status, parts.headers, json)
+}
+
+pub async fn keep_after_response_then_release_through_admin(h: Harness) {
+    let app = kept_app(h.backend.clone(), false);
+    let (status, headers, _) = call(&app, "POST", "/deposit?keep=true", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let owner = headers[&LOCK_OWNER].to_str().unwrap().to_owned();
+    assert_eq!(headers[&LOCK_KEY], "account:7");
+    let fence: u64 = headers[&LOCK_FENCE].to_str().unwrap().parse().unwrap();
+    assert!(headers[&LOCK_EXPIRES_AT].to_str().unwrap().ends_with('Z'));
 
     // Still held after the response.
-    let busy = app
-        .clone()
-        .oneshot(Request::post("/deposit").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, _) = call(&app, "POST", "/deposit", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
 
-    let status = app
-        .clone()
-        .oneshot(
-            Request::get("/admin/locks/account:7")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status.status(), StatusCode::OK);
-    let status = body_json(status).await;
-    assert_eq!(status["key"], "account:7");
-    assert_eq!(status["locked"], true);
-    assert_eq!(status["fence"], fence);
-    assert!(status["ttl_remaining_ms"].as_u64().unwrap() <= 30_000);
-    assert!(status["acquired_at"].is_string() && status["expires_at"].is_string());
-    assert!(status.get("owner").is_none(), "owner shown without opt-in");
+    let (status, _, held) = call(&app, "GET", "/admin/locks/account:7", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(held["key"], "account:7");
+    assert_eq!(held["locked"], true);
+    assert_eq!(held["fence"], fence);
+    assert!(held["ttl_remaining_ms"].as_u64().unwrap() <= 30_000);
+    assert!(held["acquired_at"].is_string() && held["expires_at"].is_string());
+    assert!(held.get("owner").is_none(), "owner shown without opt-in");
 
     // Wrong owner: 409; no owner: 400; force while disabled: 403.
-    let wrong = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7")
-                .header("lock-owner", "someone-else")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(wrong.status(), StatusCode::CONFLICT);
-    assert_eq!(
-        body_json(wrong).await["error"]["code"],
-        "LOCK_OWNERSHIP_MISMATCH"
-    );
-    let none = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(none.status(), StatusCode::BAD_REQUEST);
-    let forced = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7?force=true")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(forced.status(), StatusCode::FORBIDDEN);
+    let (status, _, wrong) = call(
+        &app,
+        "DELETE",
+        "/admin/locks/account:7",
+        Some("someone-else"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(wrong["error"]["code"], "LOCK_OWNERSHIP_MISMATCH");
+    let (status, _, none) = call(&app, "DELETE", "/admin/locks/account:7", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(none["error"]["code"], "LOCK_INVALID_OWNER");
+    let (status, _, forced) = call(&app, "DELETE", "/admin/locks/account:7?force=true", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(forced["error"]["code"], "LOCK_FORCE_DISABLED");
 
-    // The echoed owner header releases it.
-    let released = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7")
-                .header("lock-owner", &owner)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(released.status(), StatusCode::OK);
-    assert_eq!(body_json(released).await["released"], true);
-    let again = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7")
-                .header("lock-owner", &owner)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(again.status(), StatusCode::NOT_FOUND);
-    assert_eq!(body_json(again).await["error"]["code"], "LOCK_NOT_FOUND");
-    let free = app
-        .clone()
-        .oneshot(
-            Request::get("/admin/locks/account%3A7")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    // The echoed owner header releases it; a second release finds nothing.
+    let (status, _, released) = call(&app, "DELETE", "/admin/locks/account:7", Some(&owner)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(released["released"], true);
+    let (status, _, again) = call(&app, "DELETE", "/admin/locks/account:7", Some(&owner)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(again["error"]["code"], "LOCK_NOT_FOUND");
+    let (_, _, free) = call(&app, "GET", "/admin/locks/account%3A7", None).await;
     assert_eq!(
-        body_json(free).await,
+        free,
         serde_json::json!({"key": "account:7", "locked": false})
     );
 }
 
 pub async fn admin_force_release_and_bad_keys(h: Harness) {
     let app = kept_app(h.backend.clone(), true);
-    let res = app
-        .clone()
-        .oneshot(
-            Request::post("/deposit?keep=true")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let forced = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7?force=true")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(forced.status(), StatusCode::OK);
-    assert_eq!(body_json(forced).await["forced"], true);
-    let missing = app
-        .clone()
-        .oneshot(
-            Request::delete("/admin/locks/account:7?force=true")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let (status, _, _) = call(&app, "POST", "/deposit?keep=true", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, forced) = call(&app, "DELETE", "/admin/locks/account:7?force=true", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(forced["forced"], true);
+    let (status, _, missing) =
+        call(&app, "DELETE", "/admin/locks/account:7?force=true", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(missing["error"]["code"], "LOCK_NOT_FOUND");
+
     let long = format!("/admin/locks/{}", "k".repeat(600));
-    let bad = app
-        .clone()
-        .oneshot(Request::get(long).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(body_json(bad).await["error"]["code"], "LOCK_INVALID_KEY");
-    let ctrl = app
-        .clone()
-        .oneshot(
-            Request::get("/admin/locks/a%0Ab")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(ctrl.status(), StatusCode::BAD_REQUEST);
-    // A key with a slash, percent-encoded or not.
-    let slash = app
-        .clone()
-        .oneshot(
-            Request::get("/admin/locks/a/b")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(body_json(slash).await["key"], "a/b");
+    let (status, _, bad) = call(&app, "GET", &long, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad["error"]["code"], "LOCK_INVALID_KEY");
+    let (status, _, ctrl) = call(&app, "GET", "/admin/locks/a%0Ab", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(ctrl["error"]["code"], "LOCK_INVALID_KEY");
+    // A key with a slash, encoded or not.
+    let (_, _, slash) = call(&app, "GET", "/admin/locks/a/b", None).await;
+    assert_eq!(slash["key"], "a/b");
+    let (_, _, encoded) = call(&app, "GET", "/admin/locks/a%2Fb", None).await;
+    assert_eq!(encoded["key"], "a/b");
 }

@@ -23,8 +23,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 use tower_lock::{
-    AcquireRequest, BoxFuture, Lease, LockBackend, LockError, LockKey, LockLayer, LockSpec,
-    LockStatus, Scope, SharedBackend, path_params,
+    AcquireRequest, BoxFuture, ExtendRequest, Lease, LockBackend, LockError, LockKey, LockLayer,
+    LockSpec, LockStatus, Scope, SharedBackend, path_params,
 };
 
 use super::harness::Harness;
@@ -47,6 +47,9 @@ pub struct Probe {
     hold_releases: AtomicBool,
     release_permits: Semaphore,
     releases_waiting: watch::Sender<usize>,
+    /// `extend_many` calls, and the extensions they carried.
+    batches: AtomicUsize,
+    batched: AtomicUsize,
 }
 
 impl Probe {
@@ -59,6 +62,8 @@ impl Probe {
             hold_releases: AtomicBool::new(false),
             release_permits: Semaphore::new(0),
             releases_waiting: watch::Sender::new(0),
+            batches: AtomicUsize::new(0),
+            batched: AtomicUsize::new(0),
         })
     }
 
@@ -70,6 +75,11 @@ impl Probe {
     /// Every backend call so far, of any kind.
     pub fn calls(&self) -> usize {
         self.calls.load(SeqCst)
+    }
+
+    /// `extend_many` calls so far, and the extensions they carried.
+    pub fn batches(&self) -> (usize, usize) {
+        (self.batches.load(SeqCst), self.batched.load(SeqCst))
     }
 
     /// Make every call fail with `BackendUnavailable` (or stop doing so).
@@ -167,6 +177,16 @@ impl LockBackend for Probe {
             self.enter()?;
             self.inner.status(key).await
         })
+    }
+
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        self.calls.fetch_add(1, SeqCst);
+        self.batches.fetch_add(1, SeqCst);
+        self.batched.fetch_add(batch.len(), SeqCst);
+        self.inner.extend_many(batch)
     }
 }
 

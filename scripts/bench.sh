@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Run every lockbench workload on both backends against a private Redis, the
+# way the peers were measured (/work/shared/peers/WORKLOADS.md), and check the
+# targets of the benchmark issue.
+#
+#   scripts/bench.sh                      # 5 s per run
+#   SECONDS_PER_RUN=10 scripts/bench.sh
+#   BACKENDS=memory scripts/bench.sh      # or BACKENDS=redis
+#
+# Output: target/bench/results.jsonl (one JSON line per run), a markdown table
+# and the target checks (PASS/MISS) on stdout; progress on stderr.
+# Needs redis-server and python3 (installs redis-server with apt-get if absent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_RUN="${SECONDS_PER_RUN:-5}"
+BACKENDS="${BACKENDS:-memory redis}"
+OUT_DIR=target/bench
+RESULTS="$OUT_DIR/results.jsonl"
+mkdir -p "$OUT_DIR"
+
+log() { echo "bench: $*" >&2; }
+
+if [[ " $BACKENDS " == *" redis "* ]] && ! command -v redis-server >/dev/null 2>&1; then
+  log "installing redis-server"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+
+# Build once; find the binary from cargo's own report (honours CARGO_TARGET_DIR).
+log "building (release)"
+BIN=$(cargo build --release --example lockbench --message-format=json-render-diagnostics |
+  python3 -c '
+import json, sys
+exe = None
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "lockbench" and msg.get("executable"):
+        exe = msg["executable"]
+print(exe or "")
+')
+[ -x "$BIN" ] || { log "could not find the lockbench binary"; exit 1; }
+
+# A private Redis on a free port, stopped on exit.
+REDIS_PID=""
+REDIS_DIR=""
+cleanup() {
+  if [ -n "$REDIS_PID" ]; then
+    kill "$REDIS_PID" 2>/dev/null || true
+    wait "$REDIS_PID" 2>/dev/null || true
+  fi
+  if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
+}
+trap cleanup EXIT INT TERM
+
+if [[ " $BACKENDS " == *" redis "* ]]; then
+  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+  REDIS_DIR=$(mktemp -d)
+  redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$REDIS_DIR" --logfile "$REDIS_DIR/redis.log" --daemonize no &
+  REDIS_PID=$!
+  for _ in $(seq 1 100); do
+    redis-cli -p "$PORT" PING >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  redis-cli -p "$PORT" PING >/dev/null || { log "redis-server did not start"; exit 1; }
+  REDIS_URL="redis://127.0.0.1:$PORT"
+  log "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on $REDIS_URL"
+fi
+
+: > "$RESULTS"
+FAILED="$OUT_DIR/failed.txt"
+: > "$FAILED"
+
+run() { # backend-arg workload
+  local backend=$1 workload=$2 line err="$OUT_DIR/stderr.txt"
+  if [ "$backend" != memory ]; then
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+  fi
+  log "$backend $workload (${SECONDS_PER_RUN} s)"
+  if line=$("$BIN" --backend "$backend" --workload "$workload" --seconds "$SECONDS_PER_RUN" 2>"$err"); then
+    cat "$err" >&2
+    echo "$line" >> "$RESULTS"
+  else
+    cat "$err" >&2
+    log "FAILED: $backend $workload"
+    echo "${backend%%://*} $workload failed" >> "$FAILED"
+  fi
+}
+
+for b in $BACKENDS; do
+  case $b in
+    memory)
+      for w in serial parallel32 contended16 http held; do run memory "$w"; done
+      ;;
+    redis)
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held; do
+        run "$REDIS_URL" "$w"
+      done
+      ;;
+    *) log "unknown backend $b"; exit 2 ;;
+  esac
+done
+
+python3 - "$RESULTS" "$FAILED" <<'EOF'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+failed = [l.split() for l in open(sys.argv[2]) if l.strip()]
+by = {(r["backend"], r["workload"]): r for r in rows}
+
+def num(x, digits=1):
+    if x is None:
+        return "–"
+    if isinstance(x, float) and digits == 0:
+        x = round(x)
+    if isinstance(x, int) or digits == 0:
+        return f"{int(x):,}"
+    return f"{x:,.{digits}f}"
+
+print("| backend | workload | ops/s | p50 µs | p99 µs | max holders | errors | extras |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+extra_keys = [
+    ("hold_p50_us", "hold p50 µs", 1), ("hold_mean_us", "hold mean µs", 1),
+    ("wait_max_us", "max wait µs", 0), ("utilisation", "utilisation", 3),
+    ("same_worker_reacquire_pct", "same-worker %", 1),
+    ("unlocked_ops_per_s", "unlocked ops/s", 0), ("unlocked_p50_us", "unlocked p50 µs", 1),
+    ("p50_added_us", "p50 added µs", 1), ("one_conn_p50_added_us", "1-conn p50 added µs", 1),
+    ("empty_ops_per_s", "empty ops/s", 0),
+    ("empty_p50_us", "empty p50 µs", 2), ("held_keys", "held keys", 0),
+    ("ratio", "ratio", 3), ("raw_ops_per_s", "raw ops/s (same run)", 0),
+    ("raw_p50_us", "raw p50 µs", 1), ("ratio_to_raw", "ratio to raw", 3),
+    ("rtt_p50_us", "PING p50 µs", 1),
+]
+for r in rows:
+    extras = ", ".join(f"{label} {num(r[k], d)}" for k, label, d in extra_keys if k in r)
+    small = r["backend"] == "memory" and r["workload"] in ("serial", "parallel32", "held")
+    print(f"| {r['backend']} | {r['workload']} | {num(r['ops_per_s'], 0)} | "
+          f"{num(r['p50_us'], 2 if small else 1)} | {num(r['p99_us'], 2 if small else 1)} | "
+          f"{num(r['max_concurrent_holders'], 0) if r['max_concurrent_holders'] is not None else '–'} | "
+          f"{r['errors']} | {extras} |")
+for b, w, status in failed:
+    print(f"| {b} | {w} | {status} | | | | | |")
+
+checks = []
+def check(name, ok, detail):
+    checks.append((name, ok, detail))
+
+def get(b, w):
+    return by.get((b, w))
+
+# Redis vs the raw client. The serial/parallel32 runs measure the raw loop
+# themselves in alternating slices (ratio_to_raw, free of the drift between
+# two runs); the separate raw-* run is shown beside it.
+for w in ("serial", "parallel32"):
+    r, raw = get("redis", w), get("redis", "raw-" + w)
+    if r and "ratio_to_raw" in r:
+        detail = (f"{r['ops_per_s']:,.0f} / {r['raw_ops_per_s']:,.0f} = {r['ratio_to_raw']:.3f} "
+                  f"(alternating in one run)")
+        if raw:
+            detail += f"; vs the raw-{w} run: {r['ops_per_s'] / raw['ops_per_s']:.3f}"
+        check(f"redis {w} >= 0.9 x raw-{w}", r["ratio_to_raw"] >= 0.9, detail)
+    elif r and raw:
+        ratio = r["ops_per_s"] / raw["ops_per_s"]
+        check(f"redis {w} >= 0.9 x raw-{w}", ratio >= 0.9,
+              f"{r['ops_per_s']:,.0f} / {raw['ops_per_s']:,.0f} = {ratio:.3f}")
+
+for b in ("memory", "redis"):
+    c = get(b, "contended16")
+    if not c:
+        continue
+    if b == "redis":
+        raw = get("redis", "raw-serial")
+        if raw:
+            hold = c["hold_mean_us"]
+            bound = hold / (hold + raw["p50_us"])
+            check("redis contended16 utilisation >= 0.95 x hold/(hold + raw-serial p50)",
+                  c["utilisation"] >= 0.95 * bound,
+                  f"{c['utilisation']:.3f} vs 0.95 x {bound:.3f} = {0.95 * bound:.3f} "
+                  f"(hold {hold:,.0f} µs, raw-serial p50 {raw['p50_us']:,.0f} µs)")
+    else:
+        check("memory contended16 utilisation >= 0.95", c["utilisation"] >= 0.95,
+              f"{c['utilisation']:.3f}")
+    check(f"{b} contended16 p99 acquire wait <= 50 ms", c["p99_us"] <= 50_000,
+          f"{c['p99_us']:,.0f} µs")
+    check(f"{b} contended16 same-worker reacquire <= 20 %",
+          c["same_worker_reacquire_pct"] <= 20, f"{c['same_worker_reacquire_pct']:.1f} %")
+    check(f"{b} contended16 max concurrent holders == 1",
+          c["max_concurrent_holders"] == 1, f"{c['max_concurrent_holders']}")
+
+s = get("memory", "serial")
+if s:
+    check("memory serial >= 1,000,000 cycles/s", s["ops_per_s"] >= 1_000_000,
+          f"{s['ops_per_s']:,.0f}/s (p50 {s['p50_us']} µs)")
+
+h = get("memory", "http")
+if h:
+    check("memory http >= 0.9 x route without the layer", h["ratio"] >= 0.9,
+          f"{h['ops_per_s']:,.0f} / {h['unlocked_ops_per_s']:,.0f} = {h['ratio']:.3f}")
+h = get("redis", "http")
+if h and "rtt_p50_us" in h:
+    limit = 2 * h["rtt_p50_us"] + 50
+    check("redis http p50 added <= 2 RTT + 50 µs (32 connections)", h["p50_added_us"] <= limit,
+          f"{h['p50_added_us']:,.1f} µs vs 2 x {h['rtt_p50_us']:.1f} + 50 = {limit:,.1f} µs")
+    if "one_conn_p50_added_us" in h:
+        check("redis http p50 added <= 2 RTT + 50 µs (one connection, unloaded)",
+              h["one_conn_p50_added_us"] <= limit,
+              f"{h['one_conn_p50_added_us']:,.1f} µs vs {limit:,.1f} µs")
+
+for b in ("memory", "redis"):
+    x = get(b, "held")
+    if x:
+        check(f"{b} held >= 0.9 x serial on an empty backend", x["ratio"] >= 0.9,
+              f"{x['ops_per_s']:,.0f} / {x['empty_ops_per_s']:,.0f} = {x['ratio']:.3f} "
+              f"({x['held_keys']:,} keys held)")
+
+for r in rows:
+    if r["errors"]:
+        check(f"{r['backend']} {r['workload']} without errors", False, f"{r['errors']} errors")
+for b, w, _ in failed:
+    check(f"{b} {w} ran", False, "the run failed (see stderr)")
+
+print()
+print("| target | result | measured |")
+print("|---|---|---|")
+for name, ok, detail in checks:
+    print(f"| {name} | {'PASS' if ok else 'MISS'} | {detail} |")
+EOF
+log "results: $RESULTS"

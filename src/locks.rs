@@ -719,12 +719,19 @@ pub(crate) async fn acquire_guarded(
         done: false,
     };
     let sent = tokio::time::Instant::now();
-    let span = tracing::debug_span!(
-        "tower_lock.acquire",
-        key = %req.key().digest(),
-        max_wait_ms = req.max_wait().as_millis() as u64
-    );
-    let result = tracing::Instrument::instrument(backend.acquire(req), span).await;
+    let acquire = backend.acquire(req);
+    // The span only when someone listens: building one costs more than an
+    // in-memory acquisition.
+    let result = if tracing::enabled!(tracing::Level::DEBUG) {
+        let span = tracing::debug_span!(
+            "tower_lock.acquire",
+            key = %req.key().digest(),
+            max_wait_ms = req.max_wait().as_millis() as u64
+        );
+        tracing::Instrument::instrument(acquire, span).await
+    } else {
+        acquire.await
+    };
     guard.done = true;
     // The lock's TTL started between sending and now; without waiting, the
     // send time is the safe (early) estimate, after a wait only the reply is.

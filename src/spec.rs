@@ -143,9 +143,12 @@ impl LockSpec {
             Scope::Global => LockKey::global(&self.key)?,
             Scope::Route => LockKey::route(route, &self.key)?,
         };
-        let owner = match &self.owner {
-            Some(owner) => owner.clone(),
-            None => new_owner_token(),
+        let owner: Arc<str> = match &self.owner {
+            Some(owner) => Arc::from(owner.as_str()),
+            None => {
+                let mut buf = uuid::Uuid::encode_buffer();
+                Arc::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf))
+            }
         };
         AcquireRequest::new(key, owner, self.ttl, self.max_wait)
     }

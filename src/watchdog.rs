@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ use crate::key::LockKey;
 struct LostState {
     lost: AtomicBool,
     done: AtomicBool,
+    // Tasks inside `lost()`: without any, changes need not wake anyone.
+    listeners: AtomicUsize,
     notify: Notify,
     expiry: Mutex<Instant>,
 }
@@ -62,6 +64,7 @@ impl LostSignal {
         LostSignal(Arc::new(LostState {
             lost: AtomicBool::new(false),
             done: AtomicBool::new(false),
+            listeners: AtomicUsize::new(0),
             notify: Notify::new(),
             expiry: Mutex::new(expiry),
         }))
@@ -74,30 +77,38 @@ impl LostSignal {
     /// Whether the lock is known to be lost, or its TTL has passed without
     /// a successful extension (by this process's clock).
     pub fn is_lost(&self) -> bool {
-        if self.0.done.load(Ordering::Acquire) {
+        if self.0.done.load(Ordering::SeqCst) {
             return false;
         }
-        self.0.lost.load(Ordering::Acquire) || Instant::now() >= self.expiry()
+        self.0.lost.load(Ordering::SeqCst) || Instant::now() >= self.expiry()
     }
 
     /// Resolves when the lock is lost (see [`is_lost`](LostSignal::is_lost)).
     /// Cancel-safe.
     pub async fn lost(&self) {
+        struct Listening<'a>(&'a AtomicUsize);
+        impl Drop for Listening<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.0.listeners.fetch_add(1, Ordering::SeqCst);
+        let _listening = Listening(&self.0.listeners);
         loop {
             let notified = self.0.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.0.done.load(Ordering::Acquire) {
+            if self.0.done.load(Ordering::SeqCst) {
                 return std::future::pending().await;
             }
-            if self.0.lost.load(Ordering::Acquire) {
+            if self.0.lost.load(Ordering::SeqCst) {
                 return;
             }
             let expiry = self.expiry();
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(expiry) => {
-                    if !self.0.done.load(Ordering::Acquire) && Instant::now() >= self.expiry() {
+                    if !self.0.done.load(Ordering::SeqCst) && Instant::now() >= self.expiry() {
                         self.mark_lost();
                         return;
                     }
@@ -107,21 +118,31 @@ impl LostSignal {
     }
 
     pub(crate) fn mark_lost(&self) {
-        if !self.0.done.load(Ordering::Acquire) {
-            self.0.lost.store(true, Ordering::Release);
-            self.0.notify.notify_waiters();
+        if !self.0.done.load(Ordering::SeqCst) {
+            self.0.lost.store(true, Ordering::SeqCst);
+            self.wake();
         }
     }
 
     pub(crate) fn set_expiry(&self, expiry: Instant) {
         *self.0.expiry.lock().unwrap_or_else(|e| e.into_inner()) = expiry;
-        self.0.notify.notify_waiters();
+        self.wake();
     }
 
     /// The holder released the lock: nothing more to signal.
     pub(crate) fn finish(&self) {
-        self.0.done.store(true, Ordering::Release);
-        self.0.notify.notify_waiters();
+        self.0.done.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        // Both sides are SeqCst: a listener counts itself, then reads the
+        // state; a writer writes the state, then reads the count. So either
+        // the writer sees the listener, or the listener sees the new state
+        // (its `Notified` is enabled before it looks).
+        if self.0.listeners.load(Ordering::SeqCst) > 0 {
+            self.0.notify.notify_waiters();
+        }
     }
 }
 

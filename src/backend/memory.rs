@@ -11,19 +11,20 @@
 //!   acquirer; waiters sleep until the holder's expiry (or their own max
 //!   wait, whichever is first), not in a poll loop.
 //! - **Bounded memory**: expired entries are swept from a shard once it has
-//!   seen as many operations as it holds entries, so sweeping is O(1)
-//!   amortised and expired entries cannot pile up.
+//!   seen four times as many operations as it holds entries, so sweeping is
+//!   O(1) amortised and expired entries cannot pile up.
 //! - **Fencing tokens** come from one counter for the whole backend, so they
 //!   increase per key across release and expiry without keeping per-key
 //!   state forever.
 //! - Uses tokio's clock, so tests can pause and advance time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use hashbrown::HashTable;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -79,16 +80,24 @@ impl Default for Inner {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<LockKey, Entry>,
+    // Entries carry their hash: a key is hashed once per operation, for the
+    // shard and the slot alike.
+    table: HashTable<Entry>,
     ops_since_sweep: usize,
 }
 
 struct Entry {
+    hash: u64,
+    key: LockKey,
     owner: Arc<str>,
     fence: u64,
     acquired_at: SystemTime,
     expires: Instant,
-    waiters: VecDeque<Waiter>,
+    // Boxed: 8 bytes in every entry instead of 32, as most locks never see a
+    // waiter; small entries keep a table of a million held keys in cache as
+    // far as it can be.
+    #[allow(clippy::box_collection)]
+    waiters: Option<Box<VecDeque<Waiter>>>,
 }
 
 struct Waiter {
@@ -102,6 +111,7 @@ enum Attempt {
     Busy {
         rx: Option<oneshot::Receiver<Lease>>,
         holder_expires: Instant,
+        now: Instant,
     },
 }
 
@@ -114,7 +124,7 @@ impl MemoryBackend {
     /// The number of entries currently stored (held locks plus expired ones
     /// not yet swept). For tests and metrics.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// Whether no entry is stored.
@@ -130,17 +140,18 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Inner {
-    fn shard(&self, key: &LockKey) -> MutexGuard<'_, Shard> {
-        let idx = self.hasher.hash_one(key) as usize % SHARDS;
-        let mut shard = lock(&self.shards[idx]);
+    /// The key's hash and its shard, locked. Bits 32..38 pick the shard: the
+    /// table itself uses the low bits (slot) and the top 7 (tag).
+    fn shard(&self, key: &LockKey, now: Instant) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = lock(&self.shards[(hash >> 32) as usize % SHARDS]);
         shard.ops_since_sweep += 1;
-        if shard.ops_since_sweep >= shard.map.len().max(MIN_SWEEP_INTERVAL) {
+        if shard.ops_since_sweep >= (4 * shard.table.len()).max(MIN_SWEEP_INTERVAL) {
             shard.ops_since_sweep = 0;
-            let now = Instant::now();
             // Waiters of a removed entry see their channel close and retry.
-            shard.map.retain(|_, e| e.expires > now);
+            shard.table.retain(|e| e.expires > now);
         }
-        shard
+        (hash, shard)
     }
 
     fn next_fence(&self) -> u64 {
@@ -149,16 +160,17 @@ impl Inner {
 
     fn try_acquire(&self, req: &AcquireRequest, may_wait: bool) -> Attempt {
         let now = Instant::now();
-        let mut shard = self.shard(req.key());
+        let (hash, mut shard) = self.shard(req.key(), now);
         let wall = SystemTime::now();
-        if let Some(entry) = shard.map.get_mut(req.key()) {
+        if let Some(entry) = shard.table.find_mut(hash, |e| e.key == *req.key()) {
             if entry.expires > now && *entry.owner != *req.owner() {
                 let rx = may_wait.then(|| {
                     let (tx, rx) = oneshot::channel();
-                    if entry.waiters.len() >= 64 && entry.waiters.len().is_power_of_two() {
-                        entry.waiters.retain(|w| !w.tx.is_closed());
+                    let waiters = entry.waiters.get_or_insert_default();
+                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
+                        waiters.retain(|w| !w.tx.is_closed());
                     }
-                    entry.waiters.push_back(Waiter {
+                    waiters.push_back(Waiter {
                         owner: req.owner_arc().clone(),
                         ttl: req.ttl(),
                         tx,
@@ -168,6 +180,7 @@ impl Inner {
                 return Attempt::Busy {
                     rx,
                     holder_expires: entry.expires,
+                    now,
                 };
             }
             // Free (expired), or already ours (an idempotent retry): take it,
@@ -181,25 +194,29 @@ impl Inner {
             return Attempt::Acquired(Lease::new(entry.fence, entry.acquired_at, wall, req.ttl()));
         }
         let fence = self.next_fence();
-        shard.map.insert(
-            req.key().clone(),
+        shard.table.insert_unique(
+            hash,
             Entry {
+                hash,
+                key: req.key().clone(),
                 owner: req.owner_arc().clone(),
                 fence,
                 acquired_at: wall,
                 expires: now + req.ttl(),
-                waiters: VecDeque::new(),
+                waiters: None,
             },
+            |e| e.hash,
         );
         Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
     }
 
-    /// Give the lock in `shard[key]` to the first live waiter, or remove it.
-    fn hand_off(&self, shard: &mut Shard, key: &LockKey) {
-        let Some(entry) = shard.map.get_mut(key) else {
-            return;
+    /// Give the lock in `entry` to its first live waiter. `false` if there
+    /// is none: the caller removes the entry.
+    fn hand_off(&self, entry: &mut Entry) -> bool {
+        let Some(waiters) = entry.waiters.as_mut() else {
+            return false;
         };
-        while let Some(w) = entry.waiters.pop_front() {
+        while let Some(w) = waiters.pop_front() {
             let wall = SystemTime::now();
             let fence = self.next_fence();
             let lease = Lease::new(fence, wall, wall, w.ttl);
@@ -208,42 +225,69 @@ impl Inner {
                 entry.fence = fence;
                 entry.acquired_at = wall;
                 entry.expires = Instant::now() + w.ttl;
-                return;
+                return true;
             }
         }
-        shard.map.remove(key);
+        false
+    }
+
+    /// Free the lock of `key` if `check` accepts its entry (given whether it
+    /// has expired): hand it to a waiter or remove it. `None` if no entry.
+    fn free_if<T>(
+        &self,
+        key: &LockKey,
+        check: impl FnOnce(&Entry, bool) -> Result<T, T>,
+    ) -> Option<T> {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(key, now);
+        let Ok(mut occupied) = shard.table.find_entry(hash, |e| e.key == *key) else {
+            return None;
+        };
+        let expired = occupied.get().expires <= now;
+        match check(occupied.get(), expired) {
+            Ok(out) => {
+                if !self.hand_off(occupied.get_mut()) {
+                    occupied.remove();
+                }
+                Some(out)
+            }
+            Err(out) => Some(out),
+        }
     }
 
     /// Release on behalf of a waiter that was handed the lock but is gone.
     fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
-        let mut shard = self.shard(key);
-        let ours = matches!(shard.map.get(key), Some(e) if *e.owner == *owner && e.fence == fence);
-        if ours {
-            self.hand_off(&mut shard, key);
-        }
+        self.free_if(key, |e, _| {
+            if *e.owner == *owner && e.fence == fence {
+                Ok(())
+            } else {
+                Err(())
+            }
+        });
     }
 
     fn release(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
-        let now = Instant::now();
-        let mut shard = self.shard(key);
-        let entry = shard.map.get(key).ok_or(LockError::NotFound)?;
-        if entry.expires <= now {
-            // Expired: not held by anyone. Free it for waiters right away.
-            self.hand_off(&mut shard, key);
-            return Err(LockError::NotFound);
-        }
-        if *entry.owner != *owner {
-            return Err(LockError::OwnershipMismatch);
-        }
-        self.hand_off(&mut shard, key);
-        Ok(())
+        let result = self.free_if(key, |e, expired| {
+            if expired {
+                // Not held by anyone: free it for waiters right away.
+                Ok(Err(LockError::NotFound))
+            } else if *e.owner != *owner {
+                Err(Err(LockError::OwnershipMismatch))
+            } else {
+                Ok(Ok(()))
+            }
+        });
+        result.unwrap_or(Err(LockError::NotFound))
     }
 
     fn extend(&self, key: &LockKey, owner: &str, ttl: Duration) -> Result<Lease, LockError> {
         crate::spec::validate_ttl(ttl)?;
         let now = Instant::now();
-        let mut shard = self.shard(key);
-        let entry = shard.map.get_mut(key).ok_or(LockError::NotFound)?;
+        let (hash, mut shard) = self.shard(key, now);
+        let entry = shard
+            .table
+            .find_mut(hash, |e| e.key == *key)
+            .ok_or(LockError::NotFound)?;
         if entry.expires <= now {
             return Err(LockError::NotFound);
         }
@@ -260,17 +304,17 @@ impl Inner {
     }
 
     fn force_release(&self, key: &LockKey) -> bool {
-        let now = Instant::now();
-        let mut shard = self.shard(key);
-        let held = matches!(shard.map.get(key), Some(e) if e.expires > now);
-        self.hand_off(&mut shard, key);
-        held
+        self.free_if(key, |_, expired| Ok(!expired))
+            .unwrap_or(false)
     }
 
     fn status(&self, key: &LockKey) -> Option<LockStatus> {
         let now = Instant::now();
-        let shard = self.shard(key);
-        let entry = shard.map.get(key).filter(|e| e.expires > now)?;
+        let (hash, shard) = self.shard(key, now);
+        let entry = shard
+            .table
+            .find(hash, |e| e.key == *key)
+            .filter(|e| e.expires > now)?;
         let remaining = entry.expires - now;
         Some(LockStatus::new(
             entry.owner.to_string(),
@@ -309,23 +353,35 @@ impl Drop for WaitSlot<'_> {
 }
 
 async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError> {
+    if req.max_wait().is_zero() {
+        return match inner.try_acquire(req, false) {
+            Attempt::Acquired(lease) => Ok(lease),
+            Attempt::Busy {
+                holder_expires,
+                now,
+                ..
+            } => Err(LockError::AcquisitionFailed {
+                retry_after: Some(holder_expires.saturating_duration_since(now)),
+            }),
+        };
+    }
     let start = Instant::now();
     let deadline = start.checked_add(req.max_wait());
     loop {
         let may_wait = deadline.is_some_and(|d| d > Instant::now());
-        let (rx, holder_expires) = match inner.try_acquire(req, may_wait) {
+        let (rx, holder_expires, now) = match inner.try_acquire(req, may_wait) {
             Attempt::Acquired(lease) => return Ok(lease),
-            Attempt::Busy { rx, holder_expires } => (rx, holder_expires),
+            Attempt::Busy {
+                rx,
+                holder_expires,
+                now,
+            } => (rx, holder_expires, now),
         };
-        let retry_after = Some(holder_expires.saturating_duration_since(Instant::now()));
+        let retry_after = Some(holder_expires.saturating_duration_since(now));
         let Some(rx) = rx else {
-            return Err(if req.max_wait().is_zero() {
-                LockError::AcquisitionFailed { retry_after }
-            } else {
-                LockError::Timeout {
-                    waited: start.elapsed(),
-                    retry_after,
-                }
+            return Err(LockError::Timeout {
+                waited: now.saturating_duration_since(start),
+                retry_after,
             });
         };
         tracing::debug!(key = %req.key().digest(), "lock busy: waiting");

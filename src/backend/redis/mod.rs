@@ -141,8 +141,8 @@ impl RedisBackend {
     pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// A backend with its own pool, from a URL: `redis://[user:password@]host[:port][/db]`,
-    /// `rediss://…` (needs a TLS feature of the `redis` crate, e.g.
-    /// `deadpool-redis/tokio-rustls-comp`, enabled in your application) or
+    /// `rediss://…` (TLS: needs this crate's feature `tls`; append
+    /// `#insecure` to skip certificate checks, for tests only) or
     /// `unix:///path`.
     ///
     /// Nothing is connected yet: connection errors show up as

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine too: installs what the tests
-# need (redis-server: the Redis tests start their own private servers from it),
-# then runs every test of every feature over one target dir.
+# need, then runs every test of every feature over one target dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# What the tests need: redis-server (the Redis tests start private servers
+# from it), and for feature `tls` OpenSSL to build native-tls and the openssl
+# CLI that makes the TLS test's certificate.
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+if [ "${#missing[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing redis-server (the Redis tests start private servers from it)"
+  echo "installing ${missing[*]}"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # Examples are products with tests of their own (they are run as processes).

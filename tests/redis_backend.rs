@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
-use tower_lock::{AcquireRequest, LockBackend, LockError, LockKey};
+use tower_lock::{AcquireRequest, Lease, LockBackend, LockError, LockKey};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -51,6 +51,16 @@ async fn queued(server: &RedisServer, name: &str, n: usize) {
         );
         tokio::time::sleep(ms(2)).await;
     }
+}
+
+/// The lease a spawned acquisition got, within 5 s (a waiter that is never
+/// woken fails the test instead of hanging it).
+async fn granted(waiter: tokio::task::JoinHandle<Result<Lease, LockError>>) -> Lease {
+    tokio::time::timeout(5 * SEC, waiter)
+        .await
+        .expect("the waiter was not granted the lock within 5 s")
+        .expect("the waiter task panicked")
+        .expect("the waiter's acquisition failed")
 }
 
 fn unavailable<T: std::fmt::Debug>(r: Result<T, LockError>) -> bool {
@@ -462,11 +472,7 @@ async fn cancelled_waiter_does_not_block_the_next_one() {
     b.release(&key("c"), "holder").await.unwrap();
     // Whether the cancelled waiter left the queue first or was handed the
     // lock and gave it back, the next one gets it promptly, not after 30 s.
-    let lease = tokio::time::timeout(5 * SEC, second)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let lease = granted(second).await;
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("c")).await.unwrap().unwrap().owner, "next");
 }
@@ -492,11 +498,7 @@ async fn dead_queue_entries_are_skipped() {
     });
     queued(&server, "d", 2).await;
     b.release(&key("d"), "holder").await.unwrap();
-    tokio::time::timeout(5 * SEC, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    granted(waiter).await;
     assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
 }
 
@@ -645,11 +647,7 @@ async fn first_calls_after_a_restart_succeed() {
     });
     queued(&server, "k2", 1).await;
     b.release(&key("k2"), "a").await.unwrap();
-    tokio::time::timeout(5 * SEC, w)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    granted(w).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -728,11 +726,7 @@ async fn killed_connections_are_replaced() {
         tokio::time::sleep(ms(2)).await;
     }
     b.release(&key("k"), "a").await.unwrap();
-    let lease = tokio::time::timeout(5 * SEC, w)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let lease = granted(w).await;
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
 }

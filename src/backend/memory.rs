@@ -366,7 +366,8 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
         };
     }
     let start = Instant::now();
-    let deadline = start.checked_add(req.max_wait());
+    // As in every backend, a wait longer than a year is as good as forever.
+    let deadline = start.checked_add(req.max_wait().min(crate::spec::MAX_TTL));
     loop {
         let may_wait = deadline.is_some_and(|d| d > Instant::now());
         let (rx, holder_expires, now) = match inner.try_acquire(req, may_wait) {

@@ -75,13 +75,7 @@ async fn busy_account_is_429_with_retry_after() {
         let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
         let http = bank.http();
 
-        let holder = tokio::spawn({
-            let http = http.clone();
-            async move {
-                http.post("/accounts/bob/deposit?amount=10&hold_ms=1000")
-                    .await
-            }
-        });
+        let holder = spawn_post(&http, "/accounts/bob/deposit?amount=10&hold_ms=1000");
         wait_until_locked(&http, "account:bob").await;
 
         // No waiting allowed: refused at once, without running the handler.
@@ -186,13 +180,10 @@ async fn a_ttl_shorter_than_the_hold_loses_an_update() {
     within_timeout(async {
         let bank = Bank::start();
         let http = bank.http();
-        let slow = tokio::spawn({
-            let http = http.clone();
-            async move {
-                http.post("/accounts/erin/deposit?amount=1&hold_ms=1500&ttl_ms=100")
-                    .await
-            }
-        });
+        let slow = spawn_post(
+            &http,
+            "/accounts/erin/deposit?amount=1&hold_ms=1500&ttl_ms=100",
+        );
         tokio::time::sleep(Duration::from_millis(30)).await;
         let fast = http
             .post("/accounts/erin/deposit?amount=1&wait_ms=5000")
@@ -682,13 +673,10 @@ async fn watchdog_keeps_the_lock_past_its_ttl() {
     within_timeout(async {
         let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
         let http = bank.http();
-        let holder = tokio::spawn({
-            let http = http.clone();
-            async move {
-                http.post("/accounts/wes/deposit?amount=10&hold_ms=1500&ttl_ms=300&watchdog=true")
-                    .await
-            }
-        });
+        let holder = spawn_post(
+            &http,
+            "/accounts/wes/deposit?amount=10&hold_ms=1500&ttl_ms=300&watchdog=true",
+        );
         wait_until_locked(&http, "account:wes").await;
         // Three TTLs later the lock is still held (renewed): a deposit that
         // does not wait is refused, and no update is lost.
@@ -710,6 +698,12 @@ async fn no_admin_api_without_a_token() {
         res.assert_json(StatusCode::NOT_FOUND);
     })
     .await;
+}
+
+/// One POST in a task of its own (a deposit that holds the lock).
+fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
+    let (http, path) = (http.clone(), path.to_owned());
+    tokio::spawn(async move { http.post(&path).await })
 }
 
 async fn within_timeout(test: impl std::future::Future<Output = ()>) {

@@ -53,6 +53,15 @@ async fn queued(server: &RedisServer, name: &str, n: usize) {
     }
 }
 
+/// One acquisition in a task of its own (a waiter).
+fn spawn_acquire(
+    b: &RedisBackend,
+    req: AcquireRequest,
+) -> tokio::task::JoinHandle<Result<Lease, LockError>> {
+    let b = b.clone();
+    tokio::spawn(async move { b.acquire(&req).await })
+}
+
 /// The lease a spawned acquisition got, within 5 s (a waiter that is never
 /// woken fails the test instead of hanging it).
 async fn granted(waiter: tokio::task::JoinHandle<Result<Lease, LockError>>) -> Lease {
@@ -458,15 +467,9 @@ async fn cancelled_waiter_does_not_block_the_next_one() {
     b.acquire(&req("c", "holder", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();
-    let first = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("c", "gone", 30 * SEC, 20 * SEC)).await }
-    });
+    let first = spawn_acquire(&b, req("c", "gone", 30 * SEC, 20 * SEC));
     queued(&server, "c", 1).await;
-    let second = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("c", "next", 30 * SEC, 20 * SEC)).await }
-    });
+    let second = spawn_acquire(&b, req("c", "next", 30 * SEC, 20 * SEC));
     queued(&server, "c", 2).await;
     first.abort();
     b.release(&key("c"), "holder").await.unwrap();
@@ -492,10 +495,7 @@ async fn dead_queue_entries_are_skipped() {
         "ghost",
         "1000 60000 1 tower-lock:wake:nobody",
     ]);
-    let waiter = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("d", "live", SEC, 10 * SEC)).await }
-    });
+    let waiter = spawn_acquire(&b, req("d", "live", SEC, 10 * SEC));
     queued(&server, "d", 2).await;
     b.release(&key("d"), "holder").await.unwrap();
     granted(waiter).await;
@@ -622,10 +622,7 @@ async fn first_calls_after_a_restart_succeed() {
     b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();
-    let w = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("k", "b", 30 * SEC, 10 * SEC)).await }
-    });
+    let w = spawn_acquire(&b, req("k", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k", 1).await;
     b.release(&key("k"), "a").await.unwrap();
     w.await.unwrap().unwrap();
@@ -641,10 +638,7 @@ async fn first_calls_after_a_restart_succeed() {
     println!("first acquire after restart took {:?}", start.elapsed());
 
     // Waiting works again: the pub/sub connection is re-made.
-    let w = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("k2", "b", 30 * SEC, 10 * SEC)).await }
-    });
+    let w = spawn_acquire(&b, req("k2", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k2", 1).await;
     b.release(&key("k2"), "a").await.unwrap();
     granted(w).await;
@@ -706,10 +700,7 @@ async fn killed_connections_are_replaced() {
     b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();
-    let w = tokio::spawn({
-        let b = b.clone();
-        async move { b.acquire(&req("k", "b", 30 * SEC, 10 * SEC)).await }
-    });
+    let w = spawn_acquire(&b, req("k", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k", 1).await;
     let killed: u32 = server
         .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])

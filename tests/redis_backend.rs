@@ -112,6 +112,39 @@ async fn acquire_status_release() {
     assert_eq!(server.cmd(&["PTTL", &stored("a", ":fence")]), "-1");
 }
 
+/// The fast path reports times from the caller's clock, read before the
+/// request: the reported expiry is never later than the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_expiry_is_never_later_than_the_servers() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    for i in 0..20 {
+        let name = format!("x{i}");
+        let lease = b
+            .acquire(&req(&name, "alice", 10 * SEC, Duration::ZERO))
+            .await
+            .unwrap();
+        // PEXPIRETIME: the absolute expiry on the server, in Unix ms.
+        let server_expiry: u64 = server
+            .cmd(&["PEXPIRETIME", &stored(&name, "")])
+            .parse()
+            .unwrap();
+        let reported = lease
+            .expires_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            reported <= server_expiry,
+            "reported {reported} ms, server {server_expiry} ms"
+        );
+        assert!(
+            server_expiry - reported < 5_000,
+            "{server_expiry} - {reported}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_owner_reacquire_keeps_fence_and_refreshes_ttl() {
     let server = RedisServer::start();

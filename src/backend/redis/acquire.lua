@@ -1,16 +1,18 @@
 -- acquire: KEYS = lock, fence, queue, waiters
--- ARGV = owner, ttl ms, wait ms (0 = do not queue), waiter id, channel
--- Returns {1, fence, acquired ms, now ms} or {0, holder's remaining ms}.
+-- ARGV = owner, ttl ms, caller's clock ms, then to queue when busy: wait ms,
+-- waiter id, channel (absent = do not queue).
+-- Returns the fence (an integer) when taken on the fast path (free, nobody
+-- waiting), else {1, fence, acquired ms, now ms} or {0, holder's remaining ms}.
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local owner, ttl = ARGV[1], ARGV[2]
 
 if redis.call('EXISTS', lock, queue) == 0 then
-  -- Free and nobody waiting: the fast path.
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- Free and nobody waiting: the fast path. No `TIME` and a bare integer
+  -- reply: together they were a third of this script's server time. The
+  -- stored acquisition time is the caller's (only `status` shows it).
   local f = redis.call('INCR', fence)
-  redis.call('SET', lock, string.format('0 %d %d - %s', f, now, owner), 'PX', ttl)
-  return {1, f, now, now}
+  redis.call('SET', lock, string.format('0 %d %s - %s', f, ARGV[3], owner), 'PX', ttl)
+  return f
 end
 
 -- @helpers
@@ -40,9 +42,10 @@ else
   end
 end
 
+local wait = tonumber(ARGV[4] or '0')
 if wait > 0 then
   -- Join the queue (or refresh our entry, keeping its place).
-  local data = string.format('%d %s %s@%s', now + wait, ttl, ARGV[4], ARGV[5])
+  local data = string.format('%d %s %s@%s', now + wait, ttl, ARGV[5], ARGV[6])
   if redis.call('HSET', waiters, owner, data) == 1 then
     redis.call('RPUSH', queue, owner)
   end

@@ -6,9 +6,12 @@
 //! - **One round trip per operation**: acquire, release, extend, force
 //!   release and status are each one Lua script, atomic on the server, called
 //!   by hash (`EVALSHA`; reloaded after `SCRIPT FLUSH` or a restart).
-//! - **Server clock only**: expiry is `PEXPIRE` on the server, and
-//!   `acquired_at`/`expires_at` come from the server's `TIME`; the
-//!   application's clock is never trusted.
+//! - **Expiry on the server's clock**: TTLs are `PX`/`PEXPIRE` on the
+//!   server, and waiters' deadlines and hand-offs use the server's `TIME`.
+//!   A lock taken on the fast path (free, nobody waiting) reports
+//!   `acquired_at`/`expires_at` from the caller's clock read just before the
+//!   request, so the reported expiry errs early, never late; the server's TTL
+//!   starts when the script runs.
 //! - **Fencing tokens** come from a per-lock counter key without TTL, so they
 //!   strictly increase across release, expiry and every instance.
 //! - **Fair, direct hand-off**: waiters queue in Redis (FIFO). A release hands
@@ -65,7 +68,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use deadpool_redis::redis::{Client, IntoConnectionInfo, ScriptInvocation};
+use deadpool_redis::redis::{Client, IntoConnectionInfo, ScriptInvocation, Value};
 use deadpool_redis::{Config, Pool, Runtime};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
@@ -78,6 +81,7 @@ use self::wake::{Grant, Wakeups};
 use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::locks::unix_ms;
 use crate::spec::{AcquireRequest, MAX_TTL, validate_ttl};
 
 /// The longest stored key, in bytes: longer encodings are hashed.
@@ -288,12 +292,23 @@ impl RedisBackend {
         const WHAT: &str = "acquire";
         let mut inv = SCRIPTS.acquire.prepare_invoke();
         self.keys(&mut inv, req.key(), true);
-        inv.arg(req.owner()).arg(ttl_ms);
-        match queue {
-            Some((wait_ms, id)) => inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel()),
-            None => inv.arg(0).arg(0).arg(""),
+        // Our clock is only stored for `status` to show; the lease counts
+        // from it too, which errs on the early side: the server's TTL starts
+        // when the script runs, after this.
+        let sent_ms = unix_ms(SystemTime::now());
+        let sent = server_time(sent_ms);
+        inv.arg(req.owner()).arg(ttl_ms).arg(sent_ms);
+        if let Some((wait_ms, id)) = queue {
+            inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
+        }
+        let reply = match self.shared.conn.eval(&inv, end).await? {
+            // The fast path: free and nobody waiting.
+            Value::Int(fence) => {
+                let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
+                return Ok(Attempt::Acquired(Lease::new(fence, sent, sent, req.ttl())));
+            }
+            other => array(other, WHAT)?,
         };
-        let reply = array(self.shared.conn.eval(&inv, end).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
             1 => Ok(Attempt::Acquired(Lease::new(
                 uint_at(&reply, 1, WHAT)?,

@@ -8,17 +8,20 @@ if current then
   if holder ~= ARGV[1] then
     return -1
   end
-  redis.call('DEL', lock)
   if flag == '0' then
     -- Nobody queued: the fast path.
+    redis.call('DEL', lock)
     return 1
   end
 end
 
 -- @helpers
 
--- Ours with waiters queued, or expired: the next live waiter gets it now.
-hand_off(nil, nil)
+-- Ours with waiters queued, or expired: the next live waiter gets it now
+-- (its SET replaces our value); with none left, ours goes.
+if not hand_off(nil, nil) and current then
+  redis.call('DEL', lock)
+end
 if current then
   return 1
 end

@@ -12,7 +12,9 @@
 //!   wait, whichever is first), not in a poll loop.
 //! - **Bounded memory**: expired entries are swept from a shard once it has
 //!   seen four times as many operations as it holds entries, so sweeping is
-//!   O(1) amortised and expired entries cannot pile up.
+//!   O(1) amortised and expired entries cannot pile up. A shard knows its
+//!   earliest expiry and skips the sweep while nothing can have expired, so
+//!   long-held locks are not re-read for nothing.
 //! - **Fencing tokens** come from one counter for the whole backend, so they
 //!   increase per key across release and expiry without keeping per-key
 //!   state forever.
@@ -84,6 +86,34 @@ struct Shard {
     // shard and the slot alike.
     table: HashTable<Entry>,
     ops_since_sweep: usize,
+    /// No entry expires before this (`None`: none can expire, e.g. empty).
+    /// A sweep whose time has not come yet is skipped, so a shard of
+    /// long-held locks is not re-read from memory for nothing.
+    earliest: Option<Instant>,
+}
+
+impl Shard {
+    /// An entry now expires at `at`.
+    fn expires_at(&mut self, at: Instant) {
+        self.earliest = Some(self.earliest.map_or(at, |e| e.min(at)));
+    }
+
+    /// Remove expired entries, if any can have expired.
+    fn sweep(&mut self, now: Instant) {
+        if self.earliest.is_none_or(|e| e > now) {
+            return;
+        }
+        let mut earliest = None::<Instant>;
+        // Waiters of a removed entry see their channel close and retry.
+        self.table.retain(|e| {
+            let live = e.expires > now;
+            if live {
+                earliest = Some(earliest.map_or(e.expires, |t| t.min(e.expires)));
+            }
+            live
+        });
+        self.earliest = earliest;
+    }
 }
 
 struct Entry {
@@ -148,8 +178,7 @@ impl Inner {
         shard.ops_since_sweep += 1;
         if shard.ops_since_sweep >= (4 * shard.table.len()).max(MIN_SWEEP_INTERVAL) {
             shard.ops_since_sweep = 0;
-            // Waiters of a removed entry see their channel close and retry.
-            shard.table.retain(|e| e.expires > now);
+            shard.sweep(now);
         }
         (hash, shard)
     }
@@ -191,9 +220,12 @@ impl Inner {
                 entry.acquired_at = wall;
             }
             entry.expires = now + req.ttl();
-            return Attempt::Acquired(Lease::new(entry.fence, entry.acquired_at, wall, req.ttl()));
+            let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
+            shard.expires_at(now + req.ttl());
+            return Attempt::Acquired(lease);
         }
         let fence = self.next_fence();
+        shard.expires_at(now + req.ttl());
         shard.table.insert_unique(
             hash,
             Entry {
@@ -246,7 +278,10 @@ impl Inner {
         let expired = occupied.get().expires <= now;
         match check(occupied.get(), expired) {
             Ok(out) => {
-                if !self.hand_off(occupied.get_mut()) {
+                if self.hand_off(occupied.get_mut()) {
+                    let at = occupied.get().expires;
+                    shard.expires_at(at);
+                } else {
                     occupied.remove();
                 }
                 Some(out)
@@ -295,12 +330,9 @@ impl Inner {
             return Err(LockError::OwnershipMismatch);
         }
         entry.expires = now + ttl;
-        Ok(Lease::new(
-            entry.fence,
-            entry.acquired_at,
-            SystemTime::now(),
-            ttl,
-        ))
+        let lease = Lease::new(entry.fence, entry.acquired_at, SystemTime::now(), ttl);
+        shard.expires_at(now + ttl);
+        Ok(lease)
     }
 
     fn force_release(&self, key: &LockKey) -> bool {
@@ -472,12 +504,61 @@ mod tests {
         }
         assert_eq!(b.len(), 2000);
         tokio::time::advance(Duration::from_millis(20)).await;
+        churn(&b, "x").await;
+        assert_eq!(b.len(), 0, "expired entries must not accumulate");
+    }
+
+    /// Drive enough operations through every shard to trigger its sweep.
+    async fn churn(b: &MemoryBackend, tag: &str) {
         for i in 0..(MIN_SWEEP_INTERVAL * SHARDS * 4) {
-            let r = req(&format!("x{i}"), "o", 10_000, 0);
+            let r = req(&format!("{tag}{i}"), "o", 10_000, 0);
             b.acquire(&r).await.unwrap();
             b.release(r.key(), "o").await.unwrap();
         }
-        assert_eq!(b.len(), 0, "expired entries must not accumulate");
+    }
+
+    /// Sweeps are skipped while nothing can have expired, so every place
+    /// that shortens an expiry must lower the shard's bound: a shortened
+    /// lock (extend, hand-off to a short-TTL waiter) is still swept.
+    #[tokio::test(start_paused = true)]
+    async fn shortened_expiries_are_still_swept() {
+        let b = MemoryBackend::new();
+        for i in 0..100 {
+            b.acquire(&req(&format!("k{i}"), "o", 60_000, 0))
+                .await
+                .unwrap();
+        }
+        // Nothing can expire for a minute: no shard would sweep now.
+        let now = Instant::now();
+        assert!(
+            b.inner
+                .shards
+                .iter()
+                .all(|s| lock(s).earliest.is_none_or(|e| e > now))
+        );
+
+        // Extend shortens k0 to 10 ms.
+        b.extend(
+            &LockKey::global("k0").unwrap(),
+            "o",
+            Duration::from_millis(10),
+        )
+        .await
+        .unwrap();
+        // k1 is handed to a waiter whose TTL is 10 ms.
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.acquire(&req("k1", "w", 10, 5_000)).await }
+        });
+        tokio::task::yield_now().await;
+        b.release(&LockKey::global("k1").unwrap(), "o")
+            .await
+            .unwrap();
+        waiter.await.unwrap().unwrap();
+
+        tokio::time::advance(Duration::from_millis(20)).await;
+        churn(&b, "x").await;
+        assert_eq!(b.len(), 98, "k0 and k1 expired and were swept");
     }
 
     #[tokio::test(start_paused = true)]

@@ -52,9 +52,15 @@ impl LockKey {
 
     /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
     pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
+        Self::in_route(&Arc::from(route.as_ref()), key.as_ref())
+    }
+
+    /// [`LockKey::route`] with the route pattern already shared, as the
+    /// layer keeps it for a request.
+    pub(crate) fn in_route(route: &Arc<str>, key: &str) -> Result<Self, LockError> {
         Ok(LockKey {
-            key: normalise(key.as_ref())?,
-            route: Some(Arc::from(route.as_ref())),
+            key: normalise(key)?,
+            route: Some(route.clone()),
         })
     }
 

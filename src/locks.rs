@@ -482,7 +482,7 @@ impl OwnedLock {
         spec: &LockSpec,
         route: &str,
     ) -> Result<OwnedLock, LockError> {
-        let req = spec.to_request(route)?;
+        let req = spec.to_request_in(route)?;
         let lock = acquire_guarded(&backend, &req).await?;
         let watch = spec
             .get_watchdog()

@@ -158,13 +158,23 @@ impl LockSpec {
 
     fn request_for(&self, key: LockKey) -> Result<AcquireRequest, LockError> {
         let owner: Arc<str> = match &self.owner {
-            Some(owner) => Arc::from(owner.as_str()),
+            Some(owner) => {
+                validate_owner(owner)?;
+                Arc::from(owner.as_str())
+            }
+            // A hyphenated UUID is a valid token: no need to check it.
             None => {
                 let mut buf = uuid::Uuid::encode_buffer();
                 Arc::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf))
             }
         };
-        AcquireRequest::new(key, owner, self.ttl, self.max_wait)
+        validate_ttl(self.ttl)?;
+        Ok(AcquireRequest {
+            key,
+            owner,
+            ttl: self.ttl,
+            max_wait: self.max_wait,
+        })
     }
 }
 

@@ -1,7 +1,9 @@
 //! Validated lock keys and their storage encoding.
 
+use std::cmp::Ordering;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 use unicode_normalization::{UnicodeNormalization, is_nfc_quick};
@@ -35,19 +37,47 @@ pub enum Scope {
 /// assert_eq!(key.key(), "account:7");
 /// assert!(LockKey::global("").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct LockKey {
     key: Arc<str>,
     route: Option<Arc<str>>,
+    // SipHash of (key, route) with a per-process random seed, computed once:
+    // a lock operation hashes its key without going over the bytes again.
+    hash: u64,
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key && self.route == other.route
+    }
+}
+
+impl Eq for LockKey {}
+
+impl Hash for LockKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// By key, then route: the same order in every process (the layer takes a
+/// request's locks in this order).
+impl Ord for LockKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (&self.key, &self.route).cmp(&(&other.key, &other.route))
+    }
+}
+
+impl PartialOrd for LockKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl LockKey {
     /// A key in the global namespace.
     pub fn global(key: impl AsRef<str>) -> Result<Self, LockError> {
-        Ok(LockKey {
-            key: normalise(key.as_ref())?,
-            route: None,
-        })
+        Ok(Self::new(normalise(key.as_ref())?, None))
     }
 
     /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
@@ -58,10 +88,20 @@ impl LockKey {
     /// [`LockKey::route`] with the route pattern already shared, as the
     /// layer keeps it for a request.
     pub(crate) fn in_route(route: &Arc<str>, key: &str) -> Result<Self, LockError> {
-        Ok(LockKey {
-            key: normalise(key)?,
-            route: Some(route.clone()),
-        })
+        Ok(Self::new(normalise(key)?, Some(route.clone())))
+    }
+
+    fn new(key: Arc<str>, route: Option<Arc<str>>) -> Self {
+        static SEED: OnceLock<RandomState> = OnceLock::new();
+        let hash = SEED
+            .get_or_init(RandomState::new)
+            .hash_one((&*key, route.as_deref()));
+        LockKey { key, route, hash }
+    }
+
+    /// A hash of the key, equal for equal keys, computed when it was made.
+    pub(crate) fn hash_code(&self) -> u64 {
+        self.hash
     }
 
     /// The user's key, NFC-normalised.

@@ -1,12 +1,13 @@
 //! Validated lock keys and their storage encoding.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
-use unicode_normalization::{UnicodeNormalization, is_nfc_quick};
+use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 use crate::error::LockError;
 
@@ -193,9 +194,12 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn normalise(key: &str) -> Result<Arc<str>, LockError> {
-    let key: Arc<str> = match is_nfc_quick(key.chars()) {
-        unicode_normalization::IsNormalized::Yes => Arc::from(key),
-        _ => Arc::from(key.nfc().collect::<String>()),
+    // ASCII is NFC already, and its control characters are single bytes.
+    let ascii = key.is_ascii();
+    let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(key.nfc().collect())
     };
     if key.is_empty() {
         return Err(LockError::InvalidKey("the key is empty"));
@@ -205,10 +209,15 @@ fn normalise(key: &str) -> Result<Arc<str>, LockError> {
             "the key is longer than 512 bytes of UTF-8",
         ));
     }
-    if key.chars().any(char::is_control) {
+    let control = if ascii {
+        key.bytes().any(|b| b.is_ascii_control())
+    } else {
+        key.chars().any(char::is_control)
+    };
+    if control {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
-    Ok(key)
+    Ok(Arc::from(key))
 }
 
 #[cfg(test)]

@@ -94,9 +94,14 @@ impl LockKey {
 
     fn new(key: Arc<str>, route: Option<Arc<str>>) -> Self {
         static SEED: OnceLock<RandomState> = OnceLock::new();
-        let hash = SEED
-            .get_or_init(RandomState::new)
-            .hash_one((&*key, route.as_deref()));
+        let mut hasher = SEED.get_or_init(RandomState::new).build_hasher();
+        // 0xff never occurs in UTF-8: it separates the key from the route.
+        hasher.write(key.as_bytes());
+        hasher.write_u8(0xff);
+        if let Some(route) = &route {
+            hasher.write(route.as_bytes());
+        }
+        let hash = hasher.finish();
         LockKey { key, route, hash }
     }
 

@@ -1,10 +1,13 @@
 //! Validated lock keys and their storage encoding.
 
+use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
-use unicode_normalization::{UnicodeNormalization, is_nfc_quick};
+use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 use crate::error::LockError;
 
@@ -35,27 +38,76 @@ pub enum Scope {
 /// assert_eq!(key.key(), "account:7");
 /// assert!(LockKey::global("").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct LockKey {
     key: Arc<str>,
     route: Option<Arc<str>>,
+    // SipHash of (key, route) with a per-process random seed, computed once:
+    // a lock operation hashes its key without going over the bytes again.
+    hash: u64,
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key && self.route == other.route
+    }
+}
+
+impl Eq for LockKey {}
+
+impl Hash for LockKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// By key, then route: the same order in every process (the layer takes a
+/// request's locks in this order).
+impl Ord for LockKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (&self.key, &self.route).cmp(&(&other.key, &other.route))
+    }
+}
+
+impl PartialOrd for LockKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl LockKey {
     /// A key in the global namespace.
     pub fn global(key: impl AsRef<str>) -> Result<Self, LockError> {
-        Ok(LockKey {
-            key: normalise(key.as_ref())?,
-            route: None,
-        })
+        Ok(Self::new(normalise(key.as_ref())?, None))
     }
 
     /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
     pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
-        Ok(LockKey {
-            key: normalise(key.as_ref())?,
-            route: Some(Arc::from(route.as_ref())),
-        })
+        Self::in_route(&Arc::from(route.as_ref()), key.as_ref())
+    }
+
+    /// [`LockKey::route`] with the route pattern already shared, as the
+    /// layer keeps it for a request.
+    pub(crate) fn in_route(route: &Arc<str>, key: &str) -> Result<Self, LockError> {
+        Ok(Self::new(normalise(key)?, Some(route.clone())))
+    }
+
+    fn new(key: Arc<str>, route: Option<Arc<str>>) -> Self {
+        static SEED: OnceLock<RandomState> = OnceLock::new();
+        let mut hasher = SEED.get_or_init(RandomState::new).build_hasher();
+        // 0xff never occurs in UTF-8: it separates the key from the route.
+        hasher.write(key.as_bytes());
+        hasher.write_u8(0xff);
+        if let Some(route) = &route {
+            hasher.write(route.as_bytes());
+        }
+        let hash = hasher.finish();
+        LockKey { key, route, hash }
+    }
+
+    /// A hash of the key, equal for equal keys, computed when it was made.
+    pub(crate) fn hash_code(&self) -> u64 {
+        self.hash
     }
 
     /// The user's key, NFC-normalised.
@@ -147,9 +199,12 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn normalise(key: &str) -> Result<Arc<str>, LockError> {
-    let key: Arc<str> = match is_nfc_quick(key.chars()) {
-        unicode_normalization::IsNormalized::Yes => Arc::from(key),
-        _ => Arc::from(key.nfc().collect::<String>()),
+    // ASCII is NFC already, and its control characters are single bytes.
+    let ascii = key.is_ascii();
+    let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(key.nfc().collect())
     };
     if key.is_empty() {
         return Err(LockError::InvalidKey("the key is empty"));
@@ -159,10 +214,15 @@ fn normalise(key: &str) -> Result<Arc<str>, LockError> {
             "the key is longer than 512 bytes of UTF-8",
         ));
     }
-    if key.chars().any(char::is_control) {
+    let control = if ascii {
+        key.bytes().any(|b| b.is_ascii_control())
+    } else {
+        key.chars().any(char::is_control)
+    };
+    if control {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
-    Ok(key)
+    Ok(Arc::from(key))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use serde::{Deserialize, Serialize};
+use smallvec::{SmallVec, smallvec};
 
 use crate::backend::{BoxFuture, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
@@ -138,9 +139,13 @@ struct Registry {
     state: Mutex<RegistryState>,
 }
 
+/// Locks being released together: most requests hold one.
+type HeldLocks = SmallVec<[HeldLock; 1]>;
+
 #[derive(Default)]
 struct RegistryState {
-    slots: Vec<Slot>,
+    // Inline for the common single lock: no allocation.
+    slots: SmallVec<[Slot; 1]>,
     released: Vec<LockKey>,
     closed: bool,
 }
@@ -270,7 +275,7 @@ impl Locks {
         match self.register(lock.clone(), spec.auto_releases(), spec.get_watchdog()) {
             Ok(()) => Ok(lock),
             Err(lock) => {
-                release_detached(self.inner.backend.clone(), vec![lock]);
+                release_detached(&self.inner.backend, smallvec![lock]);
                 Err(LockError::AlreadyReleased)
             }
         }
@@ -360,15 +365,20 @@ impl Locks {
     }
 
     fn close_and_release(&self, all: bool) -> Option<BoxFuture<'static, ()>> {
-        let locks: Vec<HeldLock> = {
+        let mut locks = HeldLocks::new();
+        {
             let mut state = self.state();
             state.closed = true;
-            let (release, kept): (Vec<_>, Vec<_>) =
-                state.slots.drain(..).partition(|s| all || s.auto_release);
-            state.slots = kept;
-            release.into_iter().map(Slot::retire).collect()
-        };
-        release_now(self.inner.backend.clone(), locks)
+            let mut i = 0;
+            while i < state.slots.len() {
+                if all || state.slots[i].auto_release {
+                    locks.push(state.slots.remove(i).retire());
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        release_now(&self.inner.backend, locks)
     }
 }
 
@@ -380,10 +390,8 @@ impl Drop for Registry {
         if state.closed {
             return;
         }
-        let locks: Vec<HeldLock> = state.slots.drain(..).map(Slot::retire).collect();
-        if !locks.is_empty() {
-            release_detached(self.backend.clone(), locks);
-        }
+        let locks: HeldLocks = state.slots.drain(..).map(Slot::retire).collect();
+        release_detached(&self.backend, locks);
     }
 }
 
@@ -482,7 +490,7 @@ impl OwnedLock {
         spec: &LockSpec,
         route: &str,
     ) -> Result<OwnedLock, LockError> {
-        let req = spec.to_request(route)?;
+        let req = spec.to_request_in(route)?;
         let lock = acquire_guarded(&backend, &req).await?;
         let watch = spec
             .get_watchdog()
@@ -615,7 +623,7 @@ impl Drop for OwnedLock {
         self.watch = None;
         if !self.released {
             self.lock.signal.finish();
-            release_detached(self.backend.clone(), vec![self.lock.clone()]);
+            release_detached(&self.backend, smallvec![self.lock.clone()]);
         }
     }
 }
@@ -756,13 +764,11 @@ pub(crate) async fn acquire_guarded(
 
 /// Release `locks` now: returns `None` if that finished synchronously, else
 /// the remaining work.
-pub(crate) fn release_now(
-    backend: SharedBackend,
-    locks: Vec<HeldLock>,
-) -> Option<BoxFuture<'static, ()>> {
+fn release_now(backend: &SharedBackend, locks: HeldLocks) -> Option<BoxFuture<'static, ()>> {
     if locks.is_empty() {
         return None;
     }
+    let backend = backend.clone();
     poll_once(Box::pin(async move {
         for lock in locks {
             match backend.release(&lock.key, &lock.owner).await {
@@ -794,7 +800,7 @@ fn poll_once(mut fut: BoxFuture<'static, ()>) -> Option<BoxFuture<'static, ()>> 
 }
 
 /// Release `locks` without anyone waiting for it (from `Drop`).
-pub(crate) fn release_detached(backend: SharedBackend, locks: Vec<HeldLock>) {
+fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
     if let Some(fut) = release_now(backend, locks) {
         spawn_or_warn(fut);
     }

@@ -15,7 +15,7 @@ use crate::error::LockError;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
 use crate::locks::{Locks, acquire_guarded};
-use crate::request::LockRequest;
+use crate::request::{CachedPathParams, LockRequest};
 use crate::spec::LockSpec;
 
 /// Middleware that locks what a [`LockRequest`] names around each request.
@@ -88,10 +88,16 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let specs: Vec<LockSpec> = self.layer.locker.lock_request(&req).into_iter().collect();
-        if specs.is_empty() {
+        // Read the path parameters once, from the request we own, rather
+        // than in `path_params` from a copy of its extensions.
+        let mut req = CachedPathParams::insert(req);
+        let mut specs = self.layer.locker.lock_request(&req).into_iter();
+        CachedPathParams::remove(&mut req);
+        let Some(first) = specs.next() else {
             return ResponseFuture::passthrough(self.inner.call(req));
-        }
+        };
+        // Empty for the common single lock: no allocation.
+        let rest: Vec<LockSpec> = specs.collect();
         // The ready service goes with this request; a clone stays for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -102,36 +108,43 @@ where
         let acquire = acquire_all(
             self.layer.backend.clone(),
             route,
-            specs,
+            first,
+            rest,
             self.layer.watchdog,
         );
         ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
     }
 }
 
-/// Acquire every spec, in one global order (sorted by key) so that two
-/// requests locking the same keys cannot deadlock; on any failure give back
-/// what was taken.
+/// Acquire `first` and every spec in `rest`, in one global order (sorted by
+/// key) so that two requests locking the same keys cannot deadlock; on any
+/// failure give back what was taken.
 fn acquire_all(
     backend: crate::SharedBackend,
     route: Arc<str>,
-    specs: Vec<LockSpec>,
+    first: LockSpec,
+    rest: Vec<LockSpec>,
     watchdog: bool,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
-        let mut reqs = Vec::with_capacity(specs.len());
-        for spec in &specs {
+        if rest.is_empty() {
+            let req = first.to_request(&route)?;
+            let lock = acquire_guarded(&backend, &req).await?;
+            let locks = Locks::new(backend, route, watchdog);
+            // A fresh registry is never closed.
+            let _ = locks.register(lock, first.auto_releases(), first.get_watchdog());
+            return Ok(locks);
+        }
+        let mut reqs = Vec::with_capacity(1 + rest.len());
+        for spec in std::iter::once(&first).chain(&rest) {
             reqs.push((spec.to_request(&route)?, spec));
         }
-        if reqs.len() > 1 {
-            reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
-            reqs.dedup_by(|a, b| a.0.key() == b.0.key());
-        }
+        reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
+        reqs.dedup_by(|a, b| a.0.key() == b.0.key());
         let locks = Locks::new(backend.clone(), route, watchdog);
         for (req, spec) in &reqs {
             match acquire_guarded(&backend, req).await {
                 Ok(lock) => {
-                    // A fresh registry is never closed.
                     let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
                 }
                 Err(e) => {

@@ -138,19 +138,43 @@ impl LockSpec {
 
     /// Validate and turn into a backend request; `route` is the matched route
     /// pattern used for [`Scope::Route`].
-    pub(crate) fn to_request(&self, route: &str) -> Result<AcquireRequest, LockError> {
+    pub(crate) fn to_request(&self, route: &Arc<str>) -> Result<AcquireRequest, LockError> {
+        let key = match self.scope {
+            Scope::Global => LockKey::global(&self.key)?,
+            Scope::Route => LockKey::in_route(route, &self.key)?,
+        };
+        self.request_for(key)
+    }
+
+    /// [`to_request`](LockSpec::to_request) with a route not yet shared
+    /// (outside a request): copied only for a route-scoped key.
+    pub(crate) fn to_request_in(&self, route: &str) -> Result<AcquireRequest, LockError> {
         let key = match self.scope {
             Scope::Global => LockKey::global(&self.key)?,
             Scope::Route => LockKey::route(route, &self.key)?,
         };
+        self.request_for(key)
+    }
+
+    fn request_for(&self, key: LockKey) -> Result<AcquireRequest, LockError> {
         let owner: Arc<str> = match &self.owner {
-            Some(owner) => Arc::from(owner.as_str()),
+            Some(owner) => {
+                validate_owner(owner)?;
+                Arc::from(owner.as_str())
+            }
+            // A hyphenated UUID is a valid token: no need to check it.
             None => {
                 let mut buf = uuid::Uuid::encode_buffer();
                 Arc::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf))
             }
         };
-        AcquireRequest::new(key, owner, self.ttl, self.max_wait)
+        validate_ttl(self.ttl)?;
+        Ok(AcquireRequest {
+            key,
+            owner,
+            ttl: self.ttl,
+            max_wait: self.max_wait,
+        })
     }
 }
 

@@ -21,7 +21,6 @@
 //! - Uses tokio's clock, so tests can pause and advance time.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -66,7 +65,6 @@ impl std::fmt::Debug for MemoryBackend {
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
     fence: AtomicU64,
 }
 
@@ -74,7 +72,6 @@ impl Default for Inner {
     fn default() -> Self {
         Inner {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
             fence: AtomicU64::new(0),
         }
     }
@@ -173,7 +170,7 @@ impl Inner {
     /// The key's hash and its shard, locked. Bits 32..38 pick the shard: the
     /// table itself uses the low bits (slot) and the top 7 (tag).
     fn shard(&self, key: &LockKey, now: Instant) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = self.hasher.hash_one(key);
+        let hash = key.hash_code();
         let mut shard = lock(&self.shards[(hash >> 32) as usize % SHARDS]);
         shard.ops_since_sweep += 1;
         if shard.ops_since_sweep >= (4 * shard.table.len()).max(MIN_SWEEP_INTERVAL) {

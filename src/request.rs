@@ -1,11 +1,6 @@
 //! [`LockRequest`]: the per-route hook that says what to lock.
 
-use std::fmt;
-use std::sync::Arc;
-
-use axum::extract::RawPathParams;
 use http::Request;
-use http::request::Parts;
 
 use crate::spec::LockSpec;
 
@@ -65,62 +60,30 @@ where
 /// Empty when the request was not routed by axum (e.g. a layer on the whole
 /// `Router` with `.layer`, which runs before routing: use `.route_layer` or a
 /// per-route layer to see parameters).
-#[derive(Clone, Default)]
-pub struct PathParams(Option<Arc<RawPathParams>>);
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathParams(Vec<(String, String)>);
 
 impl PathParams {
     /// The value of parameter `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// All parameters, in route order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().flat_map(|raw| raw.iter())
-    }
-}
-
-impl fmt::Debug for PathParams {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("PathParams")
-            .field(&self.iter().collect::<Vec<_>>())
-            .finish()
-    }
-}
-
-impl PartialEq for PathParams {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for PathParams {}
-
-/// The parameters [`LockService`](crate::LockService) read from the request
-/// it owns, for [`path_params`] while its [`LockRequest`] runs.
-#[derive(Clone)]
-pub(crate) struct CachedPathParams(PathParams);
-
-impl CachedPathParams {
-    /// Read the parameters of `request` into its extensions.
-    pub(crate) fn insert<B>(request: Request<B>) -> Request<B> {
-        let (mut parts, body) = request.into_parts();
-        let params = from_parts(&mut parts);
-        parts.extensions.insert(CachedPathParams(params));
-        Request::from_parts(parts, body)
-    }
-
-    /// Take them out again, so the inner service sees the request as sent.
-    pub(crate) fn remove<B>(request: &mut Request<B>) {
-        request.extensions_mut().remove::<CachedPathParams>();
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }
 
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams {
-    if let Some(CachedPathParams(params)) = request.extensions().get() {
-        return params.clone();
-    }
+    use axum::extract::{FromRequestParts, RawPathParams};
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
     // axum keeps the parameters in a private extension; its extractor needs
     // `Parts`, so build a body-less copy carrying the same extensions.
     let (mut parts, ()) = {
@@ -128,19 +91,15 @@ pub fn path_params<B>(request: &Request<B>) -> PathParams {
         *copy.extensions_mut() = request.extensions().clone();
         copy.into_parts()
     };
-    from_parts(&mut parts)
-}
-
-fn from_parts(parts: &mut Parts) -> PathParams {
-    use axum::extract::FromRequestParts;
-    use std::future::Future;
-    use std::task::{Context, Poll};
-
-    let fut = <RawPathParams as FromRequestParts<()>>::from_request_parts(parts, &());
+    let fut = <RawPathParams as FromRequestParts<()>>::from_request_parts(&mut parts, &());
     let mut fut = std::pin::pin!(fut);
     let mut cx = Context::from_waker(std::task::Waker::noop());
     match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(Ok(raw)) => PathParams(Some(Arc::new(raw))),
+        Poll::Ready(Ok(raw)) => PathParams(
+            raw.iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        ),
         _ => PathParams::default(),
     }
 }

@@ -15,7 +15,7 @@ use crate::error::LockError;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
 use crate::locks::{Locks, acquire_guarded};
-use crate::request::{CachedPathParams, LockRequest};
+use crate::request::LockRequest;
 use crate::spec::LockSpec;
 
 /// Middleware that locks what a [`LockRequest`] names around each request.
@@ -88,11 +88,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // Read the path parameters once, from the request we own, rather
-        // than in `path_params` from a copy of its extensions.
-        let mut req = CachedPathParams::insert(req);
         let mut specs = self.layer.locker.lock_request(&req).into_iter();
-        CachedPathParams::remove(&mut req);
         let Some(first) = specs.next() else {
             return ResponseFuture::passthrough(self.inner.call(req));
         };

@@ -610,7 +610,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(b.len(), n);
-        assert!(b.inner.shards.iter().all(|s| lock(s).old.len() > 0));
+        assert!(b.inner.shards.iter().all(|s| !lock(s).old.is_empty()));
         for i in 0..n {
             assert_eq!(b.status(&key(i)).await.unwrap().unwrap().owner, "a");
             let busy = b.acquire(&req(&format!("k{i}"), "b", 1_000, 0)).await;

@@ -1,5 +1,6 @@
 //! [`LockRequest`]: the per-route hook that says what to lock.
 
+use axum::extract::MatchedPath;
 use http::Request;
 
 use crate::spec::LockSpec;
@@ -80,12 +81,107 @@ impl PathParams {
 
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams {
+    request
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|route| match_route(route.as_str(), request.uri().path()))
+        .unwrap_or_else(|| extracted_path_params(request))
+}
+
+/// The parameters of `path` under the route pattern `route`, for patterns
+/// whose parameters are whole segments (`/a/{x}/b/{*rest}`). `None` (use
+/// axum's extractor) for anything else: other pattern syntax, or a path that
+/// does not fit the pattern, as in a nested router, which sees the path
+/// without its prefix.
+fn match_route(route: &str, path: &str) -> Option<PathParams> {
+    let mut params = Vec::new();
+    let mut rest = path.strip_prefix('/')?;
+    let mut patterns = route.strip_prefix('/')?.split('/').peekable();
+    while let Some(pattern) = patterns.next() {
+        let name = pattern.strip_prefix('{').and_then(|p| p.strip_suffix('}'));
+        let Some(name) = name else {
+            // A literal segment.
+            if pattern.contains(['{', '}']) {
+                return None;
+            }
+            let (segment, tail) = next_segment(rest, patterns.peek().is_some())?;
+            if segment != pattern {
+                return None;
+            }
+            rest = tail;
+            continue;
+        };
+        if name.is_empty() || name.contains(['{', '}']) {
+            return None;
+        }
+        let (name, value) = match name.strip_prefix('*') {
+            // A catch-all: the rest of the path, slashes included.
+            Some(name) if patterns.peek().is_none() && !rest.is_empty() => {
+                (name, std::mem::take(&mut rest))
+            }
+            Some(_) => return None,
+            None => {
+                let (segment, tail) = next_segment(rest, patterns.peek().is_some())?;
+                rest = tail;
+                (name, segment)
+            }
+        };
+        // As axum: percent-decoded, and no parameters at all if one is not
+        // UTF-8 once decoded.
+        let Some(value) = percent_decode(value) else {
+            return Some(PathParams::default());
+        };
+        params.push((name.to_owned(), value));
+    }
+    rest.is_empty().then_some(PathParams(params))
+}
+
+/// The next `/`-separated segment of `path` and what follows it; `more`:
+/// the pattern has more segments, so one must follow.
+fn next_segment(path: &str, more: bool) -> Option<(&str, &str)> {
+    match path.split_once('/') {
+        Some((segment, tail)) if more => Some((segment, tail)),
+        None if !more => Some((path, "")),
+        _ => None,
+    }
+}
+
+/// `%XX` decoded; a `%` without two hex digits after it is kept as it is
+/// (as axum does). `None` if the result is not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    if !s.contains('%') {
+        return Some(s.to_owned());
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Through axum's own extractor. It needs `Parts`, so this builds a
+/// body-less copy carrying a clone of every extension: the slow way.
+fn extracted_path_params<B>(request: &Request<B>) -> PathParams {
     use axum::extract::{FromRequestParts, RawPathParams};
     use std::future::Future;
     use std::task::{Context, Poll};
 
-    // axum keeps the parameters in a private extension; its extractor needs
-    // `Parts`, so build a body-less copy carrying the same extensions.
     let (mut parts, ()) = {
         let mut copy = Request::new(());
         *copy.extensions_mut() = request.extensions().clone();
@@ -101,5 +197,81 @@ pub fn path_params<B>(request: &Request<B>) -> PathParams {
                 .collect(),
         ),
         _ => PathParams::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    /// Both ways, as seen by a handler of the route.
+    async fn both(request: Request<Body>) -> String {
+        let fast = path_params(&request);
+        let slow = extracted_path_params(&request);
+        assert_eq!(fast, slow, "{}", request.uri());
+        format!("{fast:?}")
+    }
+
+    async fn call(app: &Router, uri: &str) -> String {
+        let res = app
+            .clone()
+            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "{uri}: {}", res.status());
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn matching_the_route_agrees_with_axums_extractor() {
+        let app = Router::new()
+            .route("/", get(both))
+            .route("/a/{x}", get(both))
+            .route("/a/{x}/b/{y}", get(both))
+            .route("/f/{*rest}", get(both))
+            .route("/t/", get(both))
+            .nest("/n/{t}", Router::new().route("/u/{id}", get(both)));
+        for uri in [
+            "/",
+            "/a/1",
+            "/a/%41b",
+            "/a/caf%C3%A9",
+            "/a/%zz%4",
+            "/a/%FF",
+            "/a/1/b/two%2Fthree",
+            "/f/a/b/c",
+            "/f/a%20b/c/",
+            "/t/",
+            "/n/7/u/9",
+        ] {
+            call(&app, uri).await;
+        }
+        assert!(call(&app, "/a/%FF").await.contains("[]"), "not UTF-8: none");
+    }
+
+    #[test]
+    fn simple_patterns_take_the_fast_way() {
+        let get = |route, path| match_route(route, path).map(|p| format!("{p:?}"));
+        assert_eq!(
+            get("/a/{x}/b/{*r}", "/a/1/b/c/d").as_deref(),
+            Some(r#"PathParams([("x", "1"), ("r", "c/d")])"#)
+        );
+        assert_eq!(
+            get("/a/{x}", "/a/%41").as_deref(),
+            Some(r#"PathParams([("x", "A")])"#)
+        );
+        // Not this pattern's path (a nested router's view), or other syntax:
+        // axum's extractor decides.
+        assert_eq!(get("/n/{t}/u/{id}", "/u/9"), None);
+        assert_eq!(get("/a/{x}", "/b/1"), None);
+        assert_eq!(get("/x/{{y}}/{id}", "/x/{y}/5"), None);
+        assert_eq!(get("/f/{*r}", "/f/"), None);
     }
 }

@@ -60,7 +60,8 @@ pin_project! {
             result: Option<Result<S::Response, S::Error>>,
         },
         // Reading a body that is ready at once ahead, then releasing, so the
-        // complete response leaves in one write.
+        // complete response leaves in one write. Also a rejection decided
+        // in `call`, with nothing to read.
         ReadingAhead {
             response: Option<Response<LockBody<ResB>>>,
         },
@@ -76,6 +77,23 @@ where
     pub(crate) fn passthrough(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Passthrough { future },
+        }
+    }
+
+    /// The locks are held already: call the handler.
+    pub(crate) fn calling(request: Request<B>, mut inner: S, locks: Locks) -> Self {
+        let (future, guard) = call_with(&mut inner, request, locks);
+        ResponseFuture {
+            state: State::Calling { future, guard },
+        }
+    }
+
+    /// The locks could not be taken: answer with the rejection.
+    pub(crate) fn rejected(rejection: &SharedRejection, error: &LockError) -> Self {
+        ResponseFuture {
+            state: State::ReadingAhead {
+                response: Some(reject(rejection, error)),
+            },
         }
     }
 
@@ -121,22 +139,15 @@ where
                     let locks = match ready!(acquire.as_mut().poll(cx)) {
                         Ok(locks) => locks,
                         Err(error) => {
-                            tracing::info!(
-                                code = error.code(),
-                                status = error.status().as_u16(),
-                                "request rejected: lock not acquired"
-                            );
-                            let res = rejection.rejection(&error);
+                            let res = reject(rejection, &error);
                             state.set(State::Done);
-                            return Poll::Ready(Ok(res.map(LockBody::rejection)));
+                            return Poll::Ready(Ok(res));
                         }
                     };
-                    let (Some(mut req), Some(mut svc)) = (request.take(), inner.take()) else {
+                    let (Some(req), Some(mut svc)) = (request.take(), inner.take()) else {
                         unreachable!("ResponseFuture polled after it was taken apart");
                     };
-                    req.extensions_mut().insert(locks.clone());
-                    let guard = Some(ReleaseGuard::new(locks));
-                    let future = svc.call(req);
+                    let (future, guard) = call_with(&mut svc, req, locks);
                     state.set(State::Calling { future, guard });
                 }
                 StateProj::Calling { future, guard } => {
@@ -184,4 +195,29 @@ where
             }
         }
     }
+}
+
+/// Call `inner` with the request's locks in its extensions; the guard
+/// releases them if the call's future is dropped.
+fn call_with<S, B>(
+    inner: &mut S,
+    mut request: Request<B>,
+    locks: Locks,
+) -> (S::Future, Option<ReleaseGuard>)
+where
+    S: Service<Request<B>>,
+{
+    request.extensions_mut().insert(locks.clone());
+    let guard = Some(ReleaseGuard::new(locks));
+    (inner.call(request), guard)
+}
+
+/// The response for a request whose locks could not be taken.
+fn reject<ResB: Body>(rejection: &SharedRejection, error: &LockError) -> Response<LockBody<ResB>> {
+    tracing::info!(
+        code = error.code(),
+        status = error.status().as_u16(),
+        "request rejected: lock not acquired"
+    );
+    rejection.rejection(error).map(LockBody::rejection)
 }

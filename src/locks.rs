@@ -585,7 +585,13 @@ impl OwnedLock {
         self.released = true;
         self.watch = None;
         self.lock.signal.finish();
-        self.backend.release(&self.lock.key, &self.lock.owner).await
+        match self
+            .backend
+            .try_release_now(&self.lock.key, &self.lock.owner)
+        {
+            Some(result) => result,
+            None => self.backend.release(&self.lock.key, &self.lock.owner).await,
+        }
     }
 
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
@@ -700,10 +706,45 @@ fn watch(backend: &SharedBackend, lock: &HeldLock) -> WatchHandle {
 /// Acquire, and if this future is dropped while the backend call is in
 /// flight, release best-effort with the owner token: a request that was
 /// cancelled may still have taken the lock on the server.
+/// Take the lock described by `req` at once, if the backend can answer
+/// without waiting or I/O (see [`LockBackend::try_acquire_now`]).
+pub(crate) fn acquire_now(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+) -> Option<Result<HeldLock, LockError>> {
+    let sent = tokio::time::Instant::now();
+    let result = backend.try_acquire_now(req)?;
+    Some(acquired(req, result, sent))
+}
+
+/// The outcome of an acquisition, traced; `started` is when the lock's TTL
+/// began at the earliest.
+fn acquired(
+    req: &AcquireRequest,
+    result: Result<Lease, LockError>,
+    started: tokio::time::Instant,
+) -> Result<HeldLock, LockError> {
+    match &result {
+        Ok(lease) => tracing::debug!(
+            key = %req.key().digest(),
+            fence = lease.fence,
+            "lock acquired"
+        ),
+        Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
+    }
+    result.map(|lease| {
+        let expiry = started + lease.ttl;
+        HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
+    })
+}
+
 pub(crate) async fn acquire_guarded(
     backend: &SharedBackend,
     req: &AcquireRequest,
 ) -> Result<HeldLock, LockError> {
+    if let Some(result) = acquire_now(backend, req) {
+        return result;
+    }
     struct InFlight<'a> {
         backend: &'a SharedBackend,
         req: &'a AcquireRequest,
@@ -748,40 +789,45 @@ pub(crate) async fn acquire_guarded(
     } else {
         tokio::time::Instant::now()
     };
-    match &result {
-        Ok(lease) => tracing::debug!(
-            key = %req.key().digest(),
-            fence = lease.fence,
-            "lock acquired"
-        ),
-        Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
-    }
-    result.map(|lease| {
-        let expiry = started + lease.ttl;
-        HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
-    })
+    acquired(req, result, started)
 }
 
 /// Release `locks` now: returns `None` if that finished synchronously, else
 /// the remaining work.
-fn release_now(backend: &SharedBackend, locks: HeldLocks) -> Option<BoxFuture<'static, ()>> {
+fn release_now(backend: &SharedBackend, mut locks: HeldLocks) -> Option<BoxFuture<'static, ()>> {
+    // What the backend can release at once (in memory: everything) goes
+    // without a future.
+    locks.retain(
+        |lock| match backend.try_release_now(&lock.key, &lock.owner) {
+            Some(result) => {
+                released(&lock.key, result);
+                false
+            }
+            None => true,
+        },
+    );
     if locks.is_empty() {
         return None;
     }
     let backend = backend.clone();
     poll_once(Box::pin(async move {
         for lock in locks {
-            match backend.release(&lock.key, &lock.owner).await {
-                Ok(()) => tracing::debug!(key = %lock.key.digest(), "lock released"),
-                Err(e) => tracing::warn!(
-                    key = %lock.key.digest(),
-                    code = e.code(),
-                    error = %e,
-                    "lock release failed; the lock will be freed by its TTL"
-                ),
-            }
+            released(&lock.key, backend.release(&lock.key, &lock.owner).await);
         }
     }))
+}
+
+/// Trace the outcome of an automatic release.
+fn released(key: &LockKey, result: Result<(), LockError>) {
+    match result {
+        Ok(()) => tracing::debug!(key = %key.digest(), "lock released"),
+        Err(e) => tracing::warn!(
+            key = %key.digest(),
+            code = e.code(),
+            error = %e,
+            "lock release failed; the lock will be freed by its TTL"
+        ),
+    }
 }
 
 /// Poll `fut` once: backends that answer synchronously (in memory) finish

@@ -14,8 +14,9 @@ use crate::body::LockBody;
 use crate::error::LockError;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
-use crate::locks::{Locks, acquire_guarded};
+use crate::locks::{Locks, acquire_guarded, acquire_now};
 use crate::request::LockRequest;
+use crate::spec::AcquireRequest;
 use crate::spec::LockSpec;
 
 /// Middleware that locks what a [`LockRequest`] names around each request.
@@ -101,15 +102,46 @@ where
             Some(path) => Arc::from(path.as_str()),
             None => Arc::from(req.uri().path()),
         };
-        let acquire = acquire_all(
-            self.layer.backend.clone(),
-            route,
-            first,
-            rest,
-            self.layer.watchdog,
-        );
+        let backend = self.layer.backend.clone();
+        let watchdog = self.layer.watchdog;
+        let acquire = if rest.is_empty() {
+            let lock = match first.to_request(&route) {
+                Ok(lock) => lock,
+                Err(e) => return ResponseFuture::rejected(&self.layer.rejection, &e),
+            };
+            // A backend that can answer at once (in memory) needs no future.
+            match acquire_now(&backend, &lock) {
+                Some(Ok(held)) => {
+                    let locks = Locks::new(backend, route, watchdog);
+                    // A fresh registry is never closed.
+                    let _ = locks.register(held, first.auto_releases(), first.get_watchdog());
+                    return ResponseFuture::calling(req, inner, locks);
+                }
+                Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
+                None => acquire_one(backend, route, first, lock, watchdog),
+            }
+        } else {
+            acquire_all(backend, route, first, rest, watchdog)
+        };
         ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
     }
+}
+
+/// Acquire the one lock `req` (made from `spec`), waiting.
+fn acquire_one(
+    backend: crate::SharedBackend,
+    route: Arc<str>,
+    spec: LockSpec,
+    req: AcquireRequest,
+    watchdog: bool,
+) -> BoxFuture<'static, Result<Locks, LockError>> {
+    Box::pin(async move {
+        let lock = acquire_guarded(&backend, &req).await?;
+        let locks = Locks::new(backend, route, watchdog);
+        // A fresh registry is never closed.
+        let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
+        Ok(locks)
+    })
 }
 
 /// Acquire `first` and every spec in `rest`, in one global order (sorted by
@@ -123,14 +155,6 @@ fn acquire_all(
     watchdog: bool,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
-        if rest.is_empty() {
-            let req = first.to_request(&route)?;
-            let lock = acquire_guarded(&backend, &req).await?;
-            let locks = Locks::new(backend, route, watchdog);
-            // A fresh registry is never closed.
-            let _ = locks.register(lock, first.auto_releases(), first.get_watchdog());
-            return Ok(locks);
-        }
         let mut reqs = Vec::with_capacity(1 + rest.len());
         for spec in std::iter::once(&first).chain(&rest) {
             reqs.push((spec.to_request(&route)?, spec));

@@ -419,18 +419,29 @@ impl Drop for WaitSlot<'_> {
     }
 }
 
-async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError> {
-    if req.max_wait().is_zero() {
-        return match inner.try_acquire(req, false) {
-            Attempt::Acquired(lease) => Ok(lease),
+impl Inner {
+    /// One attempt without joining the queue: `None` if the lock is busy and
+    /// `req` would wait.
+    fn acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
+        match self.try_acquire(req, false) {
+            Attempt::Acquired(lease) => Some(Ok(lease)),
             Attempt::Busy {
                 holder_expires,
                 now,
                 ..
-            } => Err(LockError::AcquisitionFailed {
+            } if req.max_wait().is_zero() => Some(Err(LockError::AcquisitionFailed {
                 retry_after: Some(holder_expires.saturating_duration_since(now)),
-            }),
-        };
+            })),
+            Attempt::Busy { .. } => None,
+        }
+    }
+}
+
+async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError> {
+    if req.max_wait().is_zero() {
+        if let Some(result) = inner.acquire_now(req) {
+            return result;
+        }
     }
     let start = Instant::now();
     // As in every backend, a wait longer than a year is as good as forever.
@@ -507,6 +518,16 @@ impl LockBackend for MemoryBackend {
 
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(std::future::ready(Ok(self.inner.force_release(key))))
+    }
+
+    /// Always an answer, unless the lock is busy and `req` waits.
+    fn try_acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
+        self.inner.acquire_now(req)
+    }
+
+    /// Always an answer.
+    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
+        Some(self.inner.release(key, owner))
     }
 
     fn status<'a>(

@@ -139,6 +139,27 @@ pub trait LockBackend: Send + Sync + 'static {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
 
+    /// Take the lock at once, if the answer needs neither waiting nor I/O;
+    /// `None` when it needs either, and the caller then uses
+    /// [`acquire`](LockBackend::acquire).
+    ///
+    /// A store in this process answers whenever the lock is free, or busy
+    /// and `req` does not wait; the layer then takes the lock without
+    /// allocating a future. An answer must be the one `acquire` would give.
+    /// The default is `None`, right for any backend behind a network.
+    fn try_acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
+        let _ = req;
+        None
+    }
+
+    /// Release at once, if that needs no I/O; `None` when it does, and the
+    /// caller then uses [`release`](LockBackend::release). The default is
+    /// `None`.
+    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
+        let _ = (key, owner);
+        None
+    }
+
     /// Extend several locks at once, one result per request, in order.
     ///
     /// The watchdog renews every due lock of a tick with one call. The
@@ -202,6 +223,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         batch: &'a [ExtendRequest],
     ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
         (**self).extend_many(batch)
+    }
+    fn try_acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
+        (**self).try_acquire_now(req)
+    }
+    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
+        (**self).try_release_now(key, owner)
     }
 }
 

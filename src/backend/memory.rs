@@ -438,10 +438,11 @@ impl Inner {
 }
 
 async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError> {
-    if req.max_wait().is_zero() {
-        if let Some(result) = inner.acquire_now(req) {
-            return result;
-        }
+    // Without a wait there is always an answer at once.
+    if req.max_wait().is_zero()
+        && let Some(result) = inner.acquire_now(req)
+    {
+        return result;
     }
     let start = Instant::now();
     // As in every backend, a wait longer than a year is as good as forever.

@@ -703,9 +703,6 @@ fn watch(backend: &SharedBackend, lock: &HeldLock) -> WatchHandle {
     )
 }
 
-/// Acquire, and if this future is dropped while the backend call is in
-/// flight, release best-effort with the owner token: a request that was
-/// cancelled may still have taken the lock on the server.
 /// Take the lock described by `req` at once, if the backend can answer
 /// without waiting or I/O (see [`LockBackend::try_acquire_now`]).
 pub(crate) fn acquire_now(
@@ -738,6 +735,9 @@ fn acquired(
     })
 }
 
+/// Acquire, and if this future is dropped while the backend call is in
+/// flight, release best-effort with the owner token: a request that was
+/// cancelled may still have taken the lock on the server.
 pub(crate) async fn acquire_guarded(
     backend: &SharedBackend,
     req: &AcquireRequest,

@@ -16,8 +16,7 @@ use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
 use crate::locks::{Locks, acquire_guarded, acquire_now};
 use crate::request::LockRequest;
-use crate::spec::AcquireRequest;
-use crate::spec::LockSpec;
+use crate::spec::{AcquireRequest, LockSpec};
 
 /// Middleware that locks what a [`LockRequest`] names around each request.
 /// See [`LockLayer`].
@@ -112,9 +111,7 @@ where
             // A backend that can answer at once (in memory) needs no future.
             match acquire_now(&backend, &lock) {
                 Some(Ok(held)) => {
-                    let locks = Locks::new(backend, route, watchdog);
-                    // A fresh registry is never closed.
-                    let _ = locks.register(held, first.auto_releases(), first.get_watchdog());
+                    let locks = holding(backend, route, watchdog, held, &first);
                     return ResponseFuture::calling(req, inner, locks);
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
@@ -136,12 +133,23 @@ fn acquire_one(
     watchdog: bool,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
-        let lock = acquire_guarded(&backend, &req).await?;
-        let locks = Locks::new(backend, route, watchdog);
-        // A fresh registry is never closed.
-        let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
-        Ok(locks)
+        let held = acquire_guarded(&backend, &req).await?;
+        Ok(holding(backend, route, watchdog, held, &spec))
     })
+}
+
+/// A request's registry holding its one lock `held`, taken for `spec`.
+fn holding(
+    backend: crate::SharedBackend,
+    route: Arc<str>,
+    watchdog: bool,
+    held: crate::HeldLock,
+    spec: &LockSpec,
+) -> Locks {
+    let locks = Locks::new(backend, route, watchdog);
+    // A fresh registry is never closed.
+    let _ = locks.register(held, spec.auto_releases(), spec.get_watchdog());
+    locks
 }
 
 /// Acquire `first` and every spec in `rest`, in one global order (sorted by

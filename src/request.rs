@@ -1,6 +1,6 @@
 //! [`LockRequest`]: the per-route hook that says what to lock.
 
-use axum::extract::MatchedPath;
+use axum::extract::{MatchedPath, OriginalUri};
 use http::Request;
 
 use crate::spec::LockSpec;
@@ -81,18 +81,25 @@ impl PathParams {
 
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams {
-    request
-        .extensions()
+    let extensions = request.extensions();
+    let path = request.uri().path();
+    // `MatchedPath` is the whole pattern, prefixes of nested routers
+    // included, so it only describes `path` if nothing stripped or rewrote
+    // the path after the outer router saw it (`OriginalUri`).
+    let as_routed = extensions
+        .get::<OriginalUri>()
+        .is_some_and(|original| original.path() == path);
+    extensions
         .get::<MatchedPath>()
-        .and_then(|route| match_route(route.as_str(), request.uri().path()))
+        .filter(|_| as_routed)
+        .and_then(|route| match_route(route.as_str(), path))
         .unwrap_or_else(|| extracted_path_params(request))
 }
 
 /// The parameters of `path` under the route pattern `route`, for patterns
-/// whose parameters are whole segments (`/a/{x}/b/{*rest}`). `None` (use
-/// axum's extractor) for anything else: other pattern syntax, or a path that
-/// does not fit the pattern, as in a nested router, which sees the path
-/// without its prefix.
+/// whose parameters are whole, non-empty segments (`/a/{x}/b/{*rest}`).
+/// `None` (use axum's extractor) for anything else: other pattern syntax,
+/// or a path that does not fit the pattern.
 fn match_route(route: &str, path: &str) -> Option<PathParams> {
     let mut params = Vec::new();
     let mut rest = path.strip_prefix('/')?;
@@ -122,6 +129,10 @@ fn match_route(route: &str, path: &str) -> Option<PathParams> {
             Some(_) => return None,
             None => {
                 let (segment, tail) = next_segment(rest, patterns.peek().is_some())?;
+                if segment.is_empty() {
+                    // axum never matches a parameter to nothing.
+                    return None;
+                }
                 rest = tail;
                 (name, segment)
             }
@@ -213,7 +224,11 @@ mod tests {
         let fast = path_params(&request);
         let slow = extracted_path_params(&request);
         assert_eq!(fast, slow, "{}", request.uri());
-        format!("{fast:?}")
+        let as_routed = request
+            .extensions()
+            .get::<OriginalUri>()
+            .is_some_and(|original| original.path() == request.uri().path());
+        format!("{fast:?} as routed: {as_routed}")
     }
 
     async fn call(app: &Router, uri: &str) -> String {
@@ -237,7 +252,14 @@ mod tests {
             .route("/a/{x}/b/{y}", get(both))
             .route("/f/{*rest}", get(both))
             .route("/t/", get(both))
-            .nest("/n/{t}", Router::new().route("/u/{id}", get(both)));
+            .nest("/n/{t}", Router::new().route("/u/{id}", get(both)))
+            // Nested routers see the path without their prefix while
+            // `MatchedPath` has all of it; these paths fit the whole pattern
+            // anyway, with the wrong values.
+            .nest("/p/{t}", Router::new().route("/{*rest}", get(both)))
+            .nest("/x", Router::new().route("/{*rest}", get(both)))
+            .nest_service("/s", Router::new().route("/{*rest}", get(both)))
+            .nest("/e/{t}", Router::new().route("/", get(both)));
         for uri in [
             "/",
             "/a/1",
@@ -250,10 +272,18 @@ mod tests {
             "/f/a%20b/c/",
             "/t/",
             "/n/7/u/9",
+            "/p/a/b/c",
+            "/p/p/p/z",
+            "/x/x/y",
+            "/s/s/y",
+            "/e/acme",
         ] {
             call(&app, uri).await;
         }
         assert!(call(&app, "/a/%FF").await.contains("[]"), "not UTF-8: none");
+        // Un-nested routes take the fast way, nested ones axum's extractor.
+        assert!(call(&app, "/a/1/b/2").await.ends_with("as routed: true"));
+        assert!(call(&app, "/x/x/y").await.ends_with("as routed: false"));
     }
 
     #[test]
@@ -273,5 +303,6 @@ mod tests {
         assert_eq!(get("/a/{x}", "/b/1"), None);
         assert_eq!(get("/x/{{y}}/{id}", "/x/{y}/5"), None);
         assert_eq!(get("/f/{*r}", "/f/"), None);
+        assert_eq!(get("/a/{x}", "/a/"), None);
     }
 }

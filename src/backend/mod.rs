@@ -40,9 +40,12 @@ pub struct Lease {
     /// Fencing token: strictly greater than any earlier acquisition of the
     /// same key returned, on this backend (never reset by release or expiry).
     pub fence: u64,
-    /// When the lock was acquired (wall clock of the backend).
+    /// When the lock was acquired (wall clock of the backend; Redis reports
+    /// an uncontended acquisition with the caller's clock read just before
+    /// the request).
     pub acquired_at: SystemTime,
-    /// When the lock expires unless extended (wall clock of the backend).
+    /// When the lock expires unless extended (same clock as `acquired_at`;
+    /// it never falls after the backend's own expiry).
     pub expires_at: SystemTime,
     /// The TTL granted from the moment of this acquisition/extension.
     pub ttl: Duration,

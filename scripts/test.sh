@@ -22,4 +22,8 @@ fi
 
 # Examples are products with tests of their own (they are run as processes).
 cargo build --all-features --examples
+# The profiling example runs every mode (it checks each lock was released).
+for mode in open locked none ident serial; do
+  cargo run -q --all-features --example layer_cost -- "$mode" 200
+done
 cargo test --all-features "$@"

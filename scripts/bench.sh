@@ -31,19 +31,7 @@ fi
 
 # Build once; find the binary from cargo's own report (honours CARGO_TARGET_DIR).
 log "building (release)"
-BIN=$(cargo build --release --example lockbench --message-format=json-render-diagnostics |
-  python3 -c '
-import json, sys
-exe = None
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "lockbench" and msg.get("executable"):
-        exe = msg["executable"]
-print(exe or "")
-')
+BIN=$(scripts/build-example.sh lockbench)
 [ -x "$BIN" ] || { log "could not find the lockbench binary"; exit 1; }
 
 # A private Redis on a free port, stopped on exit.

@@ -10,17 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=$(cargo build --release --example layer_cost --message-format=json-render-diagnostics |
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "layer_cost" and msg.get("executable"):
-        print(msg["executable"])
-')
+BIN=$(scripts/build-example.sh layer_cost)
+[ -x "$BIN" ] || { echo "could not find the layer_cost binary" >&2; exit 1; }
 
 instructions() {
   perf stat -x, -e instructions:u "$BIN" "$1" "$2" 2>&1 >/dev/null | awk -F, '/instructions/ { print $1 }'

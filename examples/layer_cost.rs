@@ -68,7 +68,8 @@ fn main() {
             "locked" => route.layer(LockLayer::from_shared(
                 backend.clone(),
                 |req: &Request<Body>| {
-                    let id = path_params(req).get("id")?.to_owned();
+                    let params = path_params(req);
+                    let id = params.get("id")?;
                     Some(LockSpec::new(format!("req:{id}"), Duration::from_secs(30)))
                 },
             )),

@@ -894,7 +894,8 @@ impl Cycle for HttpCycle {
 
 async fn http(backend: SharedBackend, seconds: f64, r: &mut Report) -> Result<(), String> {
     let layer = LockLayer::from_shared(backend, |req: &Request<Body>| {
-        let id = path_params(req).get("id")?.to_owned();
+        let params = path_params(req);
+        let id = params.get("id")?;
         Some(LockSpec::new(format!("req:{id}"), TTL))
     });
     let app = Router::new()

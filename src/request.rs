@@ -1,7 +1,10 @@
 //! [`LockRequest`]: the per-route hook that says what to lock.
 
+use std::borrow::Cow;
+
 use axum::extract::{MatchedPath, OriginalUri};
 use http::Request;
+use smallvec::SmallVec;
 
 use crate::spec::LockSpec;
 
@@ -61,26 +64,54 @@ where
 /// Empty when the request was not routed by axum (e.g. a layer on the whole
 /// `Router` with `.layer`, which runs before routing: use `.route_layer` or a
 /// per-route layer to see parameters).
+///
+/// Borrows from the request where it can: reading the parameters of a
+/// simple route (`/orders/{id}`) allocates nothing unless a value is
+/// percent-encoded. [`into_owned`](PathParams::into_owned) detaches it.
+///
+/// ```
+/// use axum::body::Body;
+/// use http::Request;
+/// use tower_lock::path_params;
+///
+/// fn order_key(req: &Request<Body>) -> Option<String> {
+///     let params = path_params(req);
+///     let id = params.get("id")?;
+///     Some(format!("order:{id}"))
+/// }
+/// // Not routed by axum: no parameters.
+/// assert_eq!(order_key(&Request::new(Body::empty())), None);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PathParams(Vec<(String, String)>);
+pub struct PathParams<'a>(SmallVec<[(Cow<'a, str>, Cow<'a, str>); 4]>);
 
-impl PathParams {
+impl PathParams<'_> {
     /// The value of parameter `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_ref())
     }
 
     /// All parameters, in route order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+
+    /// The same parameters, not borrowing from the request.
+    pub fn into_owned(self) -> PathParams<'static> {
+        PathParams(
+            self.0
+                .into_iter()
+                .map(|(k, v)| (Cow::Owned(k.into_owned()), Cow::Owned(v.into_owned())))
+                .collect(),
+        )
     }
 }
 
 /// Read axum's path parameters from a request (see [`PathParams`]).
-pub fn path_params<B>(request: &Request<B>) -> PathParams {
+pub fn path_params<B>(request: &Request<B>) -> PathParams<'_> {
     let extensions = request.extensions();
     let path = request.uri().path();
     // `MatchedPath` is the whole pattern, prefixes of nested routers
@@ -100,8 +131,8 @@ pub fn path_params<B>(request: &Request<B>) -> PathParams {
 /// whose parameters are whole, non-empty segments (`/a/{x}/b/{*rest}`).
 /// `None` (use axum's extractor) for anything else: other pattern syntax,
 /// or a path that does not fit the pattern.
-fn match_route(route: &str, path: &str) -> Option<PathParams> {
-    let mut params = Vec::new();
+fn match_route<'a>(route: &'a str, path: &'a str) -> Option<PathParams<'a>> {
+    let mut params = SmallVec::new();
     let mut rest = path.strip_prefix('/')?;
     let mut patterns = route.strip_prefix('/')?.split('/').peekable();
     while let Some(pattern) = patterns.next() {
@@ -142,7 +173,7 @@ fn match_route(route: &str, path: &str) -> Option<PathParams> {
         let Some(value) = percent_decode(value) else {
             return Some(PathParams::default());
         };
-        params.push((name.to_owned(), value));
+        params.push((Cow::Borrowed(name), value));
     }
     rest.is_empty().then_some(PathParams(params))
 }
@@ -159,9 +190,9 @@ fn next_segment(path: &str, more: bool) -> Option<(&str, &str)> {
 
 /// `%XX` decoded; a `%` without two hex digits after it is kept as it is
 /// (as axum does). `None` if the result is not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
     if !s.contains('%') {
-        return Some(s.to_owned());
+        return Some(Cow::Borrowed(s));
     }
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -183,12 +214,12 @@ fn percent_decode(s: &str) -> Option<String> {
             }
         }
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out).ok().map(Cow::Owned)
 }
 
 /// Through axum's own extractor. It needs `Parts`, so this builds a
 /// body-less copy carrying a clone of every extension: the slow way.
-fn extracted_path_params<B>(request: &Request<B>) -> PathParams {
+fn extracted_path_params<'a, B>(request: &Request<B>) -> PathParams<'a> {
     use axum::extract::{FromRequestParts, RawPathParams};
     use std::future::Future;
     use std::task::{Context, Poll};
@@ -204,7 +235,7 @@ fn extracted_path_params<B>(request: &Request<B>) -> PathParams {
     match fut.as_mut().poll(&mut cx) {
         Poll::Ready(Ok(raw)) => PathParams(
             raw.iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .map(|(k, v)| (Cow::Owned(k.to_owned()), Cow::Owned(v.to_owned())))
                 .collect(),
         ),
         _ => PathParams::default(),
@@ -284,6 +315,20 @@ mod tests {
         // Un-nested routes take the fast way, nested ones axum's extractor.
         assert!(call(&app, "/a/1/b/2").await.ends_with("as routed: true"));
         assert!(call(&app, "/x/x/y").await.ends_with("as routed: false"));
+    }
+
+    #[test]
+    fn plain_values_are_borrowed_from_the_path() {
+        let params = match_route("/a/{x}/{y}", "/a/1/%41").unwrap();
+        assert!(matches!(
+            params.0[0],
+            (Cow::Borrowed("x"), Cow::Borrowed("1"))
+        ));
+        assert!(matches!(&params.0[1].1, Cow::Owned(v) if v == "A"));
+        assert!(!params.0.spilled(), "up to four parameters stay inline");
+        let owned: PathParams<'static> = params.clone().into_owned();
+        assert_eq!(owned, params);
+        assert_eq!(owned.iter().collect::<Vec<_>>(), [("x", "1"), ("y", "A")]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! and owned handles for background jobs ([`OwnedLock`]).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -21,12 +21,27 @@ use crate::watchdog::{LostSignal, WatchHandle, Watchdog};
 
 /// A lock that is held: its key, owner token, fencing token and expiry, and
 /// a signal that fires if it is lost.
-#[derive(Clone)]
 pub struct HeldLock {
     key: LockKey,
     owner: Arc<str>,
     lease: Lease,
-    signal: LostSignal,
+    // When the lock expires unless extended, by this process's clock.
+    expiry: tokio::time::Instant,
+    // Made on first use: most locks are released without anyone asking.
+    // A clone makes it first, so every copy shares one signal.
+    signal: OnceLock<LostSignal>,
+}
+
+impl Clone for HeldLock {
+    fn clone(&self) -> Self {
+        HeldLock {
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease.clone(),
+            expiry: self.expiry,
+            signal: OnceLock::from(self.lost_signal().clone()),
+        }
+    }
 }
 
 impl PartialEq for HeldLock {
@@ -48,25 +63,45 @@ impl HeldLock {
             key,
             owner,
             lease,
-            signal: LostSignal::new(expiry),
+            expiry,
+            signal: OnceLock::new(),
         }
     }
 
     /// Whether the lock is known to be lost (see [`LostSignal`]).
     pub fn is_lost(&self) -> bool {
-        self.signal.is_lost()
+        match self.signal.get() {
+            Some(signal) => signal.is_lost(),
+            // Nobody else has the signal, so nobody has marked it lost.
+            None => tokio::time::Instant::now() >= self.expiry,
+        }
     }
 
     /// Resolves when the lock is lost: a renewal found it gone or owned by
     /// someone else, or its TTL passed without a successful renewal. Use it
     /// in `tokio::select!` to abort work that must not continue unlocked.
     pub async fn lost(&self) {
-        self.signal.lost().await
+        self.lost_signal().lost().await
     }
 
     /// The lost-lock signal itself, to hand to other tasks.
     pub fn lost_signal(&self) -> &LostSignal {
-        &self.signal
+        self.signal.get_or_init(|| LostSignal::new(self.expiry))
+    }
+
+    /// A new expiry after an extension.
+    fn set_expiry(&mut self, expiry: tokio::time::Instant) {
+        self.expiry = expiry;
+        if let Some(signal) = self.signal.get() {
+            signal.set_expiry(expiry);
+        }
+    }
+
+    /// Quiet the lost signal: the lock is being released.
+    fn finish(&self) {
+        if let Some(signal) = self.signal.get() {
+            signal.finish();
+        }
     }
 
     /// The validated key (with its scope).
@@ -127,7 +162,7 @@ impl Slot {
     /// Stop renewals and the lost signal: the lock is being released.
     fn retire(self) -> HeldLock {
         drop(self.watch);
-        self.lock.signal.finish();
+        self.lock.finish();
         self.lock
     }
 }
@@ -329,12 +364,12 @@ impl Locks {
             .backend
             .extend(&lock.key, &lock.owner, ttl)
             .await?;
-        lock.signal.set_expiry(sent + ttl);
         let mut state = self.state();
         let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
         match slot {
             Some(slot) => {
                 slot.lock.lease = lease;
+                slot.lock.set_expiry(sent + ttl);
                 if let Some(w) = &slot.watch {
                     w.set_ttl(ttl);
                 }
@@ -584,7 +619,7 @@ impl OwnedLock {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         self.watch = None;
-        self.lock.signal.finish();
+        self.lock.finish();
         match self
             .backend
             .try_release_now(&self.lock.key, &self.lock.owner)
@@ -603,7 +638,7 @@ impl OwnedLock {
             .extend(&self.lock.key, &self.lock.owner, ttl)
             .await?;
         self.lock.lease = lease;
-        self.lock.signal.set_expiry(sent + ttl);
+        self.lock.set_expiry(sent + ttl);
         if let Some(w) = &self.watch {
             w.set_ttl(ttl);
         }
@@ -628,7 +663,7 @@ impl Drop for OwnedLock {
     fn drop(&mut self) {
         self.watch = None;
         if !self.released {
-            self.lock.signal.finish();
+            self.lock.finish();
             release_detached(&self.backend, smallvec![self.lock.clone()]);
         }
     }
@@ -699,7 +734,7 @@ fn watch(backend: &SharedBackend, lock: &HeldLock) -> WatchHandle {
         lock.key.clone(),
         lock.owner.clone(),
         lock.ttl(),
-        lock.signal.clone(),
+        lock.lost_signal().clone(),
     )
 }
 

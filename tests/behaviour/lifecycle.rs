@@ -120,6 +120,58 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
     assert!(lock.is_lost());
 }
 
+/// The lost signal follows extensions, whether a copy of the lock was taken
+/// before the extension, after it, or never.
+pub async fn lost_signal_follows_extensions(h: Harness) {
+    // An owned lock nobody has asked for its signal yet.
+    let mut owned = OwnedLock::acquire(h.backend.clone(), &spec("ext-owned", 300), "")
+        .await
+        .unwrap();
+    owned.extend(Duration::from_millis(1_500)).await.unwrap();
+    // A request's lock (kept after the response), copied before and after
+    // its extension.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let layer = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        Some(spec("ext-req", 300).auto_release(false))
+    });
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| async move {
+            let before = locks.first().unwrap();
+            let after = locks.extend("ext-req", Duration::from_millis(1_500)).await;
+            let _ = tx
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap()
+                .send((before, after.unwrap()));
+        })
+        .layer(layer),
+    );
+    let res = app
+        .oneshot(Request::post("/run").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (before, after) = rx.await.unwrap();
+
+    h.advance(Duration::from_millis(600)).await;
+    assert!(
+        !owned.is_lost(),
+        "extended: not lost when the first TTL ends"
+    );
+    let signal = owned.info().lost_signal().clone();
+    assert!(
+        !signal.is_lost(),
+        "a signal made after the extension knows it"
+    );
+    assert!(!before.is_lost() && !after.is_lost());
+    h.advance(Duration::from_millis(1_100)).await;
+    assert!(owned.is_lost() && signal.is_lost());
+    assert!(before.is_lost() && after.is_lost());
+}
+
 pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     let probe = Probe::new(&h.backend);
     let shared = probe.backend();

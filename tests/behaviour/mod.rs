@@ -129,6 +129,7 @@ for_each_backend! {
             fencing_tokens_strictly_increase,
             watchdog_keeps_a_short_ttl_lock_through_a_long_handler,
             lost_signal_fires_at_ttl_without_watchdog,
+            lost_signal_follows_extensions,
             watchdog_renews_many_locks_in_one_call_per_tick,
             stale_tokens_are_refused,
         ],

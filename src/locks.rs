@@ -274,6 +274,11 @@ impl Locks {
             .collect()
     }
 
+    /// Add `lock` to the request's locks; `Err` gives it back if the
+    /// response has already released them.
+    // The `Err` is the lock itself, handed back on a path taken once per
+    // request at most: boxing it would cost every call an allocation.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn register(
         &self,
         lock: HeldLock,

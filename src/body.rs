@@ -106,23 +106,35 @@ pin_project! {
             body: B,
         },
         // Boxed, so the service future can read it ahead before handing the
-        // response on, whatever `B` is.
+        // response on, whatever `B` is; the rest of the state goes in the
+        // same box, which keeps the response small to move.
         Guarded {
-            body: Pin<Box<B>>,
-            guard: Option<ReleaseGuard>,
-            releasing: Option<BoxFuture<'static, ()>>,
-            // Frames read ahead, not yet handed on.
-            queued: VecDeque<Frame<B::Data>>,
-            // Data bytes in `queued` and `last`.
-            buffered: u64,
-            // The final frame (or end, or error), held back until the
-            // release is done.
-            last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
-            done: bool,
+            inner: Pin<Box<Guarded<B>>>,
         },
         Rejection {
             bytes: Option<Bytes>,
         },
+    }
+}
+
+pin_project! {
+    #[project = GuardedProj]
+    struct Guarded<B>
+    where
+        B: Body,
+    {
+        #[pin]
+        body: B,
+        guard: Option<ReleaseGuard>,
+        releasing: Option<BoxFuture<'static, ()>>,
+        // Frames read ahead, not yet handed on.
+        queued: VecDeque<Frame<B::Data>>,
+        // Data bytes in `queued` and `last`.
+        buffered: u64,
+        // The final frame (or end, or error), held back until the release
+        // is done.
+        last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
+        done: bool,
     }
 }
 
@@ -136,13 +148,15 @@ impl<B: Body> LockBody<B> {
     pub(crate) fn guarded(body: B, guard: ReleaseGuard) -> Self {
         LockBody {
             kind: Kind::Guarded {
-                body: Box::pin(body),
-                guard: Some(guard),
-                releasing: None,
-                queued: VecDeque::new(),
-                buffered: 0,
-                last: None,
-                done: false,
+                inner: Box::pin(Guarded {
+                    body,
+                    guard: Some(guard),
+                    releasing: None,
+                    queued: VecDeque::new(),
+                    buffered: 0,
+                    last: None,
+                    done: false,
+                }),
             },
         }
     }
@@ -160,18 +174,18 @@ impl<B: Body> LockBody<B> {
     /// response can go out: the body is complete and the locks released, or
     /// it is still streaming (then the locks wait for its last frame).
     pub(crate) fn read_ahead(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Kind::Guarded {
-            body,
+        let Kind::Guarded { inner } = &mut self.kind else {
+            return Poll::Ready(());
+        };
+        let GuardedProj {
+            mut body,
             guard,
             releasing,
             queued,
             buffered,
             last,
             ..
-        } = &mut self.kind
-        else {
-            return Poll::Ready(());
-        };
+        } = inner.as_mut().project();
         loop {
             if let Some(release) = releasing.as_mut() {
                 ready!(release.as_mut().poll(cx));
@@ -185,7 +199,7 @@ impl<B: Body> LockBody<B> {
                 // Streaming: the headers go now, the locks stay.
                 return Poll::Ready(());
             };
-            let is_last = ends_stream(&frame, body);
+            let is_last = ends_stream(&frame, &*body);
             match frame {
                 Some(Ok(frame)) if !is_last => {
                     *buffered += data_len(&frame);
@@ -233,56 +247,60 @@ where
             KindProj::Rejection { bytes } => {
                 Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
             }
-            KindProj::Guarded {
-                body,
-                guard,
-                releasing,
-                queued,
-                buffered,
-                last,
-                done,
-            } => loop {
-                if let Some(frame) = queued.pop_front() {
-                    *buffered -= data_len(&frame);
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                if let Some(release) = releasing.as_mut() {
-                    ready!(release.as_mut().poll(cx));
-                    *releasing = None;
-                }
-                if let Some(frame) = last.take() {
-                    *buffered = 0;
+            KindProj::Guarded { inner } => {
+                let GuardedProj {
+                    mut body,
+                    guard,
+                    releasing,
+                    queued,
+                    buffered,
+                    last,
+                    done,
+                } = inner.as_mut().project();
+                loop {
+                    if let Some(frame) = queued.pop_front() {
+                        *buffered -= data_len(&frame);
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    if let Some(release) = releasing.as_mut() {
+                        ready!(release.as_mut().poll(cx));
+                        *releasing = None;
+                    }
+                    if let Some(frame) = last.take() {
+                        *buffered = 0;
+                        *done = !matches!(frame, Some(Ok(_)));
+                        return Poll::Ready(frame);
+                    }
+                    if *done {
+                        return Poll::Ready(None);
+                    }
+                    let frame = ready!(body.as_mut().poll_frame(cx));
+                    let is_last = ends_stream(&frame, &*body);
+                    if is_last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
+                        *releasing = Some(release);
+                        *last = Some(frame);
+                        continue;
+                    }
                     *done = !matches!(frame, Some(Ok(_)));
                     return Poll::Ready(frame);
                 }
-                if *done {
-                    return Poll::Ready(None);
-                }
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                let is_last = ends_stream(&frame, body);
-                if is_last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
-                    *releasing = Some(release);
-                    *last = Some(frame);
-                    continue;
-                }
-                *done = !matches!(frame, Some(Ok(_)));
-                return Poll::Ready(frame);
-            },
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Plain { body } => body.is_end_stream(),
-            Kind::Guarded {
-                body,
-                guard,
-                releasing,
-                queued,
-                last,
-                done,
-                ..
-            } => {
+            Kind::Guarded { inner } => {
+                let Guarded {
+                    body,
+                    guard,
+                    releasing,
+                    queued,
+                    last,
+                    done,
+                    ..
+                } = &**inner;
                 queued.is_empty()
                     && guard.is_none()
                     && releasing.is_none()
@@ -296,13 +314,14 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Plain { body } => body.size_hint(),
-            Kind::Guarded {
-                body,
-                buffered,
-                last,
-                done,
-                ..
-            } => {
+            Kind::Guarded { inner } => {
+                let Guarded {
+                    body,
+                    buffered,
+                    last,
+                    done,
+                    ..
+                } = &**inner;
                 // Read-ahead bytes plus what the body still has.
                 let rest = if *done || last.is_some() {
                     SizeHint::with_exact(0)

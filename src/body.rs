@@ -177,40 +177,32 @@ impl<B: Body> LockBody<B> {
         let Kind::Guarded { inner } = &mut self.kind else {
             return Poll::Ready(());
         };
-        let GuardedProj {
-            mut body,
-            guard,
-            releasing,
-            queued,
-            buffered,
-            last,
-            ..
-        } = inner.as_mut().project();
+        let mut g = inner.as_mut().project();
         loop {
-            if let Some(release) = releasing.as_mut() {
+            if let Some(release) = g.releasing.as_mut() {
                 ready!(release.as_mut().poll(cx));
-                *releasing = None;
+                *g.releasing = None;
                 return Poll::Ready(());
             }
-            if last.is_some() || guard.is_none() || *buffered > READ_AHEAD_LIMIT {
+            if g.last.is_some() || g.guard.is_none() || *g.buffered > READ_AHEAD_LIMIT {
                 return Poll::Ready(());
             }
-            let Poll::Ready(frame) = body.as_mut().poll_frame(cx) else {
+            let Poll::Ready(frame) = g.body.as_mut().poll_frame(cx) else {
                 // Streaming: the headers go now, the locks stay.
                 return Poll::Ready(());
             };
-            let is_last = ends_stream(&frame, &*body);
+            let is_last = ends_stream(&frame, &*g.body);
             match frame {
                 Some(Ok(frame)) if !is_last => {
-                    *buffered += data_len(&frame);
-                    queued.push_back(frame);
+                    *g.buffered += data_len(&frame);
+                    g.queued.push_back(frame);
                 }
                 frame => {
                     if let Some(Ok(f)) = &frame {
-                        *buffered += data_len(f);
+                        *g.buffered += data_len(f);
                     }
-                    *last = Some(frame);
-                    *releasing = guard.take().and_then(ReleaseGuard::start);
+                    *g.last = Some(frame);
+                    *g.releasing = g.guard.take().and_then(ReleaseGuard::start);
                 }
             }
         }
@@ -248,40 +240,32 @@ where
                 Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
             }
             KindProj::Guarded { inner } => {
-                let GuardedProj {
-                    mut body,
-                    guard,
-                    releasing,
-                    queued,
-                    buffered,
-                    last,
-                    done,
-                } = inner.as_mut().project();
+                let mut g = inner.as_mut().project();
                 loop {
-                    if let Some(frame) = queued.pop_front() {
-                        *buffered -= data_len(&frame);
+                    if let Some(frame) = g.queued.pop_front() {
+                        *g.buffered -= data_len(&frame);
                         return Poll::Ready(Some(Ok(frame)));
                     }
-                    if let Some(release) = releasing.as_mut() {
+                    if let Some(release) = g.releasing.as_mut() {
                         ready!(release.as_mut().poll(cx));
-                        *releasing = None;
+                        *g.releasing = None;
                     }
-                    if let Some(frame) = last.take() {
-                        *buffered = 0;
-                        *done = !matches!(frame, Some(Ok(_)));
+                    if let Some(frame) = g.last.take() {
+                        *g.buffered = 0;
+                        *g.done = !matches!(frame, Some(Ok(_)));
                         return Poll::Ready(frame);
                     }
-                    if *done {
+                    if *g.done {
                         return Poll::Ready(None);
                     }
-                    let frame = ready!(body.as_mut().poll_frame(cx));
-                    let is_last = ends_stream(&frame, &*body);
-                    if is_last && let Some(release) = guard.take().and_then(ReleaseGuard::start) {
-                        *releasing = Some(release);
-                        *last = Some(frame);
+                    let frame = ready!(g.body.as_mut().poll_frame(cx));
+                    let is_last = ends_stream(&frame, &*g.body);
+                    if is_last && let Some(release) = g.guard.take().and_then(ReleaseGuard::start) {
+                        *g.releasing = Some(release);
+                        *g.last = Some(frame);
                         continue;
                     }
-                    *done = !matches!(frame, Some(Ok(_)));
+                    *g.done = !matches!(frame, Some(Ok(_)));
                     return Poll::Ready(frame);
                 }
             }

@@ -29,6 +29,16 @@ async fn pass(paused: bool, d: Duration) {
     }
 }
 
+/// `POST /run` on `app`: must answer 200; its body.
+async fn run(app: Router) -> bytes::Bytes {
+    let res = app
+        .oneshot(Request::post("/run").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.into_body().collect().await.unwrap().to_bytes()
+}
+
 fn spec(key: &str, ttl_ms: u64) -> LockSpec {
     LockSpec::new(key, Duration::from_millis(ttl_ms)).global()
 }
@@ -58,12 +68,7 @@ pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) 
         })
         .layer(layer),
     );
-    let res = app
-        .oneshot(Request::post("/run").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "done");
+    assert_eq!(run(app).await, "done");
     // Released with the response, and the watchdog does not bring it back.
     let key = LockKey::global("job").unwrap();
     assert_eq!(backend.status(&key).await.unwrap(), None);
@@ -149,11 +154,7 @@ pub async fn lost_signal_follows_extensions(h: Harness) {
         })
         .layer(layer),
     );
-    let res = app
-        .oneshot(Request::post("/run").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
+    run(app).await;
     let (before, after) = rx.await.unwrap();
 
     h.advance(Duration::from_millis(600)).await;

@@ -118,7 +118,6 @@ pin_project! {
 }
 
 pin_project! {
-    #[project = GuardedProj]
     struct Guarded<B>
     where
         B: Body,

@@ -42,6 +42,8 @@
 //!   fresh connections and warms them up first. Then the same with ONE
 //!   connection for S/2 seconds each (`one_conn_*`): the latency the layer
 //!   adds to an unloaded server, where the 32-connection p50 is queueing.
+//!   `unlocked_ops`, `one_conn_ops`, `one_conn_unlocked_ops`: requests
+//!   counted per phase (with `ops`), to divide a `perf stat` of one side by.
 //! - `held`: `serial` while 1,000,000 (memory) / 100,000 (Redis) other keys
 //!   are held, pre-filled through `LockBackend::acquire` by 32 tasks, as a
 //!   ratio to `serial` on an empty backend measured in the same run. Memory:
@@ -945,6 +947,10 @@ async fn http(backend: SharedBackend, seconds: f64, r: &mut Report) -> Result<()
     r.put("one_conn_unlocked_p50_us", us(open1.p50_ns));
     r.put("one_conn_p50_added_us", us(locked1.p50_ns - open1.p50_ns));
     r.put("one_conn_seconds", seconds / 2.0);
+    // Requests per phase, to divide a `perf stat` of one side by.
+    r.put("unlocked_ops", open.ops);
+    r.put("one_conn_ops", locked1.ops);
+    r.put("one_conn_unlocked_ops", open1.ops);
     r.put("one_conn_errors", open1.errors + locked1.errors);
     Ok(())
 }

@@ -271,6 +271,33 @@ async fn an_owner_that_is_a_suffix_of_the_holder_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_of_fifteen_digits_and_more_are_stored_exactly() {
+    // The fast path writes the fence with `..` below 1e14 (Lua's %.14g) and
+    // with `%d` from there on.
+    let server = RedisServer::start();
+    let b = backend(&server);
+    server.cmd(&["SET", &stored("big", ":fence"), "99999999999998"]);
+    for expected in [
+        99_999_999_999_999_u64,
+        100_000_000_000_000,
+        100_000_000_000_001,
+    ] {
+        let lease = b
+            .acquire(&req("big", "o", 10 * SEC, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(lease.fence, expected);
+        let st = b.status(&key("big")).await.unwrap().unwrap();
+        assert_eq!((st.owner.as_str(), st.fence), ("o", expected));
+        assert_eq!(
+            b.extend(&key("big"), "o", SEC).await.unwrap().fence,
+            expected
+        );
+        b.release(&key("big"), "o").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_increases_across_release_expiry_and_instances() {
     let server = RedisServer::start();
     let b1 = backend(&server);

@@ -115,9 +115,13 @@ def main():
     versions = []
     for spec in args.versions:
         label, source = spec.split("=", 1)
+        acquire = script(source, "acquire.lua")
         versions.append({
             "label": label,
-            "acquire": c.cmd("SCRIPT", "LOAD", script(source, "acquire.lua")),
+            # Since 18c6500's successor, ARGV = ttl, "<ms> - <owner>";
+            # before, ARGV = owner, ttl, ms.
+            "packed": "ARGV = ttl ms," in acquire,
+            "acquire": c.cmd("SCRIPT", "LOAD", acquire),
             "release": c.cmd("SCRIPT", "LOAD", script(source, "release.lua")),
             "acq_us": [], "rel_us": [], "acq_ins": [], "rel_ins": [],
         })
@@ -134,8 +138,10 @@ def main():
 
             def acquire():
                 for keys, owner in cycles:
-                    fence = c.cmd("EVALSHA", v["acquire"], 4, *keys, owner, 600000,
-                                  int(time.time() * 1000))
+                    ms = int(time.time() * 1000)
+                    argv = ((600000, "%d - %s" % (ms, owner)) if v["packed"]
+                            else (owner, 600000, ms))
+                    fence = c.cmd("EVALSHA", v["acquire"], 4, *keys, *argv)
                     assert isinstance(fence, int), fence  # the fast path's bare integer
                 return len(cycles)
 

@@ -297,7 +297,9 @@ impl RedisBackend {
         // when the script runs, after this.
         let sent_ms = unix_ms(SystemTime::now());
         let sent = server_time(sent_ms);
-        inv.arg(req.owner()).arg(ttl_ms).arg(sent_ms);
+        // The stored value's tail, "<acquired ms> - <owner>": one argument
+        // for both (each argument costs the server time).
+        inv.arg(ttl_ms).arg(format!("{sent_ms} - {}", req.owner()));
         if let Some((wait_ms, id)) = queue {
             inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
         }

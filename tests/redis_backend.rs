@@ -214,6 +214,90 @@ async fn wrong_owner_cannot_release_or_extend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_is_a_suffix_of_the_holder_is_refused() {
+    // The release script matches the holder as the value's tail: a shorter
+    // owner that ends the holder's must not pass, nor one with spaces that
+    // spans the value's other fields, on the fast path (flag 0) or with a
+    // waiter queued (flag 1).
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let lease = b
+        .acquire(&req("s", "worker-ab", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let fence = lease.fence;
+    let value = server.cmd(&["GET", &stored("s", "")]);
+    let tail_with_spaces = value.split_once(' ').unwrap().1.to_owned();
+    let refused = |queued: bool| {
+        let b = b.clone();
+        let tail = tail_with_spaces.clone();
+        async move {
+            for owner in ["ab", "b", "-ab", "- worker-ab", " worker-ab", tail.as_str()] {
+                assert_eq!(
+                    b.release(&key("s"), owner).await,
+                    Err(LockError::OwnershipMismatch),
+                    "release by {owner:?}, queued {queued}"
+                );
+                assert_eq!(
+                    b.extend(&key("s"), owner, SEC).await,
+                    Err(LockError::OwnershipMismatch),
+                    "extend by {owner:?}, queued {queued}"
+                );
+            }
+            assert_eq!(
+                b.release(&key("s"), "").await,
+                Err(LockError::OwnershipMismatch)
+            );
+            let st = b.status(&key("s")).await.unwrap().unwrap();
+            assert_eq!((st.owner.as_str(), st.fence), ("worker-ab", fence));
+        }
+    };
+    refused(false).await;
+    let waiter = spawn_acquire(&b, req("s", "waiter", 10 * SEC, 10 * SEC));
+    queued(&server, "s", 1).await;
+    refused(true).await;
+    b.release(&key("s"), "worker-ab").await.unwrap();
+    let handed = granted(waiter).await;
+    assert!(handed.fence > lease.fence);
+    assert_eq!(
+        b.release(&key("s"), "r").await,
+        Err(LockError::OwnershipMismatch)
+    );
+    b.release(&key("s"), "waiter").await.unwrap();
+    assert_eq!(
+        b.release(&key("s"), "waiter").await,
+        Err(LockError::NotFound)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_of_fifteen_digits_and_more_are_stored_exactly() {
+    // The fast path writes the fence with `..` below 1e14 (Lua's %.14g) and
+    // with `%d` from there on.
+    let server = RedisServer::start();
+    let b = backend(&server);
+    server.cmd(&["SET", &stored("big", ":fence"), "99999999999998"]);
+    for expected in [
+        99_999_999_999_999_u64,
+        100_000_000_000_000,
+        100_000_000_000_001,
+    ] {
+        let lease = b
+            .acquire(&req("big", "o", 10 * SEC, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(lease.fence, expected);
+        let st = b.status(&key("big")).await.unwrap().unwrap();
+        assert_eq!((st.owner.as_str(), st.fence), ("o", expected));
+        assert_eq!(
+            b.extend(&key("big"), "o", SEC).await.unwrap().fence,
+            expected
+        );
+        b.release(&key("big"), "o").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_increases_across_release_expiry_and_instances() {
     let server = RedisServer::start();
     let b1 = backend(&server);

@@ -1,5 +1,6 @@
 //! Validated lock keys and their storage encoding.
 
+use smol_str::SmolStr;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
@@ -40,7 +41,8 @@ pub enum Scope {
 /// ```
 #[derive(Clone)]
 pub struct LockKey {
-    key: Arc<str>,
+    // Inline up to 23 bytes: most keys cost no allocation.
+    key: SmolStr,
     route: Option<Arc<str>>,
     // SipHash of (key, route) with a per-process random seed, computed once:
     // a lock operation hashes its key without going over the bytes again.
@@ -92,7 +94,7 @@ impl LockKey {
         Ok(Self::new(normalise(key)?, Some(route.clone())))
     }
 
-    fn new(key: Arc<str>, route: Option<Arc<str>>) -> Self {
+    fn new(key: SmolStr, route: Option<Arc<str>>) -> Self {
         static SEED: OnceLock<RandomState> = OnceLock::new();
         let mut hasher = SEED.get_or_init(RandomState::new).build_hasher();
         // 0xff never occurs in UTF-8: it separates the key from the route.
@@ -198,7 +200,7 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn normalise(key: &str) -> Result<Arc<str>, LockError> {
+fn normalise(key: &str) -> Result<SmolStr, LockError> {
     // ASCII is NFC already, and its control characters are single bytes.
     let ascii = key.is_ascii();
     let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {
@@ -222,7 +224,7 @@ fn normalise(key: &str) -> Result<Arc<str>, LockError> {
     if control {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
-    Ok(Arc::from(key))
+    Ok(SmolStr::new(key))
 }
 
 #[cfg(test)]
@@ -235,6 +237,16 @@ mod tests {
         let composed = LockKey::global("caf\u{e9}").unwrap();
         assert_eq!(decomposed, composed);
         assert_eq!(decomposed.encoded(1024), composed.encoded(1024));
+    }
+
+    #[test]
+    fn short_keys_are_stored_inline() {
+        let short = LockKey::global("order:1234567890").unwrap();
+        assert!(!short.key.is_heap_allocated());
+        let long = LockKey::global("k".repeat(100)).unwrap();
+        assert!(long.key.is_heap_allocated());
+        assert_eq!(long.key(), "k".repeat(100));
+        assert_eq!(long.clone(), long);
     }
 
     #[test]

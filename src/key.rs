@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
@@ -43,7 +43,7 @@ pub enum Scope {
 pub struct LockKey {
     // Inline up to 23 bytes: most keys cost no allocation.
     key: SmolStr,
-    route: Option<Arc<str>>,
+    route: Option<SmolStr>,
     // SipHash of (key, route) with a per-process random seed, computed once:
     // a lock operation hashes its key without going over the bytes again.
     hash: u64,
@@ -85,16 +85,16 @@ impl LockKey {
 
     /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
     pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
-        Self::in_route(&Arc::from(route.as_ref()), key.as_ref())
+        Self::in_route(&SmolStr::new(route.as_ref()), key.as_ref())
     }
 
     /// [`LockKey::route`] with the route pattern already shared, as the
     /// layer keeps it for a request.
-    pub(crate) fn in_route(route: &Arc<str>, key: &str) -> Result<Self, LockError> {
+    pub(crate) fn in_route(route: &SmolStr, key: &str) -> Result<Self, LockError> {
         Ok(Self::new(normalise(key)?, Some(route.clone())))
     }
 
-    fn new(key: SmolStr, route: Option<Arc<str>>) -> Self {
+    fn new(key: SmolStr, route: Option<SmolStr>) -> Self {
         static SEED: OnceLock<RandomState> = OnceLock::new();
         let mut hasher = SEED.get_or_init(RandomState::new).build_hasher();
         // 0xff never occurs in UTF-8: it separates the key from the route.

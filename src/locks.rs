@@ -12,6 +12,7 @@ use http::request::Parts;
 
 use serde::{Deserialize, Serialize};
 use smallvec::{SmallVec, smallvec};
+use smol_str::SmolStr;
 
 use crate::backend::{BoxFuture, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
@@ -169,7 +170,7 @@ impl Slot {
 
 struct Registry {
     backend: SharedBackend,
-    route: Arc<str>,
+    route: SmolStr,
     watchdog: bool,
     state: Mutex<RegistryState>,
 }
@@ -220,7 +221,7 @@ impl fmt::Debug for Locks {
 }
 
 impl Locks {
-    pub(crate) fn new(backend: SharedBackend, route: Arc<str>, watchdog: bool) -> Self {
+    pub(crate) fn new(backend: SharedBackend, route: SmolStr, watchdog: bool) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smol_str::SmolStr;
+
 use crate::error::LockError;
 use crate::key::{LockKey, Scope};
 
@@ -138,7 +140,7 @@ impl LockSpec {
 
     /// Validate and turn into a backend request; `route` is the matched route
     /// pattern used for [`Scope::Route`].
-    pub(crate) fn to_request(&self, route: &Arc<str>) -> Result<AcquireRequest, LockError> {
+    pub(crate) fn to_request(&self, route: &SmolStr) -> Result<AcquireRequest, LockError> {
         let key = match self.scope {
             Scope::Global => LockKey::global(&self.key)?,
             Scope::Route => LockKey::in_route(route, &self.key)?,

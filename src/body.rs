@@ -275,20 +275,12 @@ where
         match &self.kind {
             Kind::Plain { body } => body.is_end_stream(),
             Kind::Guarded { inner } => {
-                let Guarded {
-                    body,
-                    guard,
-                    releasing,
-                    queued,
-                    last,
-                    done,
-                    ..
-                } = &**inner;
-                queued.is_empty()
-                    && guard.is_none()
-                    && releasing.is_none()
-                    && last.is_none()
-                    && (*done || body.is_end_stream())
+                let g = &**inner;
+                g.queued.is_empty()
+                    && g.guard.is_none()
+                    && g.releasing.is_none()
+                    && g.last.is_none()
+                    && (g.done || g.body.is_end_stream())
             }
             Kind::Rejection { bytes } => bytes.is_none(),
         }
@@ -298,23 +290,17 @@ where
         match &self.kind {
             Kind::Plain { body } => body.size_hint(),
             Kind::Guarded { inner } => {
-                let Guarded {
-                    body,
-                    buffered,
-                    last,
-                    done,
-                    ..
-                } = &**inner;
+                let g = &**inner;
                 // Read-ahead bytes plus what the body still has.
-                let rest = if *done || last.is_some() {
+                let rest = if g.done || g.last.is_some() {
                     SizeHint::with_exact(0)
                 } else {
-                    body.size_hint()
+                    g.body.size_hint()
                 };
                 let mut hint = SizeHint::new();
-                hint.set_lower(rest.lower() + buffered);
+                hint.set_lower(rest.lower() + g.buffered);
                 if let Some(upper) = rest.upper() {
-                    hint.set_upper(upper + buffered);
+                    hint.set_upper(upper + g.buffered);
                 }
                 hint
             }

@@ -81,8 +81,8 @@ where
     }
 
     /// The locks are held already: call the handler.
-    pub(crate) fn calling(request: Request<B>, mut inner: S, locks: Locks) -> Self {
-        let (future, guard) = call_with(&mut inner, request, locks);
+    pub(crate) fn calling(request: Request<B>, inner: &mut S, locks: Locks) -> Self {
+        let (future, guard) = call_with(inner, request, locks);
         ResponseFuture {
             state: State::Calling { future, guard },
         }

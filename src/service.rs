@@ -94,9 +94,6 @@ where
         };
         // Empty for the common single lock: no allocation.
         let rest: Vec<LockSpec> = specs.collect();
-        // The ready service goes with this request; a clone stays for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         // Inline up to 23 bytes: most route patterns cost no allocation.
         let route = SmolStr::new(match req.extensions().get::<MatchedPath>() {
             Some(path) => path.as_str(),
@@ -113,7 +110,9 @@ where
             match acquire_now(&backend, &lock) {
                 Some(Ok(held)) => {
                     let locks = holding(backend, route, watchdog, held, &first);
-                    return ResponseFuture::calling(req, inner, locks);
+                    // Called now: the service made ready for this request
+                    // takes it, and no clone is needed.
+                    return ResponseFuture::calling(req, &mut self.inner, locks);
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
                 None => acquire_one(backend, route, first, lock, watchdog),
@@ -121,6 +120,9 @@ where
         } else {
             acquire_all(backend, route, first, rest, watchdog)
         };
+        // The ready service goes with this request; a clone stays for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
     }
 }

@@ -18,6 +18,15 @@ acquires and the releases; printed: the median over the rounds. With
 instructions per call (`perf stat -e instructions:u`), the median over
 rounds: steadier than time on a busy machine. TTLs are 600 s, so no key
 expires during a run.
+
+    scripts/redis-script-cost.py --port PORT --perf-pid PID --protocols
+
+instead prices whole lock cycles in server instructions (median of rounds):
+the raw loop (`SET NX PX` + compare-and-delete `EVALSHA`), tower-lock's two
+scripts (this working tree's), and a script-less acquire that keeps the fence
+counter and the queued-waiters check (`MULTI` `EXISTS` `INCR` `SET NX PX`
+`EXEC`, not what tower-lock does: it cannot store the fence in the value)
+followed by tower-lock's release. A `DEL` alone is printed for scale.
 """
 import argparse
 import os
@@ -108,10 +117,18 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--seconds", type=float, default=5, help="per version")
     ap.add_argument("--perf-pid", type=int)
-    ap.add_argument("versions", nargs="+", metavar="LABEL=SOURCE")
+    ap.add_argument("versions", nargs="*", metavar="LABEL=SOURCE")
+    ap.add_argument("--protocols", action="store_true",
+                    help="price whole cycles of the raw loop and of tower-lock (needs --perf-pid)")
     args = ap.parse_args()
     c = Conn(args.port)
     c.cmd("FLUSHALL")
+    if args.protocols:
+        if not args.perf_pid:
+            ap.error("--protocols needs --perf-pid")
+        return protocols(c, args.perf_pid, args.seconds)
+    if not args.versions:
+        ap.error("name at least one LABEL=SOURCE, or --protocols")
     versions = []
     for spec in args.versions:
         label, source = spec.split("=", 1)
@@ -163,6 +180,82 @@ def main():
             line += "  | instructions:u acquire %6.0f  release %6.0f" % (
                 statistics.median(v["acq_ins"]), statistics.median(v["rel_ins"]))
         print(line + "  (%d rounds of %d)" % (len(v["acq_us"]), ROUND))
+
+
+def pipeline(c, *commands):
+    """Send `commands` in one write, read every reply."""
+    out = []
+    for args in commands:
+        out.append(b"*%d\r\n" % len(args))
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    c.s.sendall(b"".join(out))
+    return [c.read() for _ in commands]
+
+
+def protocols(c, pid, seconds):
+    here = os.path.join(ROOT, "src", "backend", "redis")
+    acquire = c.cmd("SCRIPT", "LOAD", script(here, "acquire.lua"))
+    release = c.cmd("SCRIPT", "LOAD", script(here, "release.lua"))
+    cad = c.cmd("SCRIPT", "LOAD", "if redis.call('get', KEYS[1]) == ARGV[1] then "
+                "return redis.call('del', KEYS[1]) else return 0 end")
+
+    def raw(keys, owner):
+        assert c.cmd("SET", keys[0], owner, "NX", "PX", 600000) == "OK"
+        assert c.cmd("EVALSHA", cad, 1, keys[0], owner) == 1
+
+    def ours(keys, owner):
+        ms = int(time.time() * 1000)
+        assert isinstance(c.cmd("EVALSHA", acquire, 4, *keys, 600000, "%d - %s" % (ms, owner)), int)
+        assert c.cmd("EVALSHA", release, 4, *keys, owner) == 1
+
+    def multi(keys, owner):
+        ms = int(time.time() * 1000)
+        replies = pipeline(c, ("MULTI",), ("EXISTS", keys[2]), ("INCR", keys[1]),
+                           ("SET", keys[0], "0 - %d - %s" % (ms, owner), "NX", "PX", 600000),
+                           ("EXEC",))
+        assert replies[-1][0] == 0 and replies[-1][2] == "OK", replies
+        assert c.cmd("EVALSHA", release, 4, *keys, owner) == 1
+
+    def delete(keys, owner):
+        c.cmd("DEL", keys[0])
+
+    kinds = [("raw loop: SET NX PX + compare-and-delete EVALSHA", raw),
+             ("tower-lock: acquire EVALSHA + release EVALSHA", ours),
+             ("MULTI EXISTS INCR SET NX PX EXEC + release EVALSHA", multi),
+             ("one DEL (for scale)", delete)]
+    ins = {label: [] for label, _ in kinds}
+    run, n, rounds = uuid.uuid4().hex[:8], 0, 0
+    end = time.time() + seconds * len(kinds)
+    while time.time() < end or rounds < 3:
+        for label, cycle in kinds[rounds % len(kinds):] + kinds[:rounds % len(kinds)]:
+            batch = []
+            for _ in range(ROUND * 5):
+                n += 1
+                k = "lockbench:{g:%s:%d}" % (run, n)
+                batch.append(([k, k + ":fence", k + ":q", k + ":w"], str(uuid.uuid4())))
+
+            def calls():
+                for keys, owner in batch:
+                    cycle(keys, owner)
+                return len(batch)
+
+            ins[label].append(measured_instructions(pid, calls))
+        rounds += 1
+    for label, _ in kinds:
+        print("%-52s %7.0f server instructions:u per cycle (%d rounds of %d)"
+              % (label, statistics.median(ins[label]), len(ins[label]), ROUND * 5))
+
+
+def measured_instructions(pid, calls):
+    perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "instructions:u", "-p", str(pid)],
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.2)
+    n = calls()
+    perf.send_signal(signal.SIGINT)
+    err = perf.communicate()[1]
+    return [int(l.split(",")[0]) for l in err.splitlines() if "instructions" in l][0] / n
 
 
 if __name__ == "__main__":

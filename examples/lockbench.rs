@@ -57,7 +57,9 @@
 //!   alternating slices of the same run (`raw_*`, `ratio_to_raw`: S seconds
 //!   each), so the ratio does not carry the drift between two runs. Every
 //!   Redis run also reports `rtt_p50_us`/`rtt_p99_us`: 2,000 back-to-back
-//!   PINGs before the warm-up.
+//!   PINGs before the warm-up. Redis `contended16` adds `idle_rtt_p50_us`:
+//!   300 PINGs, each right after a 1-ms sleep (the hold), as a handoff's
+//!   release starts from an idle process.
 //!
 //! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
 //! comparison only: `a` = unlocked route / empty backend, `b` = locked route
@@ -109,6 +111,8 @@ const HELD_MEMORY: usize = 1_000_000;
 const HELD_REDIS: usize = 100_000;
 /// Back-to-back PINGs for `rtt_p50_us`.
 const RTT_SAMPLES: usize = 2_000;
+/// PINGs after a `HOLD` sleep each, for contended16's `idle_rtt_p50_us`.
+const IDLE_RTT_SAMPLES: usize = 300;
 
 fn main() -> ExitCode {
     let args = match Args::parse(std::env::args().skip(1)) {
@@ -1041,7 +1045,8 @@ mod redis {
     use tower_lock::new_owner_token;
 
     use super::{
-        Api, Args, Cycle, HELD_REDIS, LockCycle, Locker, PARALLEL, RTT_SAMPLES, Report, Workload,
+        Api, Args, Cycle, HELD_REDIS, HOLD, IDLE_RTT_SAMPLES, LockCycle, Locker, PARALLEL,
+        RTT_SAMPLES, Report, Workload,
         alternate, err, percentile, round, run_locks, run_loops, run_tally, us,
     };
 
@@ -1055,6 +1060,13 @@ mod redis {
             .await
             .map_err(|e| format!("connecting to {url}: {e}"))?;
         let (rtt_p50, rtt_p99) = rtt(&mut conn).await?;
+        // A handoff follows a hold during which the process (and often the
+        // server) sat idle; on a VM, waking up costs a round trip far more
+        // than `rtt_p50_us` shows.
+        let idle_rtt_p50 = match args.workload {
+            Workload::Contended16 => Some(idle_rtt(&mut conn).await?),
+            _ => None,
+        };
         let workers = match args.workload {
             Workload::RawSerial | Workload::Serial => 1,
             _ => PARALLEL,
@@ -1143,6 +1155,9 @@ mod redis {
         }
         r.put("rtt_p50_us", rtt_p50);
         r.put("rtt_p99_us", rtt_p99);
+        if let Some(idle) = idle_rtt_p50 {
+            r.put("idle_rtt_p50_us", idle);
+        }
         Ok(r)
     }
 
@@ -1193,6 +1208,20 @@ mod redis {
             us(percentile(&samples, 50.0)),
             us(percentile(&samples, 99.0)),
         ))
+    }
+
+    /// p50 of PINGs each sent right after a `HOLD` sleep, µs: a round trip
+    /// that starts from idle, as a release after a hold does.
+    async fn idle_rtt(conn: &mut MultiplexedConnection) -> Result<f64, String> {
+        let mut samples = Vec::with_capacity(IDLE_RTT_SAMPLES);
+        for _ in 0..IDLE_RTT_SAMPLES {
+            tokio::time::sleep(HOLD).await;
+            let t0 = Instant::now();
+            let _: String = client::cmd("PING").query_async(conn).await.map_err(err)?;
+            samples.push(t0.elapsed().as_nanos() as u64);
+        }
+        samples.sort_unstable();
+        Ok(us(percentile(&samples, 50.0)))
     }
 
     /// `SET key token NX PX 30000`, then EVALSHA compare-and-delete.

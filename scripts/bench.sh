@@ -123,7 +123,7 @@ extra_keys = [
     ("empty_p50_us", "empty p50 µs", 2), ("held_keys", "held keys", 0),
     ("ratio", "ratio", 3), ("raw_ops_per_s", "raw ops/s (same run)", 0),
     ("raw_p50_us", "raw p50 µs", 1), ("ratio_to_raw", "ratio to raw", 3),
-    ("rtt_p50_us", "PING p50 µs", 1),
+    ("rtt_p50_us", "PING p50 µs", 1), ("idle_rtt_p50_us", "PING after 1-ms idle p50 µs", 1),
 ]
 for r in rows:
     extras = ", ".join(f"{label} {num(r[k], d)}" for k, label, d in extra_keys if k in r)
@@ -170,7 +170,9 @@ for b in ("memory", "redis"):
             check("redis contended16 utilisation >= 0.95 x hold/(hold + raw-serial p50)",
                   c["utilisation"] >= 0.95 * bound,
                   f"{c['utilisation']:.3f} vs 0.95 x {bound:.3f} = {0.95 * bound:.3f} "
-                  f"(hold {hold:,.0f} µs, raw-serial p50 {raw['p50_us']:,.0f} µs)")
+                  f"(hold {hold:,.0f} µs, raw-serial p50 {raw['p50_us']:,.0f} µs; "
+                  f"idle time per handoff {1e6 / c['ops_per_s'] - hold:,.0f} µs, "
+                  f"PING after a 1-ms idle p50 {c.get('idle_rtt_p50_us', 0):,.0f} µs)")
     else:
         check("memory contended16 utilisation >= 0.95", c["utilisation"] >= 0.95,
               f"{c['utilisation']:.3f}")

@@ -1046,8 +1046,8 @@ mod redis {
 
     use super::{
         Api, Args, Cycle, HELD_REDIS, HOLD, IDLE_RTT_SAMPLES, LockCycle, Locker, PARALLEL,
-        RTT_SAMPLES, Report, Workload,
-        alternate, err, percentile, round, run_locks, run_loops, run_tally, us,
+        RTT_SAMPLES, Report, Workload, alternate, err, percentile, round, run_locks, run_loops,
+        run_tally, us,
     };
 
     /// Compare-and-delete, as the raw-rust peer.

@@ -29,7 +29,8 @@ pub enum LockError {
     NotFound,
     /// The lock is held, but by another owner token.
     OwnershipMismatch,
-    /// This handle already released the lock.
+    /// The request already released this lock ([`Locks::release`](crate::Locks::release)),
+    /// or its locks were released with the response.
     AlreadyReleased,
     /// The key is empty, too long, or otherwise unusable.
     InvalidKey(&'static str),

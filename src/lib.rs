@@ -61,7 +61,9 @@
 //! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
-//! | `LOCK_ALREADY_RELEASED` | 410 | a second release through the same handle |
+//! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
+//! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] extractor on a request without locks (see [`MissingLockLayer`]) |
+//! | `LOCK_FORCE_DISABLED` | 403 | the admin API's force release while it is off (feature `admin`) |
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum

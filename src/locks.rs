@@ -436,26 +436,35 @@ impl Drop for Registry {
     }
 }
 
-/// Rejection of the [`Locks`] extractor when no [`LockLayer`](crate::LockLayer)
-/// runs in front of the handler: `500` with code `LOCK_LAYER_MISSING`.
+/// Rejection of the [`Locks`] extractor when the request carries no locks:
+/// no [`LockLayer`](crate::LockLayer) runs in front of the handler, or its
+/// [`LockRequest`](crate::LockRequest) named no lock for this request (such
+/// a request passes through untouched). `500` with code
+/// `LOCK_LAYER_MISSING` and a JSON body. A handler whose route locks only
+/// some requests extracts `Option<Locks>` instead.
 #[derive(Debug, Clone, Copy)]
 pub struct MissingLockLayer;
 
+const MISSING_LOCK_LAYER: &str = "no locks for this request: no LockLayer runs in front of \
+     this handler, or its LockRequest named no lock for this request (extract \
+     Option<Locks> where that is expected)";
+
 impl IntoResponse for MissingLockLayer {
     fn into_response(self) -> Response {
-        let body = crate::rejection::json_body(
-            "LOCK_LAYER_MISSING",
-            "no LockLayer runs in front of this handler",
-        );
+        let body = crate::rejection::json_body("LOCK_LAYER_MISSING", MISSING_LOCK_LAYER);
         let mut res = body.into_response();
         *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
         res
     }
 }
 
 impl fmt::Display for MissingLockLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no LockLayer runs in front of this handler")
+        f.write_str(MISSING_LOCK_LAYER)
     }
 }
 

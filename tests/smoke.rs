@@ -37,3 +37,88 @@ async fn smoke() {
     }
     assert!(backend.is_empty());
 }
+
+/// A route whose locker names a lock only for `POST`: the `GET` passes
+/// through untouched, so `Locks` is missing there and `Option<Locks>` is
+/// `None`.
+fn partly_locked(backend: MemoryBackend) -> Router {
+    let layer = LockLayer::new(backend, |req: &Request<Body>| {
+        (req.method() == http::Method::POST)
+            .then(|| LockSpec::new("doc", Duration::from_secs(30)).global())
+    });
+    Router::new()
+        .route(
+            "/doc",
+            axum::routing::get(|_: Locks| async { "unreachable" })
+                .post(|_: Locks| async { "locked" })
+                .layer(layer.clone()),
+        )
+        .route(
+            "/maybe",
+            axum::routing::get(|locks: Option<Locks>| async move {
+                if locks.is_some() { "some" } else { "none" }
+            })
+            .post(
+                |locks: Option<Locks>| async move { if locks.is_some() { "some" } else { "none" } },
+            )
+            .layer(layer),
+        )
+        .route("/bare", post(|_: Locks| async { "unreachable" }))
+}
+
+async fn send(app: &Router, method: &str, uri: &str) -> (StatusCode, String, String) {
+    let res = app
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = res.status();
+    let content_type = res
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        content_type,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn locks_extractor_without_locks_is_a_json_500_and_option_is_none() {
+    let backend = MemoryBackend::new();
+    let app = partly_locked(backend.clone());
+    for (method, uri) in [("GET", "/doc"), ("POST", "/bare")] {
+        let (status, content_type, body) = send(&app, method, uri).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{method} {uri}");
+        assert_eq!(content_type, "application/json", "{method} {uri}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["error"]["code"], "LOCK_LAYER_MISSING", "{body}");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Option<Locks>"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        send(&app, "POST", "/doc").await,
+        (
+            StatusCode::OK,
+            "text/plain; charset=utf-8".into(),
+            "locked".into()
+        )
+    );
+    assert_eq!(send(&app, "GET", "/maybe").await.2, "none");
+    assert_eq!(send(&app, "POST", "/maybe").await.2, "some");
+    assert!(backend.is_empty());
+}

@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 # from it), and for feature `tls` OpenSSL to build native-tls and the openssl
 # CLI that makes the TLS test's certificate.
 missing=()
+# A C compiler and linker (rustc links with `cc`; the native-tls build uses
+# it too). Rust itself (cargo) must be there already.
+command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)

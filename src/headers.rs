@@ -2,8 +2,9 @@
 //! (`auto_release(false)`), so the caller can release it later, e.g. through
 //! the admin API's `DELETE /locks/{key}` with the same `lock-owner` header.
 //!
-//! Keys and routes are percent-encoded (everything but visible ASCII other
-//! than `%`), so they can be echoed into a URL path as they are.
+//! Keys and routes are percent-encoded (every byte but visible ASCII other
+//! than `%`, `/`, `?` and `#`), so they can be echoed into a URL path segment
+//! as they are.
 
 use std::time::SystemTime;
 
@@ -39,7 +40,8 @@ pub(crate) fn append(headers: &mut HeaderMap, lock: &HeldLock) {
     put(&LOCK_EXPIRES_AT, rfc3339(lock.expires_at()));
 }
 
-/// Percent-encode every byte that is not visible ASCII, and `%` itself.
+/// Percent-encode every byte that is not visible ASCII, and `%`, `/`, `?`
+/// and `#`: the result fits in one URL path segment.
 pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {

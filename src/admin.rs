@@ -49,7 +49,7 @@ use crate::backend::SharedBackend;
 use crate::error::LockError;
 use crate::headers::{LOCK_OWNER, percent_decode, rfc3339};
 use crate::key::LockKey;
-use crate::rejection::json_body;
+use crate::rejection::json_error;
 
 /// Builds the admin [`Router`]. See the [module docs](self).
 #[derive(Clone)]
@@ -110,13 +110,7 @@ fn json_response(status: StatusCode, value: &Value) -> Response {
 }
 
 fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
-    let mut res = Response::new(Body::from(json_body(code, message)));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    res
+    json_error(status, code, message).map(Body::from)
 }
 
 fn lock_error(e: &LockError) -> Response {

@@ -451,14 +451,12 @@ const MISSING_LOCK_LAYER: &str = "no locks for this request: no LockLayer runs i
 
 impl IntoResponse for MissingLockLayer {
     fn into_response(self) -> Response {
-        let body = crate::rejection::json_body("LOCK_LAYER_MISSING", MISSING_LOCK_LAYER);
-        let mut res = body.into_response();
-        *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-        res.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        res
+        crate::rejection::json_error(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "LOCK_LAYER_MISSING",
+            MISSING_LOCK_LAYER,
+        )
+        .map(axum::body::Body::from)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, header};
+use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::error::LockError;
 
@@ -45,12 +45,7 @@ pub(crate) type SharedRejection = Arc<dyn Rejection>;
 /// assert_eq!(res.headers()["retry-after"], "3");
 /// ```
 pub fn default_rejection(error: &LockError) -> Response<Bytes> {
-    let mut res = Response::new(json_body(error.code(), &public_message(error)));
-    *res.status_mut() = error.status();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut res = json_error(error.status(), error.code(), &public_message(error));
     if error.is_retryable() {
         res.headers_mut().insert(
             header::RETRY_AFTER,
@@ -69,6 +64,17 @@ fn public_message(error: &LockError) -> String {
 }
 
 /// `{"error":{"code":C,"message":M}}` with JSON string escaping.
+/// `status` with the JSON error body of `code` and `message`.
+pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
+    let mut res = Response::new(json_body(code, message));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
 pub(crate) fn json_body(code: &str, message: &str) -> Bytes {
     let mut out = String::with_capacity(48 + code.len() + message.len());
     out.push_str("{\"error\":{\"code\":");

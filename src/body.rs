@@ -40,7 +40,7 @@ impl ReleaseGuard {
 }
 
 /// A started release that finishes in a task if it is dropped unfinished.
-struct DetachOnDrop(Option<BoxFuture<'static, ()>>);
+pub(crate) struct DetachOnDrop(pub(crate) Option<BoxFuture<'static, ()>>);
 
 impl std::future::Future for DetachOnDrop {
     type Output = ();

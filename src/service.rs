@@ -10,7 +10,7 @@ use smol_str::SmolStr;
 use tower_service::Service;
 
 use crate::backend::{BoxFuture, LockBackend};
-use crate::body::LockBody;
+use crate::body::{DetachOnDrop, LockBody};
 use crate::error::LockError;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
@@ -179,8 +179,11 @@ fn acquire_all(
                     let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
                 }
                 Err(e) => {
+                    // Finished in a task if this request is dropped
+                    // meanwhile (client gone, outer timeout): the registry
+                    // is closed, so nothing else would release them.
                     if let Some(release) = locks.release_all() {
-                        release.await;
+                        DetachOnDrop(Some(release)).await;
                     }
                     return Err(e);
                 }

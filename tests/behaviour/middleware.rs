@@ -808,6 +808,34 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
     outside.release().await.unwrap();
 }
 
+/// A request whose second lock is busy gives back its first; if the request
+/// is dropped while that release is in flight (client gone, outer timeout),
+/// the release still completes.
+pub async fn failed_acquisition_dropped_mid_cleanup_still_releases(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let both = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| {
+        [
+            LockSpec::new("a", TTL).global(),
+            LockSpec::new("b", TTL).global(),
+        ]
+    });
+    let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
+    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::new("b", TTL).global(), "/job")
+        .await
+        .unwrap();
+    probe.hold_releases();
+    let request = tokio::spawn(app.oneshot(post_req("/k")));
+    probe.releases_held(1).await; // a is being given back
+    assert!(!request.is_finished(), "the 429 waits for the release");
+
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    probe.let_releases_go();
+
+    assert_comes_free(&h, &gkey("a")).await;
+    outside.release().await.unwrap();
+}
+
 /// (20) A lock taken by the handler through the `Locks` extractor is released
 /// with the response.
 pub async fn extractor_lock_released_with_response(h: Harness) {

@@ -341,7 +341,18 @@ impl Locks {
                 None => return Err(LockError::NotFound),
             }
         };
-        self.inner.backend.release(&lock.key, &lock.owner).await
+        // The registry no longer has it: if this future is dropped before
+        // the backend answers, the release finishes in a task.
+        let mut pending = ReleaseOnDrop {
+            backend: &self.inner.backend,
+            lock: Some(lock),
+        };
+        let result = match &pending.lock {
+            Some(lock) => self.inner.backend.release(&lock.key, &lock.owner).await,
+            None => Ok(()),
+        };
+        pending.lock = None;
+        result
     }
 
     /// Stop releasing this lock with the response and get an owned handle
@@ -420,6 +431,20 @@ impl Locks {
             }
         }
         release_now(&self.inner.backend, locks)
+    }
+}
+
+/// Releases `lock` in a task when dropped still holding it.
+struct ReleaseOnDrop<'a> {
+    backend: &'a SharedBackend,
+    lock: Option<HeldLock>,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            release_detached(self.backend, smallvec![lock]);
+        }
     }
 }
 
@@ -630,16 +655,19 @@ impl OwnedLock {
 
     /// Release the lock (checked against the owner token).
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.released = true;
         self.watch = None;
         self.lock.finish();
-        match self
+        let result = match self
             .backend
             .try_release_now(&self.lock.key, &self.lock.owner)
         {
             Some(result) => result,
             None => self.backend.release(&self.lock.key, &self.lock.owner).await,
-        }
+        };
+        // Answered, either way. Dropped before (task aborted, `select!`),
+        // `Drop` releases in a task instead.
+        self.released = true;
+        result
     }
 
     /// Set the remaining TTL to `ttl` (never revives an expired lock:

@@ -836,6 +836,38 @@ pub async fn failed_acquisition_dropped_mid_cleanup_still_releases(h: Harness) {
     outside.release().await.unwrap();
 }
 
+/// `Locks::release` (in a handler) and `OwnedLock::release` (in a job) that
+/// are dropped while the backend call is in flight still release the lock:
+/// neither the registry nor the handle has it any more.
+pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let early = post(|locks: Locks| async move { format!("{:?}", locks.release("h").await) });
+    let app = Router::new().route(
+        "/h",
+        early.layer(LockLayer::from_shared(
+            probe.backend(),
+            |_: &Request<Body>| Some(LockSpec::new("h", TTL).global()),
+        )),
+    );
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("j", TTL).global(), "/job")
+        .await
+        .unwrap();
+    probe.hold_releases();
+    let request = tokio::spawn(app.oneshot(post_req("/h")));
+    probe.releases_held(1).await; // the handler's release of h
+    let release = tokio::spawn(job.release());
+    probe.releases_held(2).await; // the job's release of j
+
+    request.abort();
+    release.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    assert!(release.await.unwrap_err().is_cancelled());
+    probe.let_releases_go();
+
+    assert_comes_free(&h, &gkey("h")).await;
+    assert_comes_free(&h, &gkey("j")).await;
+}
+
 /// (20) A lock taken by the handler through the `Locks` extractor is released
 /// with the response.
 pub async fn extractor_lock_released_with_response(h: Harness) {

@@ -812,8 +812,9 @@ fn acquired(
 }
 
 /// Acquire, and if this future is dropped while the backend call is in
-/// flight, release best-effort with the owner token: a request that was
-/// cancelled may still have taken the lock on the server.
+/// flight, or the call fails with [`LockError::BackendUnavailable`], release
+/// best-effort with the owner token: a request that was cancelled, or whose
+/// reply was lost, may still have taken the lock on the server.
 pub(crate) async fn acquire_guarded(
     backend: &SharedBackend,
     req: &AcquireRequest,
@@ -857,7 +858,11 @@ pub(crate) async fn acquire_guarded(
     } else {
         acquire.await
     };
-    guard.done = true;
+    // An unreachable backend may still have taken the lock (the reply came
+    // after the op timeout, or the connection broke after sending): the
+    // guard releases it with the owner token, as for a dropped call.
+    guard.done = !matches!(result, Err(LockError::BackendUnavailable(_)));
+    drop(guard);
     // The lock's TTL started between sending and now; without waiting, the
     // send time is the safe (early) estimate, after a wait only the reply is.
     let started = if req.max_wait().is_zero() {

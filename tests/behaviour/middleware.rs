@@ -868,6 +868,32 @@ pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
     assert_comes_free(&h, &gkey("j")).await;
 }
 
+/// An acquisition that may have landed although the caller got
+/// `BackendUnavailable` (the reply came too late, the connection broke) is
+/// released with its owner token: through the layer (503) and for a job.
+pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let app = Router::new().route(
+        "/l",
+        post(|| async { "ran" }).layer(LockLayer::from_shared(
+            probe.backend(),
+            |_: &Request<Body>| Some(LockSpec::new("l", TTL).global()),
+        )),
+    );
+    probe.lose_acquire_replies(true);
+    let res = app.oneshot(post_req("/l")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("m", TTL).global(), "/job").await;
+    assert!(
+        matches!(job, Err(LockError::BackendUnavailable(_))),
+        "{job:?}"
+    );
+    probe.lose_acquire_replies(false);
+
+    assert_comes_free(&h, &gkey("l")).await;
+    assert_comes_free(&h, &gkey("m")).await;
+}
+
 /// (20) A lock taken by the handler through the `Locks` extractor is released
 /// with the response.
 pub async fn extractor_lock_released_with_response(h: Harness) {

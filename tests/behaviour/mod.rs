@@ -111,6 +111,7 @@ for_each_backend! {
             dropped_acquisition_releases_every_lock,
             failed_acquisition_dropped_mid_cleanup_still_releases,
             release_calls_dropped_mid_flight_still_release,
+            acquisition_with_lost_reply_is_released,
             extractor_lock_released_with_response,
             works_via_route_layer,
             works_inside_service_builder,

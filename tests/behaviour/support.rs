@@ -42,6 +42,9 @@ pub struct Probe {
     calls: AtomicUsize,
     acquires: watch::Sender<usize>,
     down: AtomicBool,
+    /// While set, acquisitions reach the backend but their replies are lost:
+    /// the caller gets `BackendUnavailable` as after a timeout.
+    lose_acquire_replies: AtomicBool,
     /// While set, releases wait for `release_permits` before reaching the
     /// backend: a slow network round trip, under the test's control.
     hold_releases: AtomicBool,
@@ -59,6 +62,7 @@ impl Probe {
             calls: AtomicUsize::new(0),
             acquires: watch::Sender::new(0),
             down: AtomicBool::new(false),
+            lose_acquire_replies: AtomicBool::new(false),
             hold_releases: AtomicBool::new(false),
             release_permits: Semaphore::new(0),
             releases_waiting: watch::Sender::new(0),
@@ -85,6 +89,12 @@ impl Probe {
     /// Make every call fail with `BackendUnavailable` (or stop doing so).
     pub fn set_down(&self, down: bool) {
         self.down.store(down, SeqCst);
+    }
+
+    /// Let acquisitions land on the backend but answer `BackendUnavailable`,
+    /// as when the reply comes after the op timeout (or stop doing so).
+    pub fn lose_acquire_replies(&self, lose: bool) {
+        self.lose_acquire_replies.store(lose, SeqCst);
     }
 
     /// Wait until `n` acquisitions have reached the backend. An in-memory
@@ -131,7 +141,11 @@ impl LockBackend for Probe {
         Box::pin(async move {
             self.enter()?;
             self.acquires.send_modify(|n| *n += 1);
-            self.inner.acquire(req).await
+            let lease = self.inner.acquire(req).await;
+            if self.lose_acquire_replies.load(SeqCst) {
+                return Err(LockError::BackendUnavailable(OUTAGE_DETAIL.to_owned()));
+            }
+            lease
         })
     }
 

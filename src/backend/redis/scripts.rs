@@ -88,9 +88,12 @@ pub(super) fn string_at(items: &[Value], i: usize, what: &str) -> Result<String,
     }
 }
 
-/// A server timestamp in milliseconds since the Unix epoch.
+/// A server timestamp in milliseconds since the Unix epoch, capped at the
+/// end of year 9999: a garbled reply must not overflow a platform's
+/// `SystemTime` (Windows' ends in year 30828), nor that time plus a TTL.
 pub(super) fn server_time(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+    const YEAR_9999_END_MS: u64 = 253_402_300_799_999;
+    UNIX_EPOCH + Duration::from_millis(ms.min(YEAR_9999_END_MS))
 }
 
 /// A `PTTL`-style reply as a duration; negative ("no key", "no TTL") is zero.
@@ -107,6 +110,18 @@ pub(super) fn ceil_ms(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_times_are_capped() {
+        assert_eq!(
+            server_time(1_700_000_000_123),
+            UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)
+        );
+        let capped = server_time(u64::MAX);
+        assert_eq!(capped, server_time(253_402_300_799_999));
+        // A year's TTL on top still fits.
+        let _ = capped + Duration::from_secs(366 * 24 * 3600);
+    }
 
     #[test]
     fn ceil_ms_rounds_up() {

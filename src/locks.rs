@@ -863,14 +863,35 @@ pub(crate) async fn acquire_guarded(
     // guard releases it with the owner token, as for a dropped call.
     guard.done = !matches!(result, Err(LockError::BackendUnavailable(_)));
     drop(guard);
-    // The lock's TTL started between sending and now; without waiting, the
-    // send time is the safe (early) estimate, after a wait only the reply is.
-    let started = if req.max_wait().is_zero() {
-        sent
-    } else {
-        tokio::time::Instant::now()
+    // The lock's TTL started between sending and now. Without waiting, the
+    // send time is the safe (early) estimate. After a wait it started when
+    // the lock was handed over, which the lease dates.
+    let started = match &result {
+        Ok(lease) if !req.max_wait().is_zero() => ttl_start(
+            sent,
+            tokio::time::Instant::now(),
+            SystemTime::now(),
+            lease.acquired_at,
+        ),
+        _ => sent,
     };
     acquired(req, result, started)
+}
+
+/// When a lock granted after a wait started its TTL, by this process's
+/// clock: `now` less the lease's age by the wall clock, kept between `sent`
+/// and `now`. A backend on another machine dates the lease by its own clock:
+/// if that runs behind, the estimate errs early (the safe side), bounded by
+/// `sent`; if ahead, it falls back to `now`, late by at most the delivery.
+fn ttl_start(
+    sent: tokio::time::Instant,
+    now: tokio::time::Instant,
+    wall_now: SystemTime,
+    acquired_at: SystemTime,
+) -> tokio::time::Instant {
+    let age = wall_now.duration_since(acquired_at).unwrap_or_default();
+    now.checked_sub(age)
+        .map_or(sent, |start| start.clamp(sent, now))
 }
 
 /// Release `locks` now: returns `None` if that finished synchronously, else
@@ -953,5 +974,27 @@ fn spawn_or_warn(fut: BoxFuture<'static, ()>) {
         Err(_) => {
             tracing::warn!("no tokio runtime to release a lock on; it will be freed by its TTL")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    #[test]
+    fn ttl_start_after_a_wait_is_dated_by_the_lease() {
+        let sent = Instant::now();
+        let now = sent + Duration::from_secs(10);
+        let wall = SystemTime::now();
+        let at = |age_ms: u64| ttl_start(sent, now, wall, wall - Duration::from_millis(age_ms));
+        // Handed over 3 ms before the reply was read: 3 ms before now.
+        assert_eq!(at(3), now - Duration::from_millis(3));
+        // Never before the request was sent, never after now.
+        assert_eq!(at(60_000), sent);
+        assert_eq!(
+            ttl_start(sent, now, wall, wall + Duration::from_secs(1)),
+            now
+        );
     }
 }

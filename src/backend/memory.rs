@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::OccupiedEntry;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::{BoxFuture, Lease, LockBackend, LockStatus};
@@ -181,12 +181,32 @@ struct Waiter {
     owner: Arc<str>,
     ttl: Duration,
     tx: oneshot::Sender<Lease>,
+    // Tells the waiter to look again when the lock's expiry moved earlier
+    // than the one it sleeps until (a hand-off to a shorter TTL, an extend).
+    nudge: Arc<Notify>,
+}
+
+/// The lock of `entry` now expires earlier than its waiters may think: the
+/// first live one looks again (and, when it is handed the lock, nudges the
+/// next in turn), so the queue follows the new expiry in order.
+fn nudge_head(entry: &Entry) {
+    let mut live = entry.waiters.iter().flat_map(|w| w.iter());
+    if let Some(w) = live.find(|w| !w.tx.is_closed()) {
+        w.nudge.notify_one();
+    }
+}
+
+enum Recheck {
+    /// Held (or just handed over) until then.
+    HeldUntil(Instant),
+    /// No entry any more.
+    Gone,
 }
 
 enum Attempt {
     Acquired(Lease),
     Busy {
-        rx: Option<oneshot::Receiver<Lease>>,
+        rx: Option<(oneshot::Receiver<Lease>, Arc<Notify>)>,
         holder_expires: Instant,
         now: Instant,
     },
@@ -239,9 +259,15 @@ impl Inner {
         let (hash, mut shard) = self.shard(req.key(), now);
         let wall = SystemTime::now();
         if let Some(entry) = shard.find_mut(hash, req.key()) {
+            // Expired while waiters are queued: they come first, as after a
+            // release; a newcomer does not barge past them.
+            let handed =
+                (entry.expires <= now && *entry.owner != *req.owner() && self.hand_off(entry))
+                    .then_some(entry.expires);
             if entry.expires > now && *entry.owner != *req.owner() {
                 let rx = may_wait.then(|| {
                     let (tx, rx) = oneshot::channel();
+                    let nudge = Arc::new(Notify::new());
                     let waiters = entry.waiters.get_or_insert_default();
                     if waiters.len() >= 64 && waiters.len().is_power_of_two() {
                         waiters.retain(|w| !w.tx.is_closed());
@@ -250,14 +276,19 @@ impl Inner {
                         owner: req.owner_arc().clone(),
                         ttl: req.ttl(),
                         tx,
+                        nudge: nudge.clone(),
                     });
-                    rx
+                    (rx, nudge)
                 });
-                return Attempt::Busy {
+                let busy = Attempt::Busy {
                     rx,
                     holder_expires: entry.expires,
                     now,
                 };
+                if let Some(at) = handed {
+                    shard.expires_at(at);
+                }
+                return busy;
             }
             // Free (expired), or already ours (an idempotent retry): take it,
             // keeping the queue of waiters.
@@ -296,14 +327,40 @@ impl Inner {
             let fence = self.next_fence();
             let lease = Lease::new(fence, wall, wall, w.ttl);
             if w.tx.send(lease).is_ok() {
+                let before = entry.expires;
                 entry.owner = w.owner;
                 entry.fence = fence;
                 entry.acquired_at = wall;
                 entry.expires = Instant::now() + w.ttl;
+                if entry.expires < before {
+                    nudge_head(entry);
+                }
                 return true;
             }
         }
         false
+    }
+
+    /// For a queued waiter whose holder's expiry has passed: hand an expired
+    /// lock to the head of the queue (every waiter keeps its place), or
+    /// learn the holder's new expiry (extended, or handed to another).
+    fn recheck(&self, key: &LockKey) -> Recheck {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(key, now);
+        let Some(mut occupied) = shard.find_entry(hash, key) else {
+            return Recheck::Gone;
+        };
+        if occupied.get().expires > now {
+            return Recheck::HeldUntil(occupied.get().expires);
+        }
+        if self.hand_off(occupied.get_mut()) {
+            let at = occupied.get().expires;
+            shard.expires_at(at);
+            Recheck::HeldUntil(at)
+        } else {
+            occupied.remove();
+            Recheck::Gone
+        }
     }
 
     /// Free the lock of `key` if `check` accepts its entry (given whether it
@@ -367,7 +424,11 @@ impl Inner {
         if *entry.owner != *owner {
             return Err(LockError::OwnershipMismatch);
         }
+        let before = entry.expires;
         entry.expires = now + ttl;
+        if entry.expires < before {
+            nudge_head(entry);
+        }
         let lease = Lease::new(entry.fence, entry.acquired_at, SystemTime::now(), ttl);
         shard.expires_at(now + ttl);
         Ok(lease)
@@ -458,7 +519,7 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
             } => (rx, holder_expires, now),
         };
         let retry_after = Some(holder_expires.saturating_duration_since(now));
-        let Some(rx) = rx else {
+        let Some((rx, nudge)) = rx else {
             return Err(LockError::Timeout {
                 waited: now.saturating_duration_since(start),
                 retry_after,
@@ -471,25 +532,55 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
             owner: req.owner(),
             rx,
         };
-        let wake_at = match deadline {
-            Some(d) => d.min(holder_expires),
-            None => holder_expires,
-        };
-        tokio::select! {
-            biased;
-            handed = &mut slot.rx => {
-                if let Ok(lease) = handed {
-                    // Consumed: nothing for the slot's Drop to give back.
-                    return Ok(lease);
+        let mut holder_expires = holder_expires;
+        loop {
+            let wake_at = match deadline {
+                Some(d) => d.min(holder_expires),
+                None => holder_expires,
+            };
+            tokio::select! {
+                biased;
+                handed = &mut slot.rx => {
+                    if let Ok(lease) = handed {
+                        // Consumed: nothing for the slot's Drop to give back.
+                        return Ok(lease);
+                    }
+                    // The entry was swept or force-released: try again at once.
+                    break;
                 }
-                // The entry was swept or force-released: try again at once.
-            }
-            _ = tokio::time::sleep_until(wake_at) => {
-                if let Some(lease) = slot.leave() {
-                    return Ok(lease);
+                () = nudge.notified() => {
+                    // The expiry moved earlier: sleep until the new one.
+                    match inner.recheck(req.key()) {
+                        Recheck::HeldUntil(at) => holder_expires = at,
+                        Recheck::Gone => {
+                            if let Some(lease) = slot.leave() {
+                                return Ok(lease);
+                            }
+                            break;
+                        }
+                    }
                 }
-                // Holder expired (retry takes it) or our wait is over (the
-                // retry fails with a timeout unless the lock just came free).
+                _ = tokio::time::sleep_until(wake_at) => {
+                    if deadline.is_none_or(|d| Instant::now() < d) {
+                        // The holder's expiry as we knew it: hand the lock
+                        // on if it did expire (to the head of the queue,
+                        // maybe us), else wait for its new expiry. Nobody
+                        // leaves the queue for it.
+                        match inner.recheck(req.key()) {
+                            Recheck::HeldUntil(at) => {
+                                holder_expires = at;
+                                continue;
+                            }
+                            Recheck::Gone => {}
+                        }
+                    }
+                    if let Some(lease) = slot.leave() {
+                        return Ok(lease);
+                    }
+                    // Our wait is over (the retry fails with a timeout
+                    // unless the lock just came free), or the entry is gone.
+                    break;
+                }
             }
         }
     }
@@ -680,6 +771,88 @@ mod tests {
         let lease = w3.await.unwrap().unwrap();
         assert!(lease.fence > 1);
         assert_eq!(b.status(third.key()).await.unwrap().unwrap().owner, "c");
+    }
+
+    /// Waiters queued on `key` (live or not).
+    fn queued(b: &MemoryBackend, key: &LockKey) -> usize {
+        let now = Instant::now();
+        let (hash, shard) = b.inner.shard(key, now);
+        shard
+            .find(hash, key)
+            .and_then(|e| e.waiters.as_ref())
+            .map_or(0, |w| w.len())
+    }
+
+    async fn until_queued(b: &MemoryBackend, key: &LockKey, n: usize) {
+        while queued(b, key) < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A lock handed to a waiter with a shorter TTL that never releases it
+    /// goes to the next waiter when that TTL ends, not when the first
+    /// holder's would have, nor at the next waiter's max wait.
+    #[tokio::test(start_paused = true)]
+    async fn next_waiter_follows_a_shorter_handed_over_expiry() {
+        let b = MemoryBackend::new();
+        let a = req("k", "a", 60_000, 0);
+        b.acquire(&a).await.unwrap();
+        let start = Instant::now();
+        let spawn = |r: AcquireRequest| {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(&r).await.map(|_| Instant::now()) })
+        };
+        let second = spawn(req("k", "b", 5_000, 60_000));
+        until_queued(&b, a.key(), 1).await;
+        let third = spawn(req("k", "c", 60_000, 30_000));
+        until_queued(&b, a.key(), 2).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        b.release(a.key(), "a").await.unwrap();
+        // b holds it for 5 s and never releases; c gets it when that ends.
+        assert_eq!(
+            second.await.unwrap().unwrap() - start,
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            third.await.unwrap().unwrap() - start,
+            Duration::from_secs(6)
+        );
+        assert_eq!(b.status(a.key()).await.unwrap().unwrap().owner, "c");
+    }
+
+    /// A holder whose lock expired while waiters are queued: the first of
+    /// them gets it, not a newcomer, and the others keep their places.
+    #[tokio::test(start_paused = true)]
+    async fn expired_holder_passes_to_the_queue_in_order() {
+        let b = MemoryBackend::new();
+        let a = req("k", "a", 2_000, 0);
+        b.acquire(&a).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |owner: &'static str| {
+            let b = b.clone();
+            let order = order.clone();
+            tokio::spawn(async move {
+                let r = req("k", owner, 1_000, 30_000);
+                let lease = b.acquire(&r).await.unwrap();
+                order.lock().unwrap().push(owner);
+                b.release(r.key(), owner).await.unwrap();
+                lease
+            })
+        };
+        // Queued in this order (a current-thread runtime runs them so).
+        let waiters = [spawn("b"), spawn("c"), spawn("d")];
+        until_queued(&b, a.key(), 3).await;
+        // a expires at 2 s without releasing; a newcomer comes right then.
+        tokio::time::sleep_until(Instant::now() + Duration::from_secs(2)).await;
+        let newcomer = b.acquire(&req("k", "z", 1_000, 0)).await;
+        assert!(
+            newcomer.is_err(),
+            "a newcomer must not barge past the queue"
+        );
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["b", "c", "d"]);
     }
 
     fn futures_poll<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {

@@ -814,7 +814,8 @@ fn acquired(
 /// Acquire, and if this future is dropped while the backend call is in
 /// flight, or the call fails with [`LockError::BackendUnavailable`], release
 /// best-effort with the owner token: a request that was cancelled, or whose
-/// reply was lost, may still have taken the lock on the server.
+/// reply was lost, may still have taken the lock on the server. Only for a
+/// token generated for this call (see [`AcquireRequest`]'s `fresh_owner`).
 pub(crate) async fn acquire_guarded(
     backend: &SharedBackend,
     req: &AcquireRequest,
@@ -839,10 +840,13 @@ pub(crate) async fn acquire_guarded(
             }
         }
     }
+    // Only a token made for this call: a caller's own token may hold the
+    // lock already (acquire is idempotent for it), or again by the time a
+    // release would land (a retry).
     let mut guard = InFlight {
         backend,
         req,
-        done: false,
+        done: !req.has_fresh_owner(),
     };
     let sent = tokio::time::Instant::now();
     let acquire = backend.acquire(req);
@@ -861,7 +865,7 @@ pub(crate) async fn acquire_guarded(
     // An unreachable backend may still have taken the lock (the reply came
     // after the op timeout, or the connection broke after sending): the
     // guard releases it with the owner token, as for a dropped call.
-    guard.done = !matches!(result, Err(LockError::BackendUnavailable(_)));
+    guard.done |= !matches!(result, Err(LockError::BackendUnavailable(_)));
     drop(guard);
     // The lock's TTL started between sending and now. Without waiting, the
     // send time is the safe (early) estimate. After a wait it started when

@@ -176,6 +176,7 @@ impl LockSpec {
             owner,
             ttl: self.ttl,
             max_wait: self.max_wait,
+            fresh_owner: self.owner.is_none(),
         })
     }
 }
@@ -224,6 +225,10 @@ pub struct AcquireRequest {
     owner: Arc<str>,
     ttl: Duration,
     max_wait: Duration,
+    // The owner token was made for this acquisition alone: nothing else can
+    // hold a lock under it, so releasing with it after a failed or dropped
+    // call cannot free anyone's lock.
+    fresh_owner: bool,
 }
 
 impl AcquireRequest {
@@ -242,7 +247,13 @@ impl AcquireRequest {
             owner,
             ttl,
             max_wait,
+            fresh_owner: false,
         })
+    }
+
+    /// Whether the owner token was generated for this acquisition alone.
+    pub(crate) fn has_fresh_owner(&self) -> bool {
+        self.fresh_owner
     }
 
     /// The key.

@@ -870,7 +870,8 @@ pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
 
 /// An acquisition that may have landed although the caller got
 /// `BackendUnavailable` (the reply came too late, the connection broke) is
-/// released with its owner token: through the layer (503) and for a job.
+/// released with its owner token when that token was made for it: through
+/// the layer (503) and for a job; a caller's own token is left alone.
 pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
     let probe = Probe::new(&h.backend);
     let app = Router::new().route(
@@ -888,7 +889,25 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
         matches!(job, Err(LockError::BackendUnavailable(_))),
         "{job:?}"
     );
+
+    // A caller's own token is left alone: it may hold the lock already
+    // (acquire is idempotent for it), and a release would free that.
+    let mine = LockSpec::new("n", TTL).global().owner("me");
+    let held = OwnedLock::acquire(h.backend.clone(), &mine, "/job")
+        .await
+        .unwrap();
+    let again = OwnedLock::acquire(probe.backend(), &mine, "/job").await;
+    assert!(
+        matches!(again, Err(LockError::BackendUnavailable(_))),
+        "{again:?}"
+    );
     probe.lose_acquire_replies(false);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        status_of(&h.backend, &gkey("n")).await.map(|s| s.owner),
+        Some("me".into())
+    );
+    held.release().await.unwrap();
 
     assert_comes_free(&h, &gkey("l")).await;
     assert_comes_free(&h, &gkey("m")).await;

@@ -144,19 +144,20 @@ impl Shard {
     }
 
     /// Remove expired entries, if any can have expired.
-    fn sweep(&mut self, now: Instant) {
+    fn sweep(&mut self, now: Instant, fence: &AtomicU64) {
         if self.earliest.is_none_or(|e| e > now) {
             return;
         }
         let mut earliest = None::<Instant>;
         let mut live = |e: &mut Entry| {
-            let live = e.expires > now;
+            // An expired lock with waiters queued goes to the first of them.
+            let live = e.expires > now || hand_off(fence, e);
             if live {
                 earliest = Some(earliest.map_or(e.expires, |t| t.min(e.expires)));
             }
             live
         };
-        // Waiters of a removed entry see their channel close and retry.
+        // A removed entry had no live waiters.
         self.young.retain(&mut live);
         self.old.retain(&mut live);
         self.earliest = earliest;
@@ -184,6 +185,34 @@ struct Waiter {
     // Tells the waiter to look again when the lock's expiry moved earlier
     // than the one it sleeps until (a hand-off to a shorter TTL, an extend).
     nudge: Arc<Notify>,
+}
+
+fn next_fence(fence: &AtomicU64) -> u64 {
+    fence.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Give the lock in `entry` to its first live waiter, with a fresh fence.
+/// `false` if there is none: the caller removes the entry. The waiter now
+/// at the head of the queue is nudged to learn the new expiry, which may
+/// come before the one it sleeps until.
+fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
+    let Some(waiters) = entry.waiters.as_mut() else {
+        return false;
+    };
+    while let Some(w) = waiters.pop_front() {
+        let wall = SystemTime::now();
+        let fence = next_fence(fence);
+        let lease = Lease::new(fence, wall, wall, w.ttl);
+        if w.tx.send(lease).is_ok() {
+            entry.owner = w.owner;
+            entry.fence = fence;
+            entry.acquired_at = wall;
+            entry.expires = Instant::now() + w.ttl;
+            nudge_head(entry);
+            return true;
+        }
+    }
+    false
 }
 
 /// The lock of `entry` now expires earlier than its waiters may think: the
@@ -245,13 +274,13 @@ impl Inner {
         shard.ops_since_sweep += 1;
         if shard.ops_since_sweep >= (4 * shard.len()).max(MIN_SWEEP_INTERVAL) {
             shard.ops_since_sweep = 0;
-            shard.sweep(now);
+            shard.sweep(now, &self.fence);
         }
         (hash, shard)
     }
 
     fn next_fence(&self) -> u64 {
-        self.fence.fetch_add(1, Ordering::Relaxed) + 1
+        next_fence(&self.fence)
     }
 
     fn try_acquire(&self, req: &AcquireRequest, may_wait: bool) -> Attempt {
@@ -261,9 +290,8 @@ impl Inner {
         if let Some(entry) = shard.find_mut(hash, req.key()) {
             // Expired while waiters are queued: they come first, as after a
             // release; a newcomer does not barge past them.
-            let handed =
-                (entry.expires <= now && *entry.owner != *req.owner() && self.hand_off(entry))
-                    .then_some(entry.expires);
+            let expired = entry.expires <= now;
+            let handed = (expired && self.hand_off(entry)).then_some(entry.expires);
             if entry.expires > now && *entry.owner != *req.owner() {
                 let rx = may_wait.then(|| {
                     let (tx, rx) = oneshot::channel();
@@ -290,9 +318,9 @@ impl Inner {
                 }
                 return busy;
             }
-            // Free (expired), or already ours (an idempotent retry): take it,
-            // keeping the queue of waiters.
-            if *entry.owner != *req.owner() {
+            // Free (expired, nobody queued), or already ours (an idempotent
+            // retry): take it. Taken anew after expiry, it gets a new fence.
+            if expired || *entry.owner != *req.owner() {
                 entry.owner = req.owner_arc().clone();
                 entry.fence = self.next_fence();
                 entry.acquired_at = wall;
@@ -316,29 +344,17 @@ impl Inner {
         Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
     }
 
-    /// Give the lock in `entry` to its first live waiter. `false` if there
-    /// is none: the caller removes the entry.
+    /// Give the lock in `entry` to its first live waiter (see [`hand_off`]).
     fn hand_off(&self, entry: &mut Entry) -> bool {
-        let Some(waiters) = entry.waiters.as_mut() else {
-            return false;
-        };
-        while let Some(w) = waiters.pop_front() {
-            let wall = SystemTime::now();
-            let fence = self.next_fence();
-            let lease = Lease::new(fence, wall, wall, w.ttl);
-            if w.tx.send(lease).is_ok() {
-                let before = entry.expires;
-                entry.owner = w.owner;
-                entry.fence = fence;
-                entry.acquired_at = wall;
-                entry.expires = Instant::now() + w.ttl;
-                if entry.expires < before {
-                    nudge_head(entry);
-                }
-                return true;
-            }
+        hand_off(&self.fence, entry)
+    }
+
+    /// Nudge the first live waiter of `key` (see [`nudge_head`]).
+    fn nudge(&self, key: &LockKey) {
+        let (hash, shard) = self.shard(key, Instant::now());
+        if let Some(entry) = shard.find(hash, key) {
+            nudge_head(entry);
         }
-        false
     }
 
     /// For a queued waiter whose holder's expiry has passed: hand an expired
@@ -462,20 +478,32 @@ struct WaitSlot<'a> {
     key: &'a LockKey,
     owner: &'a str,
     rx: oneshot::Receiver<Lease>,
+    // The lease was taken: nothing to give back or pass on.
+    done: bool,
 }
 
 impl WaitSlot<'_> {
-    /// Leave the queue; returns the lease if it was handed over meanwhile.
+    /// Leave the queue; returns the lease if it was handed over meanwhile
+    /// (then it is ours to keep).
     fn leave(&mut self) -> Option<Lease> {
         self.rx.close();
-        self.rx.try_recv().ok()
+        let lease = self.rx.try_recv().ok();
+        self.done |= lease.is_some();
+        lease
     }
 }
 
 impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
-        if let Some(lease) = self.leave() {
-            self.inner.release_sync(self.key, self.owner, lease.fence);
+        if self.done {
+            return;
+        }
+        match self.leave() {
+            // Handed over, but nobody waits for it any more: pass it on.
+            Some(lease) => self.inner.release_sync(self.key, self.owner, lease.fence),
+            // Out of the queue: the next waiter may be its head now, and
+            // must learn the expiry we were watching for it.
+            None => self.inner.nudge(self.key),
         }
     }
 }
@@ -531,6 +559,7 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
             key: req.key(),
             owner: req.owner(),
             rx,
+            done: false,
         };
         let mut holder_expires = holder_expires;
         loop {
@@ -543,6 +572,7 @@ async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease, LockError
                 handed = &mut slot.rx => {
                     if let Ok(lease) = handed {
                         // Consumed: nothing for the slot's Drop to give back.
+                        slot.done = true;
                         return Ok(lease);
                     }
                     // The entry was swept or force-released: try again at once.
@@ -804,20 +834,72 @@ mod tests {
         };
         let second = spawn(req("k", "b", 5_000, 60_000));
         until_queued(&b, a.key(), 1).await;
-        let third = spawn(req("k", "c", 60_000, 30_000));
+        let third = spawn(req("k", "c", 5_000, 30_000));
         until_queued(&b, a.key(), 2).await;
+        let fourth = spawn(req("k", "d", 60_000, 50_000));
+        until_queued(&b, a.key(), 3).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         b.release(a.key(), "a").await.unwrap();
-        // b holds it for 5 s and never releases; c gets it when that ends.
-        assert_eq!(
-            second.await.unwrap().unwrap() - start,
-            Duration::from_secs(1)
+        // b holds it for 5 s and never releases; c gets it when that ends,
+        // keeps it 5 s without releasing, and d gets it then.
+        let at = |t: Instant| t - start;
+        assert_eq!(at(second.await.unwrap().unwrap()), Duration::from_secs(1));
+        assert_eq!(at(third.await.unwrap().unwrap()), Duration::from_secs(6));
+        assert_eq!(at(fourth.await.unwrap().unwrap()), Duration::from_secs(11));
+        assert_eq!(b.status(a.key()).await.unwrap().unwrap().owner, "d");
+    }
+
+    /// The head of the queue leaves (its max wait ends) after learning that
+    /// the holder's lock now expires earlier: the next waiter learns it
+    /// too, and gets the lock when it expires.
+    #[tokio::test(start_paused = true)]
+    async fn a_leaving_head_passes_on_what_it_learnt() {
+        let b = MemoryBackend::new();
+        let a = req("k", "a", 60_000, 0);
+        b.acquire(&a).await.unwrap();
+        let start = Instant::now();
+        let spawn = |r: AcquireRequest| {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(&r).await.map(|_| Instant::now()) })
+        };
+        let second = spawn(req("k", "b", 5_000, 10_000));
+        until_queued(&b, a.key(), 1).await;
+        let third = spawn(req("k", "c", 5_000, 100_000));
+        until_queued(&b, a.key(), 2).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        b.extend(a.key(), "a", Duration::from_secs(20))
+            .await
+            .unwrap();
+        // b's max wait ends at 10 s; a's lock at 21 s, unreleased.
+        let timed_out = second.await.unwrap();
+        assert!(
+            matches!(timed_out, Err(LockError::Timeout { .. })),
+            "{timed_out:?}"
         );
         assert_eq!(
             third.await.unwrap().unwrap() - start,
-            Duration::from_secs(6)
+            Duration::from_secs(21)
         );
-        assert_eq!(b.status(a.key()).await.unwrap().unwrap().owner, "c");
+    }
+
+    /// A sweep that meets an expired lock with waiters queued hands it to
+    /// the first of them instead of dropping the queue.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_hands_expired_locks_to_their_queue() {
+        let b = MemoryBackend::new();
+        let a = req("k", "a", 1_000, 0);
+        b.acquire(&a).await.unwrap();
+        // Queued, then not polled again: its own timer cannot act first.
+        let w = req("k", "w", 5_000, 60_000);
+        let mut waiter = Box::pin(b.acquire(&w));
+        assert!(futures_poll(&mut waiter).is_none());
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        {
+            let shard = &b.inner.shards[(a.key().hash_code() >> 32) as usize % SHARDS];
+            lock(shard).sweep(Instant::now(), &b.inner.fence);
+        }
+        assert_eq!(b.status(a.key()).await.unwrap().unwrap().owner, "w");
+        assert!(futures_poll(&mut waiter).unwrap().is_ok());
     }
 
     /// A holder whose lock expired while waiters are queued: the first of

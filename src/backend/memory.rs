@@ -819,19 +819,31 @@ mod tests {
         }
     }
 
+    /// A backend where "a" holds "k" for 60 s.
+    async fn held_for_a_minute() -> (MemoryBackend, AcquireRequest) {
+        let b = MemoryBackend::new();
+        let a = req("k", "a", 60_000, 0);
+        b.acquire(&a).await.unwrap();
+        (b, a)
+    }
+
+    /// Acquire `r` in a task; it answers when it got the lock.
+    fn spawn_acquire(
+        b: &MemoryBackend,
+        r: AcquireRequest,
+    ) -> tokio::task::JoinHandle<Result<Instant, LockError>> {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(&r).await.map(|_| Instant::now()) })
+    }
+
     /// A lock handed to a waiter with a shorter TTL that never releases it
     /// goes to the next waiter when that TTL ends, not when the first
     /// holder's would have, nor at the next waiter's max wait.
     #[tokio::test(start_paused = true)]
     async fn next_waiter_follows_a_shorter_handed_over_expiry() {
-        let b = MemoryBackend::new();
-        let a = req("k", "a", 60_000, 0);
-        b.acquire(&a).await.unwrap();
+        let (b, a) = held_for_a_minute().await;
         let start = Instant::now();
-        let spawn = |r: AcquireRequest| {
-            let b = b.clone();
-            tokio::spawn(async move { b.acquire(&r).await.map(|_| Instant::now()) })
-        };
+        let spawn = |r: AcquireRequest| spawn_acquire(&b, r);
         let second = spawn(req("k", "b", 5_000, 60_000));
         until_queued(&b, a.key(), 1).await;
         let third = spawn(req("k", "c", 5_000, 30_000));
@@ -854,14 +866,9 @@ mod tests {
     /// too, and gets the lock when it expires.
     #[tokio::test(start_paused = true)]
     async fn a_leaving_head_passes_on_what_it_learnt() {
-        let b = MemoryBackend::new();
-        let a = req("k", "a", 60_000, 0);
-        b.acquire(&a).await.unwrap();
+        let (b, a) = held_for_a_minute().await;
         let start = Instant::now();
-        let spawn = |r: AcquireRequest| {
-            let b = b.clone();
-            tokio::spawn(async move { b.acquire(&r).await.map(|_| Instant::now()) })
-        };
+        let spawn = |r: AcquireRequest| spawn_acquire(&b, r);
         let second = spawn(req("k", "b", 5_000, 10_000));
         until_queued(&b, a.key(), 1).await;
         let third = spawn(req("k", "c", 5_000, 100_000));

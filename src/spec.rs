@@ -171,14 +171,23 @@ impl LockSpec {
             }
         };
         validate_ttl(self.ttl)?;
+        let fresh_owner = self.owner.is_none();
         Ok(AcquireRequest {
             key,
             owner,
             ttl: self.ttl,
             max_wait: self.max_wait,
-            fresh_owner: self.owner.is_none(),
+            // A generated owner token names this attempt by itself.
+            attempt: if fresh_owner { 0 } else { new_attempt_id() },
+            fresh_owner,
         })
     }
+}
+
+/// A random, non-zero attempt id (see [`AcquireRequest::attempt`]).
+fn new_attempt_id() -> u64 {
+    let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
+    (hi ^ lo).max(1)
 }
 
 /// A fresh owner token: a UUID v4 from a CSPRNG.
@@ -225,6 +234,8 @@ pub struct AcquireRequest {
     owner: Arc<str>,
     ttl: Duration,
     max_wait: Duration,
+    // Which attempt this is (see `attempt()`).
+    attempt: u64,
     // The owner token was made for this acquisition alone: nothing else can
     // hold a lock under it, so releasing with it after a failed or dropped
     // call cannot free anyone's lock.
@@ -232,7 +243,8 @@ pub struct AcquireRequest {
 }
 
 impl AcquireRequest {
-    /// Validate owner and TTL.
+    /// Validate owner and TTL. The request is a new attempt (see
+    /// [`attempt`](AcquireRequest::attempt)).
     pub fn new(
         key: LockKey,
         owner: impl Into<Arc<str>>,
@@ -247,8 +259,25 @@ impl AcquireRequest {
             owner,
             ttl,
             max_wait,
+            attempt: new_attempt_id(),
             fresh_owner: false,
         })
+    }
+
+    /// Which acquisition attempt this is.
+    ///
+    /// A backend keeps it with the lock and treats an acquire as a retry of
+    /// the holder's own (same lease, same fence, TTL refreshed) only when
+    /// both the owner token **and** the attempt match: clones of one request
+    /// are one attempt, so a call retried after a lost reply is recognised,
+    /// while a second request that merely names the same owner token finds
+    /// the lock busy. Two requests holding one lock with one fence would
+    /// defeat both mutual exclusion and fencing.
+    ///
+    /// `0` when the owner token was generated for this request (it then
+    /// names the attempt by itself); a random non-zero number otherwise.
+    pub fn attempt(&self) -> u64 {
+        self.attempt
     }
 
     /// Whether the owner token was generated for this acquisition alone.

@@ -146,24 +146,6 @@ async fn reported_expiry_is_never_later_than_the_servers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_owner_reacquire_keeps_fence_and_refreshes_ttl() {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    let first = b
-        .acquire(&req("a", "alice", SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let again = b
-        .acquire(&req("a", "alice", 20 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    assert_eq!(again.fence, first.fence);
-    assert_eq!(again.acquired_at, first.acquired_at);
-    let st = b.status(&key("a")).await.unwrap().unwrap();
-    assert!(st.ttl_remaining > 19 * SEC, "{:?}", st.ttl_remaining);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_lock_fails_with_holders_remaining_ttl() {
     let server = RedisServer::start();
     let b = backend(&server);

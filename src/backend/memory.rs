@@ -168,6 +168,8 @@ struct Entry {
     hash: u64,
     key: LockKey,
     owner: Arc<str>,
+    // The holder's attempt (see `AcquireRequest::attempt`).
+    attempt: u64,
     fence: u64,
     acquired_at: SystemTime,
     expires: Instant,
@@ -180,11 +182,28 @@ struct Entry {
 
 struct Waiter {
     owner: Arc<str>,
+    attempt: u64,
     ttl: Duration,
     tx: oneshot::Sender<Lease>,
     // Tells the waiter to look again when the lock's expiry moved earlier
     // than the one it sleeps until (a hand-off to a shorter TTL, an extend).
     nudge: Arc<Notify>,
+}
+
+impl Entry {
+    /// Whether `req` is the holder's own attempt (a retry): same owner
+    /// token and same attempt. Another request naming the same owner is
+    /// not the holder.
+    fn held_by(&self, req: &AcquireRequest) -> bool {
+        self.attempt == req.attempt() && *self.owner == *req.owner()
+    }
+
+    /// Queued acquirers still waiting.
+    fn live_waiters(&self) -> usize {
+        self.waiters
+            .as_ref()
+            .map_or(0, |w| w.iter().filter(|w| !w.tx.is_closed()).count())
+    }
 }
 
 fn next_fence(fence: &AtomicU64) -> u64 {
@@ -205,6 +224,7 @@ fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
         let lease = Lease::new(fence, wall, wall, w.ttl);
         if w.tx.send(lease).is_ok() {
             entry.owner = w.owner;
+            entry.attempt = w.attempt;
             entry.fence = fence;
             entry.acquired_at = wall;
             entry.expires = Instant::now() + w.ttl;
@@ -292,7 +312,7 @@ impl Inner {
             // release; a newcomer does not barge past them.
             let expired = entry.expires <= now;
             let handed = (expired && self.hand_off(entry)).then_some(entry.expires);
-            if entry.expires > now && *entry.owner != *req.owner() {
+            if entry.expires > now && !entry.held_by(req) {
                 let rx = may_wait.then(|| {
                     let (tx, rx) = oneshot::channel();
                     let nudge = Arc::new(Notify::new());
@@ -302,6 +322,7 @@ impl Inner {
                     }
                     waiters.push_back(Waiter {
                         owner: req.owner_arc().clone(),
+                        attempt: req.attempt(),
                         ttl: req.ttl(),
                         tx,
                         nudge: nudge.clone(),
@@ -318,10 +339,12 @@ impl Inner {
                 }
                 return busy;
             }
-            // Free (expired, nobody queued), or already ours (an idempotent
-            // retry): take it. Taken anew after expiry, it gets a new fence.
-            if expired || *entry.owner != *req.owner() {
+            // Free (expired, nobody queued), or already ours (a retry of
+            // this very attempt): take it. Taken anew after expiry, it gets a
+            // new fence.
+            if expired || !entry.held_by(req) {
                 entry.owner = req.owner_arc().clone();
+                entry.attempt = req.attempt();
                 entry.fence = self.next_fence();
                 entry.acquired_at = wall;
             }
@@ -336,6 +359,7 @@ impl Inner {
             hash,
             key: req.key().clone(),
             owner: req.owner_arc().clone(),
+            attempt: req.attempt(),
             fence,
             acquired_at: wall,
             expires: now + req.ttl(),
@@ -460,13 +484,16 @@ impl Inner {
         let (hash, shard) = self.shard(key, now);
         let entry = shard.find(hash, key).filter(|e| e.expires > now)?;
         let remaining = entry.expires - now;
-        Some(LockStatus::new(
-            entry.owner.to_string(),
-            entry.fence,
-            entry.acquired_at,
-            SystemTime::now() + remaining,
-            remaining,
-        ))
+        Some(
+            LockStatus::new(
+                entry.owner.to_string(),
+                entry.fence,
+                entry.acquired_at,
+                SystemTime::now() + remaining,
+                remaining,
+            )
+            .with_waiters(entry.live_waiters()),
+        )
     }
 }
 

@@ -78,6 +78,9 @@ pub struct LockStatus {
     pub expires_at: SystemTime,
     /// Time left before it expires.
     pub ttl_remaining: Duration,
+    /// Acquirers queued for the lock. A remote backend may still count a
+    /// waiter that gave up or died, until its own max wait ends.
+    pub waiters: usize,
 }
 
 impl LockStatus {
@@ -95,7 +98,14 @@ impl LockStatus {
             acquired_at,
             expires_at,
             ttl_remaining,
+            waiters: 0,
         }
+    }
+
+    /// The same status with `waiters` acquirers queued.
+    pub fn with_waiters(mut self, waiters: usize) -> Self {
+        self.waiters = waiters;
+        self
     }
 }
 

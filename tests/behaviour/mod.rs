@@ -117,6 +117,7 @@ for_each_backend! {
             works_inside_service_builder,
             // Backend contract.
             release_checks_owner,
+            one_owner_token_never_makes_two_holders,
             // Lifecycle beyond one request.
             lost_signal_fires_when_force_released_under_a_handler,
             token_hand_off_across_handles,

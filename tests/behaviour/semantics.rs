@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use axum::Router;
-use http::StatusCode;
-use tower_lock::{LockError, LockSpec, OwnedLock};
+use axum::body::Body;
+use http::{Request, StatusCode};
+use tower_lock::{LockError, LockLayer, LockSpec, OwnedLock};
 
 use super::harness::Harness;
 use super::support::*;
@@ -214,4 +215,52 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences must strictly increase: {fences:?}"
     );
+}
+
+/// (16.3) One owner token never makes two holders: a retry of the same
+/// acquisition (the same request, or a clone of it) gets the same lease,
+/// while another request that merely names the same owner finds the lock
+/// busy. Through the layer, two concurrent requests whose specs share an
+/// owner token never run together.
+pub async fn one_owner_token_never_makes_two_holders(h: Harness) {
+    let key = gkey("k");
+    let ttl = Duration::from_secs(30);
+    let first = areq(&key, "client-1", ttl, Duration::ZERO);
+    let lease = h.backend.acquire(&first).await.unwrap();
+    // The same attempt again, as after a lost reply: the same lease.
+    let again = h.backend.acquire(&first.clone()).await.unwrap();
+    assert_eq!(again.fence, lease.fence);
+    // Another attempt under the same owner token: busy.
+    let other = h
+        .backend
+        .acquire(&areq(&key, "client-1", ttl, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(other, Err(LockError::AcquisitionFailed { .. })),
+        "{other:?}"
+    );
+    assert_eq!(
+        status_of(&h.backend, &key).await.unwrap().fence,
+        lease.fence
+    );
+    h.backend.release(&key, "client-1").await.unwrap();
+
+    let ctl = Ctl::default();
+    let shared_owner = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+        Some(
+            LockSpec::new("shared", Duration::from_secs(30))
+                .global()
+                .owner("client-1"),
+        )
+    });
+    let app = Router::new().route("/r/{key}", gated(&ctl).layer(shared_owner));
+    let holder = spawn_send(&app, gated_req("/r/x"));
+    ctl.entered().await;
+    send(&app, post_req("/r/x"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    assert_eq!(ctl.runs(), 1, "the second request never ran");
+    ctl.open(1);
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    assert_released(&h, &gkey("shared")).await;
 }

@@ -1,10 +1,11 @@
 -- acquire: KEYS = lock, fence, queue, waiters
--- ARGV = ttl ms, "<caller's clock ms> - <owner>" (the tail of the value the
--- fast path stores: one argument less than sending both, which is cheaper),
--- then to queue when busy: wait ms, waiter id, channel (absent = do not
--- queue).
+-- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
+-- value the fast path stores: one argument less than sending them apart,
+-- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
+-- id, channel.
 -- Returns the fence (an integer) when taken on the fast path (free, nobody
--- waiting), else {1, fence, acquired ms, now ms} or {0, holder's remaining ms}.
+-- waiting), else {1, fence, acquired ms, now ms} or
+-- {0, holder's remaining ms, 1 if this call created a queue entry else 0}.
 
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   -- Free and nobody waiting: the fast path. No `TIME` and a bare integer
@@ -25,42 +26,49 @@ end
 
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttl = ARGV[1]
--- The owner follows the clock (digits) and ' - '.
-local owner = string.sub(ARGV[2], string.find(ARGV[2], ' ', 1, true) + 3)
+local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
+-- This caller's queue ticket, if it is a waiter.
+local ticket = nil
+if ARGV[4] then
+  ticket = ARGV[4] .. '@' .. ARGV[5]
+end
 
 -- @helpers
 
 local now = now_ms()
 local current = redis.call('GET', lock)
 if current then
-  local _, f, a, _, holder = parse(current)
-  if holder == owner then
-    -- An idempotent retry, or a waiter that was handed the lock: same
-    -- fence, TTL refreshed.
+  local _, f, a, _, held_attempt, holder = parse(current)
+  if holder == owner and held_attempt == attempt then
+    -- A retry of the holder's own attempt, or a waiter that was handed the
+    -- lock: same fence, TTL refreshed. The same owner token with another
+    -- attempt is someone else (below).
     redis.call('PEXPIRE', lock, ttl)
-    if redis.call('HDEL', waiters, owner) == 1 then
-      redis.call('LREM', queue, 1, owner)
+    if ticket and redis.call('HDEL', waiters, ticket) == 1 then
+      redis.call('LREM', queue, 1, ticket)
     end
     return {1, f, a, now}
   end
 else
   -- Free (released or expired) but waiters are queued: they come first.
-  local f, who = hand_off(now, owner)
+  local f, who = hand_off(now, ticket)
   if not f then
-    f = take(owner, ttl, now, '0', '-')
+    f = take(owner, attempt, ttl, now, '0', '-')
     return {1, f, now, now}
   end
-  if who == owner then
+  if who == ticket then
     return {1, f, now, now}
   end
 end
 
+local created = 0
 local wait = tonumber(ARGV[3] or '0')
-if wait > 0 then
+if wait > 0 and ticket then
   -- Join the queue (or refresh our entry, keeping its place).
-  local data = string.format('%d %s %s@%s', now + wait, ttl, ARGV[4], ARGV[5])
-  if redis.call('HSET', waiters, owner, data) == 1 then
-    redis.call('RPUSH', queue, owner)
+  local data = string.format('%d %s %s %s', now + wait, ttl, attempt, owner)
+  if redis.call('HSET', waiters, ticket, data) == 1 then
+    redis.call('RPUSH', queue, ticket)
+    created = 1
   end
   -- The queue lives as long as its longest-waiting entry could matter.
   local keep = wait + 1000
@@ -71,4 +79,4 @@ if wait > 0 then
   -- Tell the holder's release to hand off (the TTL is kept).
   redis.call('SETRANGE', lock, 0, '1')
 end
-return {0, redis.call('PTTL', lock)}
+return {0, redis.call('PTTL', lock), created}

@@ -8,40 +8,43 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- flag, fence, acquired ms, grant, owner
+-- flag, fence, acquired ms, grant, attempt, owner
 local function parse(value)
-  return string.match(value, '^(%d) (%d+) (%d+) (%S+) (.+)$')
+  return string.match(value, '^(%d) (%d+) (%d+) (%S+) (%S+) (.+)$')
 end
 
--- Make `owner` the holder for `ttl` ms with a fresh fencing token.
-local function take(owner, ttl, now, flag, grant)
+-- Make `owner` (its `attempt`) the holder for `ttl` ms with a fresh fencing
+-- token.
+local function take(owner, attempt, ttl, now, flag, grant)
   local f = redis.call('INCR', fence)
-  redis.call('SET', lock, string.format('%s %d %d %s %s', flag, f, now, grant, owner), 'PX', ttl)
+  redis.call('SET', lock,
+    string.format('%s %d %d %s %s %s', flag, f, now, grant, attempt, owner), 'PX', ttl)
   return f
 end
 
 -- Hand the (free) lock to the oldest waiter whose own deadline has not
--- passed, skipping dead entries. The new holder is told through its
--- instance's channel ("<waiter id> <fence> <acquired ms>"), unless it is
--- `me`, the caller of this very script. Returns fence, owner or nil.
+-- passed, skipping dead entries. Waiters are queued by ticket
+-- ("<waiter id>@<channel>"); the new holder is told through its instance's
+-- channel ("<waiter id> <fence> <acquired ms>"), unless its ticket is `me`,
+-- the caller of this very script. Returns fence, ticket or nil.
 local function hand_off(now, me)
   while true do
-    local who = redis.call('LPOP', queue)
-    if not who then
+    local ticket = redis.call('LPOP', queue)
+    if not ticket then
       return nil
     end
-    local data = redis.call('HGET', waiters, who)
+    local data = redis.call('HGET', waiters, ticket)
     if data then
-      redis.call('HDEL', waiters, who)
+      redis.call('HDEL', waiters, ticket)
       now = now or now_ms()
-      local deadline, ttl, grant = string.match(data, '^(%d+) (%d+) (%S+)$')
+      local deadline, ttl, attempt, who = string.match(data, '^(%d+) (%d+) (%S+) (.+)$')
       if deadline and tonumber(deadline) > now then
-        local f = take(who, ttl, now, '1', grant)
-        if who ~= me then
-          local id, chan = string.match(grant, '^(%d+)@(.+)$')
+        local f = take(who, attempt, ttl, now, '1', ticket)
+        if ticket ~= me then
+          local id, chan = string.match(ticket, '^(%d+)@(.+)$')
           redis.call('PUBLISH', chan, string.format('%s %d %d', id, f, now))
         end
-        return f, who
+        return f, ticket
       end
     end
   end

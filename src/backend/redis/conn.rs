@@ -104,6 +104,19 @@ impl Pinned {
     /// that turns out to be broken (killed, server restarted) is replaced and
     /// the call retried once on the fresh one, so the first call after an
     /// outage does not fail for a stale socket.
+    ///
+    /// The broken connection may have delivered the script and lost only the
+    /// reply, so every script must be safe to run twice:
+    /// - acquire: a second run of the same attempt finds the lock its own
+    ///   (same fence, TTL refreshed) or its queue entry in place;
+    /// - release and extend check the owner token, so a second run never
+    ///   touches another holder's lock (a release repeated after a hand-off
+    ///   answers "not yours"; the lock was released all the same);
+    /// - leave checks the waiter's ticket; status only reads;
+    /// - force release records a nonce with its answer, and a second run
+    ///   with that nonce only repeats the answer (force_release.lua).
+    ///
+    /// A new script must keep this true, or not come through here.
     pub(super) async fn eval(
         &self,
         invocation: &ScriptInvocation<'_>,

@@ -5,7 +5,7 @@ local current = redis.call('GET', lock)
 if not current then
   return {0}
 end
-local f, a, holder = string.match(current, '^%d (%d+) (%d+) %S+ (.+)$')
+local f, a, holder = string.match(current, '^%d (%d+) (%d+) %S+ %S+ (.+)$')
 if holder ~= ARGV[1] then
   return {-1}
 end

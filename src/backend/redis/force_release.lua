@@ -1,9 +1,23 @@
--- force release: KEYS = lock, fence, queue, waiters; no ARGV.
+-- force release: KEYS = lock, fence, queue, waiters, done; ARGV = nonce
 -- Returns 1 if a lock was held, else 0.
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+--
+-- Safe to run twice: a connection can break after Redis ran the script but
+-- before the reply arrived, and the call is then sent again. A second run
+-- would free the waiter the first one handed the lock to, and hand it to the
+-- next: two holders. So the first run records its nonce and answer in
+-- `done` for a minute, and a run with the same nonce only repeats the answer.
+local lock, fence, queue, waiters, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local seen = redis.call('GET', done)
+if seen then
+  local nonce, answer = string.match(seen, '^(%S+) (%d)$')
+  if nonce == ARGV[1] then
+    return tonumber(answer)
+  end
+end
 local held = redis.call('DEL', lock)
 
 -- @helpers
 
 hand_off(nil, nil)
+redis.call('SET', done, ARGV[1] .. ' ' .. held, 'PX', 60000)
 return held

@@ -7,17 +7,15 @@ local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 -- @helpers
 
-local owner, grant = ARGV[1], ARGV[2] .. '@' .. ARGV[3]
-local data = redis.call('HGET', waiters, owner)
-if data and string.sub(data, -(#grant + 1)) == ' ' .. grant then
-  redis.call('HDEL', waiters, owner)
-  redis.call('LREM', queue, 1, owner)
+local owner, ticket = ARGV[1], ARGV[2] .. '@' .. ARGV[3]
+if redis.call('HDEL', waiters, ticket) == 1 then
+  redis.call('LREM', queue, 1, ticket)
 end
 
 local current = redis.call('GET', lock)
 if current then
-  local _, f, a, g, holder = parse(current)
-  if holder == owner and g == grant then
+  local _, f, a, g, _, holder = parse(current)
+  if holder == owner and g == ticket then
     if ARGV[4] == 'claim' then
       return {1, f, a}
     end

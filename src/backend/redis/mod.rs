@@ -34,20 +34,23 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <owner>"` |
+//! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <attempt> <owner>"` |
 //! | `lock:{E}:fence` | integer, no TTL | fencing counter |
-//! | `lock:{E}:q` | list, TTL | owners waiting, oldest first |
-//! | `lock:{E}:w` | hash, TTL | owner → `"<deadline ms> <ttl ms> <waiter id>@<channel>"` |
+//! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
+//! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
+//! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //!
 //! `flag` is `1` once someone queued behind the holder (so only then does a
-//! release look at the queue), `grant` is `<waiter id>@<channel>` for a lock
-//! handed to a waiter, else `-`. The queue keys expire one second after the
-//! last waiter's deadline. All keys of one lock share the hash tag `{E}`
-//! (with `\`, `{`, `}` escaped in `E`), so every script touches one cluster
-//! slot. Each backend (with its clones) subscribes to one channel of
-//! its own, `tower-lock:wake:<uuid>`, on a dedicated connection (pooled
-//! connections cannot subscribe); it is opened the first time a waiter has
-//! to wait.
+//! release look at the queue). A waiter's ticket is `<waiter id>@<channel>`,
+//! unique to one acquire call; `grant` is the ticket of the waiter a lock was
+//! handed to, else `-`. `attempt` is [`AcquireRequest::attempt`]: an acquire
+//! is a retry of the holder's own only when owner and attempt both match.
+//! The queue keys expire one second after the last waiter's deadline. All
+//! keys of one lock share the hash tag `{E}` (with `\`, `{`, `}` escaped in
+//! `E`), so every script touches one cluster slot. Each backend (with its
+//! clones) subscribes to one channel of its own, `tower-lock:wake:<uuid>`,
+//! on a dedicated connection (pooled connections cannot subscribe); it is
+//! opened the first time a waiter has to wait.
 //!
 //! # Limits
 //!
@@ -86,8 +89,10 @@ use crate::spec::{AcquireRequest, MAX_TTL, validate_ttl};
 
 /// The longest stored key, in bytes: longer encodings are hashed.
 const MAX_STORED_KEY: usize = 1024;
-/// The longest suffix appended to a lock's key (`:fence`).
-const LONGEST_SUFFIX: usize = ":fence".len();
+/// The longest suffix appended to a lock's key (`:forced`).
+const LONGEST_SUFFIX: usize = ":forced".len();
+/// The suffixes of a lock's other keys: fence counter, queue, waiters.
+const ALL: &[&str] = &[":fence", ":q", ":w"];
 /// First and largest interval of the safety-net re-check while waiting.
 const RECHECK_FIRST: Duration = Duration::from_millis(250);
 const RECHECK_MAX: Duration = Duration::from_secs(2);
@@ -262,17 +267,15 @@ impl RedisBackend {
         buf
     }
 
-    /// Add the lock's keys to `inv`: the lock key only, or all four.
-    fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, all: bool) {
+    /// Add the lock's key to `inv`, then its keys with each of `suffixes`.
+    fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, suffixes: &[&str]) {
         let mut buf = self.lock_key(key);
         inv.key(buf.as_str());
-        if all {
-            let base = buf.len();
-            for suffix in [":fence", ":q", ":w"] {
-                buf.truncate(base);
-                buf.push_str(suffix);
-                inv.key(buf.as_str());
-            }
+        let base = buf.len();
+        for suffix in suffixes {
+            buf.truncate(base);
+            buf.push_str(suffix);
+            inv.key(buf.as_str());
         }
     }
 
@@ -280,8 +283,9 @@ impl RedisBackend {
         Instant::now() + self.op_timeout
     }
 
-    /// One acquire attempt; `queue` = (remaining wait ms, waiter id) to join
-    /// the queue when the lock is busy.
+    /// One acquire attempt; `queue` = (remaining wait ms, waiter id) of a
+    /// waiter, which joins the queue when the lock is busy and the wait is
+    /// not zero.
     async fn attempt(
         &self,
         req: &AcquireRequest,
@@ -291,15 +295,16 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
         let mut inv = SCRIPTS.acquire.prepare_invoke();
-        self.keys(&mut inv, req.key(), true);
+        self.keys(&mut inv, req.key(), ALL);
         // Our clock is only stored for `status` to show; the lease counts
         // from it too, which errs on the early side: the server's TTL starts
         // when the script runs, after this.
         let sent_ms = unix_ms(SystemTime::now());
         let sent = server_time(sent_ms);
-        // The stored value's tail, "<acquired ms> - <owner>": one argument
-        // for both (each argument costs the server time).
-        inv.arg(ttl_ms).arg(format!("{sent_ms} - {}", req.owner()));
+        // The stored value's tail, "<acquired ms> - <attempt> <owner>": one
+        // argument for all (each argument costs the server time).
+        inv.arg(ttl_ms)
+            .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
         if let Some((wait_ms, id)) = queue {
             inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
         }
@@ -318,7 +323,10 @@ impl RedisBackend {
                 server_time(uint_at(&reply, 3, WHAT)?),
                 req.ttl(),
             ))),
-            0 => Ok(Attempt::Busy(remaining(int_at(&reply, 1, WHAT)?))),
+            0 => Ok(Attempt::Busy {
+                retry_after: remaining(int_at(&reply, 1, WHAT)?),
+                queued_anew: int_at(&reply, 2, WHAT)? == 1,
+            }),
             _ => Err(bad_reply(WHAT)),
         }
     }
@@ -329,7 +337,7 @@ impl RedisBackend {
         if req.max_wait().is_zero() {
             return match self.attempt(req, ttl_ms, None, self.deadline()).await? {
                 Attempt::Acquired(lease) => Ok(lease),
-                Attempt::Busy(retry_after) => Err(LockError::AcquisitionFailed {
+                Attempt::Busy { retry_after, .. } => Err(LockError::AcquisitionFailed {
                     retry_after: Some(retry_after),
                 }),
             };
@@ -350,6 +358,12 @@ impl RedisBackend {
         // so that attempt can already join the queue.
         let mut grant_rx: Option<oneshot::Receiver<Grant>> = wake.register(guard.id);
         let mut recheck = RECHECK_FIRST;
+        // Queue entries this call created. After a hand-off the lock can be
+        // taken back (its TTL ran out before we read the grant, a force
+        // release) and a re-check queues us again; a grant read after that
+        // may be the old one, so from the second entry on a grant is
+        // checked against the lock before it is believed.
+        let mut entries = 0u32;
         loop {
             let now = Instant::now();
             let end = (now + self.op_timeout).min(hard_end);
@@ -366,7 +380,13 @@ impl RedisBackend {
                     guard.queued = false;
                     return Ok(lease);
                 }
-                Attempt::Busy(retry_after) => retry_after,
+                Attempt::Busy {
+                    retry_after,
+                    queued_anew,
+                } => {
+                    entries += u32::from(queued_anew);
+                    retry_after
+                }
             };
             let now = Instant::now();
             if now >= deadline {
@@ -391,11 +411,30 @@ impl RedisBackend {
             tokio::select! {
                 biased;
                 granted = rx => match granted {
-                    Ok(grant) => {
+                    Ok(grant) if entries <= 1 => {
                         // The hand-off took us out of the queue.
                         guard.queued = false;
                         let at = server_time(grant.acquired_ms);
                         return Ok(Lease::new(grant.fence, at, at, req.ttl()));
+                    }
+                    Ok(_) => {
+                        // Maybe a stale grant: leave the queue, keeping the
+                        // lock only if it is ours now. Never left behind: a
+                        // later hand-off to a finished request would idle
+                        // the lock for a whole TTL.
+                        let end = (Instant::now() + self.op_timeout).min(hard_end);
+                        let left = self
+                            .leave(req.key(), req.owner(), guard.id, LeaveMode::Claim, req.ttl(), end)
+                            .await?;
+                        guard.queued = false;
+                        match left {
+                            Left::Claimed(lease) => return Ok(lease),
+                            Left::NotHeld(_) => {
+                                entries = 0;
+                                grant_rx = wake.register(guard.id);
+                            }
+                            Left::Dropped => return Err(bad_reply("leave")),
+                        }
                     }
                     // The subscription died: re-check now (the lock may be
                     // ours already), subscribing again if still busy.
@@ -455,7 +494,7 @@ impl RedisBackend {
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
         let mut inv = SCRIPTS.leave.prepare_invoke();
-        self.keys(&mut inv, key, true);
+        self.keys(&mut inv, key, ALL);
         inv.arg(owner).arg(id).arg(self.shared.wake.channel());
         inv.arg(match mode {
             LeaveMode::Claim => "claim",
@@ -480,7 +519,7 @@ impl RedisBackend {
 
     async fn release_inner(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
         let mut inv = SCRIPTS.release.prepare_invoke();
-        self.keys(&mut inv, key, true);
+        self.keys(&mut inv, key, ALL);
         // The script finds the holder as the value's tail after a space, which
         // is exact only for owners without spaces; no holder has one (see
         // `validate_owner`), so such an owner (or an empty one) goes as " ",
@@ -508,7 +547,7 @@ impl RedisBackend {
         const WHAT: &str = "extend";
         validate_ttl(ttl)?;
         let mut inv = SCRIPTS.extend.prepare_invoke();
-        self.keys(&mut inv, key, false);
+        self.keys(&mut inv, key, &[]);
         inv.arg(owner).arg(ceil_ms(ttl));
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
@@ -526,7 +565,10 @@ impl RedisBackend {
 
     async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
         let mut inv = SCRIPTS.force_release.prepare_invoke();
-        self.keys(&mut inv, key, true);
+        self.keys(&mut inv, key, &[":fence", ":q", ":w", ":forced"]);
+        // Names this call, so that a run repeated after a lost reply only
+        // repeats the first run's answer (see force_release.lua).
+        inv.arg(uuid::Uuid::new_v4().simple().to_string());
         let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
         Ok(int(&reply, "force release")? > 0)
     }
@@ -534,27 +576,34 @@ impl RedisBackend {
     async fn status_inner(&self, key: &LockKey) -> Result<Option<LockStatus>, LockError> {
         const WHAT: &str = "status";
         let mut inv = SCRIPTS.status.prepare_invoke();
-        self.keys(&mut inv, key, false);
+        self.keys(&mut inv, key, ALL);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         if reply.is_empty() {
             return Ok(None);
         }
         let left = remaining(int_at(&reply, 3, WHAT)?);
         let now: SystemTime = server_time(uint_at(&reply, 4, WHAT)?);
-        Ok(Some(LockStatus::new(
-            string_at(&reply, 0, WHAT)?,
-            uint_at(&reply, 1, WHAT)?,
-            server_time(uint_at(&reply, 2, WHAT)?),
-            now + left,
-            left,
-        )))
+        Ok(Some(
+            LockStatus::new(
+                string_at(&reply, 0, WHAT)?,
+                uint_at(&reply, 1, WHAT)?,
+                server_time(uint_at(&reply, 2, WHAT)?),
+                now + left,
+                left,
+            )
+            .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0)),
+        ))
     }
 }
 
 enum Attempt {
     Acquired(Lease),
-    /// Busy; the holder's remaining TTL.
-    Busy(Duration),
+    Busy {
+        /// The holder's remaining TTL.
+        retry_after: Duration,
+        /// This attempt created a queue entry (it was not queued before).
+        queued_anew: bool,
+    },
 }
 
 #[derive(Clone, Copy)]

@@ -9,6 +9,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use common::proxy::Proxy;
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
@@ -390,6 +391,102 @@ async fn force_release_frees_whoever_holds() {
     b.acquire(&req("k", "bob", SEC, Duration::ZERO))
         .await
         .unwrap();
+}
+
+/// (16.1) The connection breaks after Redis ran a force release and before
+/// its reply arrived, so the backend sends it again: the repeat must not
+/// free the waiter the first run handed the lock to (and hand it to the
+/// next). Exactly one of two queued waiters holds the lock afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_repeated_after_a_lost_reply_frees_one_holder() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let operator = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    // The operator's connection is open and the script loaded.
+    assert!(!operator.force_release(&key("other")).await.unwrap());
+
+    direct
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let x = spawn_acquire(&direct, req("k", "x", 30 * SEC, 10 * SEC));
+    queued(&server, "k", 1).await;
+    let y = spawn_acquire(&direct, req("k", "y", 30 * SEC, SEC));
+    queued(&server, "k", 2).await;
+
+    proxy.reset_next_reply();
+    assert!(
+        operator.force_release(&key("k")).await.unwrap(),
+        "the first run's answer: a lock was held"
+    );
+    proxy.resets(1).await;
+    let lease = granted(x).await;
+    let st = direct.status(&key("k")).await.unwrap().unwrap();
+    assert_eq!((st.owner.as_str(), st.fence), ("x", lease.fence));
+    assert_eq!(st.waiters, 1, "y still queued");
+    let y = y.await.unwrap();
+    assert!(matches!(y, Err(LockError::Timeout { .. })), "{y:?}");
+}
+
+/// (16.10) A waiter is handed the lock, but reads the grant only after the
+/// lock was taken back (its lease ran out, someone else took it) and its own
+/// re-check queued it again. It must not believe the old grant, nor leave its
+/// new queue entry behind: it gets the lock after the current holder, with a
+/// newer fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let slow = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    direct
+        .acquire(&req("k", "h", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&slow, req("k", "w", ms(100), 10 * SEC));
+    queued(&server, "k", 1).await;
+
+    // The grant to w, and w's own re-checks, are held back...
+    proxy.hold_pubsub(true);
+    proxy.hold_commands(true);
+    direct.release(&key("k"), "h").await.unwrap();
+    let handed = direct.status(&key("k")).await.unwrap().unwrap();
+    assert_eq!(handed.owner, "w");
+    // ...until w's lease has run out and z has taken the lock.
+    until_free(&direct, "k").await;
+    let z = direct
+        .acquire(&req("k", "z", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    proxy.hold_commands(false);
+    // w's re-check finds z holding and queues w again; then w reads the
+    // old grant, and z releases.
+    queued(&server, "k", 1).await;
+    proxy.hold_pubsub(false);
+    direct.release(&key("k"), "z").await.unwrap();
+
+    let lease = granted(waiter).await;
+    assert!(
+        lease.fence > z.fence,
+        "w believed the old grant (fence {} <= z's {})",
+        lease.fence,
+        z.fence
+    );
+    let st = direct.status(&key("k")).await.unwrap().unwrap();
+    assert_eq!(
+        (st.owner.as_str(), st.fence, st.waiters),
+        ("w", lease.fence, 0)
+    );
+}
+
+/// Wait until nobody holds `name`.
+async fn until_free(b: &RedisBackend, name: &str) {
+    let deadline = Instant::now() + 5 * SEC;
+    while b.status(&key(name)).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "{name} still held");
+        tokio::time::sleep(ms(2)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

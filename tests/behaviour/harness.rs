@@ -2,10 +2,13 @@
 //! about its clock.
 
 use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
-use tower_lock::{MemoryBackend, SharedBackend};
+use tower_lock::{AcquireRequest, Lease, LockError, LockKey, MemoryBackend, SharedBackend};
 
 /// Which store a harness runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,8 @@ pub struct Harness {
     pub backend: SharedBackend,
     kind: BackendKind,
     paused: bool,
+    /// Another handle on the same store, as a second process would have.
+    another: Arc<dyn Fn() -> SharedBackend + Send + Sync>,
     /// Whatever must live as long as the backend (the Redis server process).
     _keep: Option<Box<dyn Any + Send>>,
 }
@@ -31,12 +36,14 @@ impl Harness {
     pub fn new(
         backend: SharedBackend,
         kind: BackendKind,
+        another: Arc<dyn Fn() -> SharedBackend + Send + Sync>,
         keep: Option<Box<dyn Any + Send>>,
     ) -> Self {
         Harness {
             backend,
             kind,
             paused: false,
+            another,
             _keep: keep,
         }
     }
@@ -77,11 +84,116 @@ impl Harness {
     pub fn releases_inline(&self) -> bool {
         self.kind == BackendKind::Memory
     }
+
+    /// Let other tasks (and, for a real server, the network) make progress
+    /// before a condition is looked at again. Never moves a paused clock.
+    pub async fn tick(&self) {
+        if self.kind == BackendKind::Memory {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Wait until at least `n` acquirers are queued on `key` (state, read
+    /// through `LockStatus::waiters`).
+    pub async fn until_queued(&self, key: &LockKey, n: usize) {
+        for _ in 0..20_000 {
+            let queued = self.backend.status(key).await.expect("status");
+            if queued.is_some_and(|s| s.waiters >= n) {
+                return;
+            }
+            self.tick().await;
+        }
+        panic!("{n} waiters never queued");
+    }
+
+    /// An acquirer that joins `req`'s queue and is then frozen, as a
+    /// stopped process: queued and alive (its wait has not ended) but never
+    /// acting on its own. [`Frozen::thaw`] lets it go on.
+    pub async fn frozen_waiter(&self, req: AcquireRequest) -> Frozen {
+        let key = req.key().clone();
+        let frozen = if self.kind == BackendKind::Memory {
+            // Polled once (it joins the queue), then not again.
+            let backend = self.backend.clone();
+            let mut fut: Pin<Box<dyn Future<Output = _> + Send>> =
+                Box::pin(async move { backend.acquire(&req).await });
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(fut.as_mut().poll(&mut cx).is_pending(), "the lock is busy");
+            Frozen::Unpolled(fut)
+        } else {
+            // Its own thread and runtime, blocked once it is queued.
+            let backend = (self.another)();
+            let (freeze_tx, freeze_rx) = tokio::sync::oneshot::channel::<()>();
+            let (thaw_tx, thaw_rx) = std::sync::mpsc::channel::<()>();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let waiter = tokio::spawn(async move { backend.acquire(&req).await });
+                    let _ = freeze_rx.await;
+                    // Blocks the thread, so the waiter's task cannot run.
+                    let _ = thaw_rx.recv();
+                    let _ = done_tx.send(waiter.await.expect("waiter task"));
+                });
+            });
+            Frozen::Thread {
+                freeze: Some(freeze_tx),
+                thaw: thaw_tx,
+                done: done_rx,
+            }
+        };
+        self.until_queued(&key, 1).await;
+        match frozen {
+            Frozen::Thread {
+                mut freeze,
+                thaw,
+                done,
+            } => {
+                let _ = freeze.take().expect("not frozen yet").send(());
+                Frozen::Thread { freeze, thaw, done }
+            }
+            unpolled => unpolled,
+        }
+    }
+}
+
+/// See [`Harness::frozen_waiter`].
+pub enum Frozen {
+    Unpolled(Pin<Box<dyn Future<Output = Result<Lease, LockError>> + Send>>),
+    Thread {
+        freeze: Option<tokio::sync::oneshot::Sender<()>>,
+        thaw: std::sync::mpsc::Sender<()>,
+        done: tokio::sync::oneshot::Receiver<Result<Lease, LockError>>,
+    },
+}
+
+impl Frozen {
+    /// Let the waiter go on; what its acquisition ends with.
+    pub async fn thaw(self) -> Result<Lease, LockError> {
+        match self {
+            Frozen::Unpolled(fut) => fut.await,
+            Frozen::Thread { thaw, done, .. } => {
+                let _ = thaw.send(());
+                done.await.expect("the frozen waiter's thread ended")
+            }
+        }
+    }
 }
 
 /// A fresh in-memory backend on real time.
 pub async fn memory_backend() -> Harness {
-    Harness::new(Arc::new(MemoryBackend::new()), BackendKind::Memory, None)
+    let backend: SharedBackend = Arc::new(MemoryBackend::new());
+    let same = backend.clone();
+    Harness::new(
+        backend,
+        BackendKind::Memory,
+        Arc::new(move || same.clone()),
+        None,
+    )
 }
 
 /// A fresh in-memory backend for a runtime started with a paused clock
@@ -101,10 +213,15 @@ pub async fn redis_backend() -> Harness {
     use tower_lock::backend::redis::RedisBackend;
 
     let server = RedisServer::start();
-    let backend = RedisBackend::from_url(&server.url()).expect("Redis backend for the test server");
+    let url = server.url();
+    let backend = RedisBackend::from_url(&url).expect("Redis backend for the test server");
+    let another = move || -> SharedBackend {
+        Arc::new(RedisBackend::from_url(&url).expect("Redis backend for the test server"))
+    };
     Harness::new(
         Arc::new(backend),
         BackendKind::Redis,
+        Arc::new(another),
         Some(Box::new(server)),
     )
 }

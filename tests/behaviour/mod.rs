@@ -5,6 +5,7 @@ mod harness;
 mod keys;
 mod lifecycle;
 mod middleware;
+mod queue;
 mod semantics;
 mod support;
 
@@ -12,6 +13,7 @@ mod support;
 mod tests {
     pub use super::lifecycle::*;
     pub use super::middleware::*;
+    pub use super::queue::*;
     pub use super::semantics::*;
 }
 
@@ -118,6 +120,10 @@ for_each_backend! {
             // Backend contract.
             release_checks_owner,
             one_owner_token_never_makes_two_holders,
+            // The waiting queue.
+            release_hands_the_lock_to_the_oldest_waiter_at_once,
+            waiters_are_served_in_the_order_they_came,
+            a_cancelled_waiter_does_not_hold_the_queue_up,
             // Lifecycle beyond one request.
             lost_signal_fires_when_force_released_under_a_handler,
             token_hand_off_across_handles,
@@ -136,6 +142,8 @@ for_each_backend! {
             lost_signal_follows_extensions,
             watchdog_renews_many_locks_in_one_call_per_tick,
             stale_tokens_are_refused,
+            an_expired_lock_goes_to_the_queue_not_to_a_newcomer,
+            a_waiter_gets_the_lock_when_the_holders_ttl_ends,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

@@ -1,0 +1,164 @@
+//! The waiting queue every backend keeps (the `LockBackend` contract): a
+//! release hands the lock to the oldest live waiter at once, waiters are
+//! served first come first served, a newcomer never barges past them (also
+//! after the holder's lease ran out), a waiter that left does not hold the
+//! queue up, and a waiter gets the lock when its holder's TTL ends.
+//!
+//! Asserted as state (who holds the lock right after an event), not as
+//! timing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tower_lock::{AcquireRequest, Lease, LockError, SharedBackend};
+
+use super::harness::Harness;
+use super::support::*;
+
+const LONG: Duration = Duration::from_secs(30);
+const PATIENT: Duration = Duration::from_secs(10);
+
+fn spawn_acquire(b: &SharedBackend, req: AcquireRequest) -> JoinHandle<Result<Lease, LockError>> {
+    let b = b.clone();
+    tokio::spawn(async move { b.acquire(&req).await })
+}
+
+/// Right after `release` returns, the lock already belongs to the oldest
+/// waiter (it was handed over, never free), and the next one is still queued.
+pub async fn release_hands_the_lock_to_the_oldest_waiter_at_once(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&h.backend, areq(&key, "first", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    let second = spawn_acquire(&h.backend, areq(&key, "second", LONG, PATIENT));
+    h.until_queued(&key, 2).await;
+
+    h.backend.release(&key, "holder").await.unwrap();
+    let st = status_of(&h.backend, &key)
+        .await
+        .expect("handed over at once, never free");
+    assert_eq!((st.owner.as_str(), st.waiters), ("first", 1));
+    let lease = first.await.unwrap().expect("first was handed the lock");
+    assert_eq!(lease.fence, st.fence);
+
+    h.backend.release(&key, "first").await.unwrap();
+    let st = status_of(&h.backend, &key)
+        .await
+        .expect("handed over again");
+    assert_eq!((st.owner.as_str(), st.waiters), ("second", 0));
+    assert_eq!(second.await.unwrap().unwrap().fence, st.fence);
+    h.backend.release(&key, "second").await.unwrap();
+    assert_eq!(status_of(&h.backend, &key).await, None);
+}
+
+/// Waiters get the lock in the order they queued.
+pub async fn waiters_are_served_in_the_order_they_came(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let (backend, order, k) = (h.backend.clone(), order.clone(), key.clone());
+        waiters.push(tokio::spawn(async move {
+            backend
+                .acquire(&areq(&k, name, LONG, PATIENT))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(name);
+            backend.release(&k, name).await.unwrap();
+        }));
+        h.until_queued(&key, i + 1).await;
+    }
+    h.backend.release(&key, "holder").await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["a", "b", "c", "d"]);
+}
+
+/// The holder's lease runs out with a live waiter queued that has not yet
+/// acted (it is frozen, as a stopped process): a newcomer is refused, and
+/// the lock goes to the waiter.
+pub async fn an_expired_lock_goes_to_the_queue_not_to_a_newcomer(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", h.units(2), Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = h
+        .frozen_waiter(areq(&key, "waiter", h.units(10), h.units(30)))
+        .await;
+    h.advance(h.units(3)).await;
+
+    let newcomer = h
+        .backend
+        .acquire(&areq(&key, "newcomer", h.units(10), Duration::ZERO))
+        .await;
+    assert!(
+        matches!(newcomer, Err(LockError::AcquisitionFailed { .. })),
+        "a newcomer barged past the queue: {newcomer:?}"
+    );
+    let st = status_of(&h.backend, &key)
+        .await
+        .expect("handed to the waiter");
+    assert_eq!(st.owner, "waiter");
+    let lease = waiter.thaw().await.expect("the waiter holds it");
+    assert_eq!(lease.fence, st.fence);
+    h.backend.release(&key, "waiter").await.unwrap();
+}
+
+/// A waiter that gave up (its task was cancelled) does not hold the queue
+/// up: the next waiter gets the lock when the holder releases.
+pub async fn a_cancelled_waiter_does_not_hold_the_queue_up(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let gone = spawn_acquire(&h.backend, areq(&key, "gone", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    let next = spawn_acquire(&h.backend, areq(&key, "next", LONG, PATIENT));
+    h.until_queued(&key, 2).await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+
+    h.backend.release(&key, "holder").await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the next waiter got the lock")
+        .unwrap()
+        .unwrap();
+    let st = status_of(&h.backend, &key).await.unwrap();
+    assert_eq!((st.owner.as_str(), st.fence), ("next", lease.fence));
+    h.backend.release(&key, "next").await.unwrap();
+}
+
+/// A holder that never releases (it crashed): the waiter gets the lock when
+/// the holder's TTL ends, with no release and no polling; on a paused clock,
+/// exactly then.
+pub async fn a_waiter_gets_the_lock_when_the_holders_ttl_ends(h: Harness) {
+    let key = gkey("k");
+    let held = h
+        .backend
+        .acquire(&areq(&key, "crashed", h.units(2), Duration::ZERO))
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let lease = h
+        .backend
+        .acquire(&areq(&key, "next", h.units(10), h.units(20)))
+        .await
+        .expect("free once the holder's TTL ended");
+    if h.is_paused() {
+        assert_eq!(start.elapsed(), h.units(2));
+    }
+    assert!(lease.fence > held.fence);
+    assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "next");
+}

@@ -917,3 +917,49 @@ async fn killed_connections_are_replaced() {
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
 }
+
+/// (16.9) A Redis that may evict keys (an `allkeys-*` or `volatile-*`
+/// maxmemory policy) can drop fence counters or live locks: the backend
+/// warns once, at its first connection.
+#[tokio::test]
+async fn an_evicting_redis_is_warned_about_once() {
+    use common::logs::Logs;
+    const WARNING: &str = "Redis may evict tower-lock's keys";
+    let (logs, _capture) = Logs::capture(tracing::Level::WARN);
+    let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let b = backend(&evicting);
+    for i in 0..3 {
+        let r = req(&format!("k{i}"), "o", SEC, Duration::ZERO);
+        b.acquire(&r).await.unwrap();
+        b.release(r.key(), "o").await.unwrap();
+    }
+    assert_eq!(logs.count(WARNING), 1, "{}", logs.text());
+    assert!(logs.text().contains("allkeys-lru"));
+
+    let safe = RedisServer::start();
+    let b = backend(&safe);
+    b.acquire(&req("k", "o", SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(logs.count(WARNING), 1, "noeviction is not warned about");
+}
+
+/// (16.12) Configuration at the extremes never panics: an op timeout of
+/// `Duration::MAX` is as good as forever, and a call still fails fast on a
+/// refused connection.
+#[tokio::test]
+async fn an_endless_op_timeout_is_accepted() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let b = RedisBackend::from_url(&format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .with_op_timeout(Duration::MAX);
+    assert!(b.op_timeout() >= Duration::from_secs(365 * 24 * 3600));
+    let r = req("k", "o", SEC, Duration::MAX);
+    let started = Instant::now();
+    assert!(unavailable(b.acquire(&r).await));
+    assert!(started.elapsed() < 5 * SEC);
+}

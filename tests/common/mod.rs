@@ -1,5 +1,6 @@
 //! Shared test support.
 #![allow(dead_code, unused_imports, unused_macros)]
 
+pub mod logs;
 pub mod proxy;
 pub mod redis_server;

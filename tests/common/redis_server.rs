@@ -17,19 +17,28 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Extra `redis-server` arguments, kept for restarts.
+    args: Vec<String>,
 }
 
 impl RedisServer {
     /// Start a server on a free port; retries on a port collision.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with extra `redis-server` arguments.
+    pub fn start_with(args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         for _ in 0..20 {
             let port = free_port();
             let dir = temp_dir(port);
-            if let Some(child) = spawn(port, &dir, START_TIMEOUT) {
+            if let Some(child) = spawn(port, &dir, &args, START_TIMEOUT) {
                 return RedisServer {
                     port,
                     dir,
                     child: Some(child),
+                    args,
                 };
             }
             let _ = std::fs::remove_dir_all(&dir);
@@ -60,7 +69,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if let Some(child) = spawn(self.port, &self.dir, START_TIMEOUT) {
+            if let Some(child) = spawn(self.port, &self.dir, &self.args, START_TIMEOUT) {
                 self.child = Some(child);
                 return;
             }
@@ -106,7 +115,7 @@ fn temp_dir(port: u16) -> PathBuf {
 /// Spawn on `port` and wait until it answers as this very process (a port
 /// collision makes our server exit, and another server must not be mistaken
 /// for ours). `None` if it exited or never answered.
-fn spawn(port: u16, dir: &PathBuf, timeout: Duration) -> Option<Child> {
+fn spawn(port: u16, dir: &PathBuf, args: &[String], timeout: Duration) -> Option<Child> {
     let spawned = Command::new(BINARY)
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
@@ -114,6 +123,7 @@ fn spawn(port: u16, dir: &PathBuf, timeout: Duration) -> Option<Child> {
         .args(["--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

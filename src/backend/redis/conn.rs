@@ -9,7 +9,7 @@
 //! operation (a few reference counts). The pool is used again only to
 //! replace that connection when it breaks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ pub(super) struct Pinned {
     /// Single flight for replacing the connection.
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
+    // The eviction policy was looked at (once per backend).
+    policy_checked: AtomicBool,
 }
 
 struct Slot {
@@ -44,6 +46,7 @@ impl Pinned {
             slot: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
+            policy_checked: AtomicBool::new(false),
         }
     }
 
@@ -84,12 +87,51 @@ impl Pinned {
         };
         let mut conn = deadpool_redis::Connection::take(object);
         conn.set_response_timeout(RESPONSE_TIMEOUT);
+        self.check_server(&mut conn, end).await?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         *self.slot() = Some(Slot {
             generation,
             conn: conn.clone(),
         });
         Ok((generation, conn))
+    }
+
+    /// On a new connection: refuse a server too old for the scripts, and
+    /// (once per backend) warn about an eviction policy that can drop locks.
+    async fn check_server(
+        &self,
+        conn: &mut MultiplexedConnection,
+        end: Instant,
+    ) -> Result<(), LockError> {
+        let mut info = deadpool_redis::redis::cmd("INFO");
+        info.arg("server");
+        match timeout_at(end, info.query_async::<String>(conn)).await {
+            Ok(Ok(info)) => check_version(&info)?,
+            Ok(Err(e)) if is_connection_error(&e) => return Err(redis_error(&e)),
+            // INFO not allowed (ACL): nothing to judge by.
+            Ok(Err(_)) => {}
+            Err(_) => return Err(timed_out("waiting for Redis to answer")),
+        }
+        if self.policy_checked.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut get = deadpool_redis::redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        match timeout_at(end, get.query_async::<Vec<String>>(conn)).await {
+            Ok(Ok(reply)) => {
+                if let Some(risk) = reply.get(1).and_then(|p| eviction_risk(p)) {
+                    tracing::warn!(
+                        policy = %reply[1],
+                        "Redis may evict tower-lock's keys: {risk}. Run the lock Redis with \
+                         `maxmemory-policy noeviction`"
+                    );
+                }
+            }
+            // CONFIG renamed or not allowed (managed Redis): cannot tell.
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not read maxmemory-policy"),
+            Err(_) => return Err(timed_out("waiting for Redis to answer")),
+        }
+        Ok(())
     }
 
     /// Forget the connection of `generation` (if it is still the current one).
@@ -147,6 +189,39 @@ impl Pinned {
     }
 }
 
+/// The oldest Redis the scripts run on: they read `TIME` before writing,
+/// which needs effects replication, the default from 5.0 on (earlier
+/// servers refuse such scripts).
+pub(super) const MIN_REDIS_MAJOR: u32 = 5;
+
+/// `Err` for a server older than [`MIN_REDIS_MAJOR`], from `INFO server`.
+/// A server that does not say its version is given the benefit of the doubt.
+pub(super) fn check_version(info: &str) -> Result<(), LockError> {
+    let version = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"));
+    let major = version.and_then(|v| v.split('.').next()?.parse::<u32>().ok());
+    match (version, major) {
+        (Some(version), Some(major)) if major < MIN_REDIS_MAJOR => {
+            Err(LockError::BackendUnavailable(format!(
+                "Redis {version} is too old: tower-lock needs Redis {MIN_REDIS_MAJOR}.0 or newer"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What an eviction policy can do to locks; `None` for `noeviction`.
+pub(super) fn eviction_risk(policy: &str) -> Option<&'static str> {
+    if policy.starts_with("allkeys-") {
+        Some("it may evict fence counters (fences then repeat) and live locks (two holders)")
+    } else if policy.starts_with("volatile-") {
+        Some("it may evict live locks, which have a TTL (two holders)")
+    } else {
+        None
+    }
+}
+
 /// Errors after which the connection is useless and a new one may work.
 pub(super) fn is_connection_error(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
@@ -164,5 +239,31 @@ fn pool_error(e: PoolError) -> LockError {
     match e {
         PoolError::Backend(e) => redis_error(&e),
         other => LockError::BackendUnavailable(format!("Redis pool: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_older_than_five_are_refused() {
+        let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
+        assert!(check_version(&info("7.0.15")).is_ok());
+        assert!(check_version(&info("5.0.0")).is_ok());
+        let old = check_version(&info("4.0.9")).unwrap_err();
+        assert!(old.to_string().contains("4.0.9"), "{old}");
+        assert!(check_version("no version here").is_ok());
+    }
+
+    #[test]
+    fn only_noeviction_is_safe() {
+        assert_eq!(eviction_risk("noeviction"), None);
+        assert!(eviction_risk("allkeys-lru").unwrap().contains("fence"));
+        assert!(
+            eviction_risk("volatile-ttl")
+                .unwrap()
+                .contains("live locks")
+        );
     }
 }

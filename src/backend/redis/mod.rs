@@ -220,10 +220,11 @@ impl RedisBackend {
     }
 
     /// Bound every backend call by `op_timeout` (default 2 s), connecting and
-    /// pool checkout included; at least 1 ms. `acquire` with a max wait
-    /// returns within max wait + `op_timeout`.
+    /// pool checkout included; at least 1 ms, at most a year (longer is as
+    /// good as forever). `acquire` with a max wait returns within max wait +
+    /// `op_timeout`.
     pub fn with_op_timeout(mut self, op_timeout: Duration) -> Self {
-        self.op_timeout = op_timeout.max(Duration::from_millis(1));
+        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
         self
     }
 

@@ -121,18 +121,33 @@ fn lock_error(e: &LockError) -> Response {
     error_response(e.status(), e.code(), &message)
 }
 
-fn query_param(uri: &Uri, name: &str) -> Option<String> {
-    uri.query()?.split('&').find_map(|pair| {
+/// The first value of query parameter `name`, decoded; `Err(())` when it
+/// is not valid percent-encoded UTF-8.
+fn query_param(uri: &Uri, name: &str) -> Result<Option<String>, ()> {
+    let Some(query) = uri.query() else {
+        return Ok(None);
+    };
+    for pair in query.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| percent_decode(&v.replace('+', " ")))?
-    })
+        if k == name {
+            return percent_decode(&v.replace('+', " ")).map(Some).ok_or(());
+        }
+    }
+    Ok(None)
 }
 
 /// The key named by the path (already percent-decoded by axum) and query.
+///
+/// A `route` that cannot be decoded is an error, never "no route": that
+/// would name the global lock of the same key, and a release or force
+/// release would act on the wrong lock.
 fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, LockError> {
     match query_param(uri, "route") {
-        Some(route) => LockKey::route(route, raw),
-        None => LockKey::global(raw),
+        Ok(Some(route)) => LockKey::route(route, raw),
+        Ok(None) => LockKey::global(raw),
+        Err(()) => Err(LockError::InvalidKey(
+            "the `route` query parameter is not valid percent-encoded UTF-8",
+        )),
     }
 }
 
@@ -171,7 +186,10 @@ async fn release(
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };
-    let force = matches!(query_param(&uri, "force").as_deref(), Some("true" | "1"));
+    let force = matches!(
+        query_param(&uri, "force").as_ref().map(|f| f.as_deref()),
+        Ok(Some("true" | "1"))
+    );
     if force {
         if !admin.allow_force {
             return error_response(

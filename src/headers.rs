@@ -2,9 +2,12 @@
 //! (`auto_release(false)`), so the caller can release it later, e.g. through
 //! the admin API's `DELETE /locks/{key}` with the same `lock-owner` header.
 //!
-//! Keys and routes are percent-encoded (every byte but visible ASCII other
-//! than `%`, `/`, `?` and `#`), so they can be echoed into a URL path segment
-//! as they are.
+//! Keys and routes are percent-encoded: every byte but RFC 3986's unreserved
+//! characters (`A`–`Z`, `a`–`z`, `0`–`9`, `-`, `.`, `_`, `~`) and `:` and `@`,
+//! which mean themselves both in a path segment and in a query value. So a
+//! value can be echoed as it is into the admin API's path
+//! (`/locks/{lock-key}`) or query (`?route={lock-route}`): `+`, `&`, `=`,
+//! `/`, `%` and the rest are escaped.
 
 use std::time::SystemTime;
 
@@ -40,12 +43,12 @@ pub(crate) fn append(headers: &mut HeaderMap, lock: &HeldLock) {
     put(&LOCK_EXPIRES_AT, rfc3339(lock.expires_at()));
 }
 
-/// Percent-encode every byte that is not visible ASCII, and `%`, `/`, `?`
-/// and `#`: the result fits in one URL path segment.
+/// Percent-encode every byte but the unreserved characters, `:` and `@`:
+/// the result means the same in a URL path segment and in a query value.
 pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_graphic() && b != b'%' && b != b'/' && b != b'?' && b != b'#' {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'@') {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -114,6 +117,11 @@ mod tests {
             assert_eq!(percent_decode(&enc).as_deref(), Some(s));
         }
         assert_eq!(percent_encode("account:7"), "account:7");
+        // Nothing that means something else in a query value stays.
+        assert_eq!(
+            percent_encode("/a+b&c=d e#?%"),
+            "%2Fa%2Bb%26c%3Dd%20e%23%3F%25"
+        );
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%4"), None);
     }

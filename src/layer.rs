@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tower_layer::Layer;
 
@@ -15,8 +16,10 @@ use crate::service::LockService;
 /// releases after the response.
 ///
 /// Works per route (`post(handler).layer(..)`), on a whole axum `Router`
-/// (`.route_layer(..)`, which sees the matched route; `.layer(..)` runs
-/// before routing) and inside a `tower::ServiceBuilder`.
+/// (`.layer(..)` or `.route_layer(..)`, which both run after routing and see
+/// the matched route) and inside a `tower::ServiceBuilder`. Wrapped around a
+/// `Router` from outside, it runs before routing: no route pattern (see
+/// [`path_params`](crate::path_params)).
 ///
 /// ```
 /// use std::time::Duration;
@@ -36,6 +39,8 @@ pub struct LockLayer<R> {
     pub(crate) locker: Arc<R>,
     pub(crate) rejection: SharedRejection,
     pub(crate) watchdog: bool,
+    // Whether the "not routed" warning was logged (once per layer).
+    unrouted_warned: Arc<AtomicBool>,
 }
 
 impl<R> LockLayer<R> {
@@ -52,6 +57,21 @@ impl<R> LockLayer<R> {
             locker: Arc::new(locker),
             rejection: Arc::new(default_rejection),
             watchdog: false,
+            unrouted_warned: Arc::default(),
+        }
+    }
+
+    /// The `LockRequest` read path parameters of a request that was not
+    /// routed: they are empty, and a lock keyed by them was probably not
+    /// taken. Said once per layer.
+    pub(crate) fn warn_unrouted(&self) {
+        if !self.unrouted_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "path_params read on a request that axum has not routed (the lock layer \
+                 wraps the router from outside, or no route matched): the parameters are \
+                 empty, so a lock keyed by them is not taken. Put the layer on the route, \
+                 or on the Router with Router::layer or Router::route_layer."
+            );
         }
     }
 
@@ -83,6 +103,7 @@ impl<R> Clone for LockLayer<R> {
             locker: self.locker.clone(),
             rejection: self.rejection.clone(),
             watchdog: self.watchdog,
+            unrouted_warned: self.unrouted_warned.clone(),
         }
     }
 }

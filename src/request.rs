@@ -61,9 +61,14 @@ where
 
 /// The matched route's path parameters (`/orders/{id}` → `id`), decoded.
 ///
-/// Empty when the request was not routed by axum (e.g. a layer on the whole
-/// `Router` with `.layer`, which runs before routing: use `.route_layer` or a
-/// per-route layer to see parameters).
+/// Empty when the request was not routed by axum: the lock layer wraps the
+/// whole `Router` from outside (a `tower::ServiceBuilder` around it), which
+/// runs before routing, or no route matched. Put the layer on the route, or
+/// on the `Router` with `Router::layer`/`route_layer`, which run after
+/// routing. A [`LockRequest`] written as
+/// `path_params(req).get("id")?` then takes **no lock at all**, and the
+/// request runs unlocked: the layer logs a warning (once per layer) when its
+/// `LockRequest` reads the parameters of a request that was not routed.
 ///
 /// Borrows from the request where it can: reading the parameters of a
 /// simple route (`/orders/{id}`) allocates nothing unless a value is
@@ -110,9 +115,26 @@ impl PathParams<'_> {
     }
 }
 
+thread_local! {
+    // Set when `path_params` reads a request that was not routed; the layer
+    // looks at it around its `LockRequest` call (which is synchronous).
+    static UNROUTED_READ: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f`, and tell whether it read the path parameters of a request that
+/// was not routed (no `MatchedPath`).
+pub(crate) fn reading_unrouted<T>(f: impl FnOnce() -> T) -> (T, bool) {
+    UNROUTED_READ.with(|flag| flag.set(false));
+    let out = f();
+    (out, UNROUTED_READ.with(|flag| flag.replace(false)))
+}
+
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams<'_> {
     let extensions = request.extensions();
+    if extensions.get::<MatchedPath>().is_none() {
+        UNROUTED_READ.with(|flag| flag.set(true));
+    }
     let path = request.uri().path();
     // `MatchedPath` is the whole pattern, prefixes of nested routers
     // included, so it only describes `path` if nothing stripped or rewrote

@@ -122,3 +122,82 @@ async fn locks_extractor_without_locks_is_a_json_500_and_option_is_none() {
     assert_eq!(send(&app, "POST", "/maybe").await.2, "some");
     assert!(backend.is_empty());
 }
+
+mod common;
+use common::logs::Logs;
+
+/// (16.8) A layer wrapped around the router from outside runs before
+/// routing, so `path_params(req).get("id")?` names no lock and every request
+/// runs unlocked. The layer says so in the log, once.
+#[tokio::test]
+async fn a_layer_before_routing_warns_once_that_path_params_are_empty() {
+    let (logs, _capture) = Logs::capture(tracing::Level::WARN);
+    const WARNING: &str = "path_params read on a request that axum has not routed";
+    let backend = MemoryBackend::new();
+    let locker = |req: &Request<Body>| {
+        let id = path_params(req).get("id")?.to_owned();
+        Some(LockSpec::new(id, Duration::from_secs(30)))
+    };
+    // Wrapped around the router from outside: it runs before routing.
+    let before_routing = tower::Layer::layer(
+        &LockLayer::new(backend.clone(), locker),
+        Router::new().route("/orders/{id}", post(|| async { "ok" })),
+    );
+    for _ in 0..3 {
+        let res = before_routing
+            .clone()
+            .oneshot(Request::post("/orders/1").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(logs.count(WARNING), 1, "{}", logs.text());
+
+    // On the router (after routing), the parameters are there: no warning.
+    let after_routing = Router::new()
+        .route("/orders/{id}", post(|| async { "ok" }))
+        .layer(LockLayer::new(backend, locker));
+    let res = after_routing
+        .oneshot(Request::post("/orders/1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(logs.count(WARNING), 1, "{}", logs.text());
+}
+
+/// (16.13) The `lock-route` header, echoed as it is into the admin API's
+/// `?route=`, names the same lock even when the route pattern has `+`, `&`
+/// or `=` (which mean something else in a query).
+#[tokio::test]
+async fn kept_lock_headers_echo_into_the_admin_query_unchanged() {
+    use tower_lock::SharedBackend;
+    use tower_lock::admin::Admin;
+
+    let backend: SharedBackend = std::sync::Arc::new(MemoryBackend::new());
+    let keep = LockLayer::from_shared(backend.clone(), |_: &Request<Body>| {
+        Some(LockSpec::new("k+1&x=y", Duration::from_secs(30)).auto_release(false))
+    });
+    let app = Router::new()
+        .route("/a+b&c=d/{id}", post(|| async { "kept" }).layer(keep))
+        .nest("/admin", Admin::new(backend).router());
+    let res = app
+        .clone()
+        .oneshot(Request::post("/a+b&c=d/1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let header = |name: &str| res.headers()[name].to_str().unwrap().to_owned();
+    let uri = format!(
+        "/admin/locks/{}?route={}",
+        header("lock-key"),
+        header("lock-route")
+    );
+    let release = Request::delete(uri.as_str())
+        .header("lock-owner", header("lock-owner"))
+        .body(Body::empty())
+        .unwrap();
+    let res = app.oneshot(release).await.unwrap();
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(status, StatusCode::OK, "{uri}: {body:?}");
+}

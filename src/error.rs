@@ -25,6 +25,11 @@ pub enum LockError {
         /// How long until the current holder's lock expires.
         retry_after: Option<Duration>,
     },
+    /// A lock taken for the request ran out before the handler could run:
+    /// while the request waited for another of its locks, or right as it was
+    /// handed over. The handler did not run; the request's locks are given
+    /// back.
+    Expired,
     /// No lock is held under that key (never taken, released, or expired).
     NotFound,
     /// The lock is held, but by another owner token.
@@ -56,6 +61,7 @@ impl LockError {
         match self {
             LockError::AcquisitionFailed { .. } => "LOCK_ACQUISITION_FAILED",
             LockError::Timeout { .. } => "LOCK_TIMEOUT",
+            LockError::Expired => "LOCK_EXPIRED",
             LockError::NotFound => "LOCK_NOT_FOUND",
             LockError::OwnershipMismatch => "LOCK_OWNERSHIP_MISMATCH",
             LockError::AlreadyReleased => "LOCK_ALREADY_RELEASED",
@@ -68,14 +74,15 @@ impl LockError {
 
     /// The HTTP status the middleware answers with for this error.
     ///
-    /// `429` for a busy lock, `503` for an unreachable backend, `400` for a
+    /// `429` for a busy lock (or one that ran out while the request waited
+    /// for another), `503` for an unreachable backend, `400` for a
     /// bad key/TTL/owner, `404`/`409`/`410` for release and extend errors.
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode;
         match self {
-            LockError::AcquisitionFailed { .. } | LockError::Timeout { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            LockError::AcquisitionFailed { .. }
+            | LockError::Timeout { .. }
+            | LockError::Expired => StatusCode::TOO_MANY_REQUESTS,
             LockError::NotFound => StatusCode::NOT_FOUND,
             LockError::OwnershipMismatch => StatusCode::CONFLICT,
             LockError::AlreadyReleased => StatusCode::GONE,
@@ -101,6 +108,7 @@ impl LockError {
             self,
             LockError::AcquisitionFailed { .. }
                 | LockError::Timeout { .. }
+                | LockError::Expired
                 | LockError::BackendUnavailable(_)
         )
     }
@@ -114,7 +122,7 @@ impl LockError {
 
 /// Whole seconds, rounded up, never 0 (a `Retry-After: 0` invites a hot loop).
 pub(crate) fn retry_after_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.max(1)
 }
 
@@ -126,6 +134,9 @@ impl fmt::Display for LockError {
                 f,
                 "the resource stayed locked for the whole wait of {} ms",
                 waited.as_millis()
+            ),
+            LockError::Expired => f.write_str(
+                "a lock of this request ran out before the handler could run; try again",
             ),
             LockError::NotFound => f.write_str("no lock is held under this key"),
             LockError::OwnershipMismatch => f.write_str("the lock is held by another owner"),
@@ -151,6 +162,7 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]
@@ -161,6 +173,7 @@ mod tests {
                 waited: Duration::ZERO,
                 retry_after: None,
             },
+            LockError::Expired,
             LockError::NotFound,
             LockError::OwnershipMismatch,
             LockError::AlreadyReleased,
@@ -175,6 +188,7 @@ mod tests {
             [
                 "LOCK_ACQUISITION_FAILED",
                 "LOCK_TIMEOUT",
+                "LOCK_EXPIRED",
                 "LOCK_NOT_FOUND",
                 "LOCK_OWNERSHIP_MISMATCH",
                 "LOCK_ALREADY_RELEASED",

@@ -57,8 +57,9 @@
 //! |---|---|---|
 //! | `LOCK_ACQUISITION_FAILED` | 429 + `Retry-After` | held by someone else, no wait |
 //! | `LOCK_TIMEOUT` | 429 + `Retry-After` | still held after the max wait |
+//! | `LOCK_EXPIRED` | 429 + `Retry-After` | a lock ran out before the handler could run |
 //! | `LOCK_BACKEND_UNAVAILABLE` | 503 + `Retry-After` | the backend cannot be reached in time |
-//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request |
+//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request (or one key in two scopes) |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |

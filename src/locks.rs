@@ -90,6 +90,14 @@ impl HeldLock {
         self.signal.get_or_init(|| LostSignal::new(self.expiry))
     }
 
+    /// When the lock expires unless extended, by this process's clock.
+    fn expiry(&self) -> tokio::time::Instant {
+        match self.signal.get() {
+            Some(signal) => signal.expiry(),
+            None => self.expiry,
+        }
+    }
+
     /// A new expiry after an extension.
     fn set_expiry(&mut self, expiry: tokio::time::Instant) {
         self.expiry = expiry;
@@ -182,8 +190,22 @@ type HeldLocks = SmallVec<[HeldLock; 1]>;
 struct RegistryState {
     // Inline for the common single lock: no allocation.
     slots: SmallVec<[Slot; 1]>,
-    released: Vec<LockKey>,
+    // Keys this request released (by hand or with the response), so that a
+    // later call on them says so (`LOCK_ALREADY_RELEASED`).
+    released: SmallVec<[LockKey; 1]>,
     closed: bool,
+}
+
+impl RegistryState {
+    /// The error for `key`, which no slot holds: released by this request,
+    /// or never held by it.
+    fn missing(&self, key: &str) -> LockError {
+        if self.released.iter().any(|k| k.key() == key) {
+            LockError::AlreadyReleased
+        } else {
+            LockError::NotFound
+        }
+    }
 }
 
 /// The locks of one request, in its extensions; also an axum extractor.
@@ -308,8 +330,16 @@ impl Locks {
     /// off. Fails with [`LockError::AlreadyReleased`] once the response has
     /// ended and the request's locks were released.
     pub async fn acquire(&self, spec: LockSpec) -> Result<HeldLock, LockError> {
-        if self.state().closed {
-            return Err(LockError::AlreadyReleased);
+        {
+            let state = self.state();
+            if state.closed {
+                return Err(LockError::AlreadyReleased);
+            }
+            // `get`, `release`, `extend` and `cancel_auto_release` name a
+            // lock by its key: one key must name one lock of the request.
+            if state.slots.iter().any(|s| s.lock.key() == spec.key()) {
+                return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
+            }
         }
         let req = spec.to_request(&self.inner.route)?;
         let lock = acquire_guarded(&self.inner.backend, &req).await?;
@@ -324,8 +354,9 @@ impl Locks {
 
     /// Release one of this request's locks now, before the response ends.
     ///
-    /// [`LockError::AlreadyReleased`] if this request already released it,
-    /// [`LockError::NotFound`] if the request never held it.
+    /// [`LockError::AlreadyReleased`] if this request already released it
+    /// (by hand, or with its response), [`LockError::NotFound`] if the
+    /// request never held it.
     pub async fn release(&self, key: &str) -> Result<(), LockError> {
         let lock = {
             let mut state = self.state();
@@ -335,10 +366,7 @@ impl Locks {
                     state.released.push(lock.key.clone());
                     lock
                 }
-                None if state.released.iter().any(|k| k.key() == key) => {
-                    return Err(LockError::AlreadyReleased);
-                }
-                None => return Err(LockError::NotFound),
+                None => return Err(state.missing(key)),
             }
         };
         // The registry no longer has it: if this future is dropped before
@@ -373,8 +401,14 @@ impl Locks {
     }
 
     /// Set the remaining TTL of one of this request's locks.
+    ///
+    /// [`LockError::AlreadyReleased`] once this request released it (by
+    /// hand, or with its response), [`LockError::NotFound`] if it never held
+    /// it.
     pub async fn extend(&self, key: &str, ttl: Duration) -> Result<HeldLock, LockError> {
-        let lock = self.get(key).ok_or(LockError::NotFound)?;
+        let lock = self.lookup(key)?;
+        // Never beside a watchdog renewal of the same lock (see `extending`).
+        let _gate = lock.lost_signal().extending().await;
         let sent = tokio::time::Instant::now();
         let lease = self
             .inner
@@ -398,8 +432,33 @@ impl Locks {
 
     /// Ask the backend who holds this request's lock `key` now.
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        let lock = self.get(key).ok_or(LockError::NotFound)?;
+        let lock = self.lookup(key)?;
         self.inner.backend.status(&lock.key).await
+    }
+
+    /// The held lock `key`, or why there is none.
+    fn lookup(&self, key: &str) -> Result<HeldLock, LockError> {
+        let state = self.state();
+        match state.slots.iter().find(|s| s.lock.key() == key) {
+            Some(slot) => Ok(slot.lock.clone()),
+            None => Err(state.missing(key)),
+        }
+    }
+
+    /// The earliest local expiry among locks the watchdog does not renew.
+    pub(crate) fn earliest_expiry(&self) -> Option<tokio::time::Instant> {
+        self.state()
+            .slots
+            .iter()
+            .filter(|s| s.watch.is_none())
+            .map(|s| s.lock.expiry())
+            .min()
+    }
+
+    /// Whether any lock of the request is known to be lost (expired by this
+    /// process's clock, or found gone by a renewal).
+    pub(crate) fn any_lost(&self) -> bool {
+        self.state().slots.iter().any(|s| s.lock.is_lost())
     }
 
     /// Close the registry and start releasing its auto-release locks.
@@ -424,7 +483,9 @@ impl Locks {
             let mut i = 0;
             while i < state.slots.len() {
                 if all || state.slots[i].auto_release {
-                    locks.push(state.slots.remove(i).retire());
+                    let lock = state.slots.remove(i).retire();
+                    state.released.push(lock.key.clone());
+                    locks.push(lock);
                 } else {
                     i += 1;
                 }
@@ -460,6 +521,9 @@ impl Drop for Registry {
         release_detached(&self.backend, locks);
     }
 }
+
+const ONE_LOCK_PER_KEY: &str = "this request already holds a lock with this key (a key names \
+     one lock of a request, in route or global scope)";
 
 /// Rejection of the [`Locks`] extractor when the request carries no locks:
 /// no [`LockLayer`](crate::LockLayer) runs in front of the handler, or its
@@ -583,7 +647,13 @@ impl OwnedLock {
     ///
     /// Checks with the backend: [`LockError::NotFound`] if the lock has
     /// expired or was released, [`LockError::OwnershipMismatch`] if someone
-    /// else holds it now.
+    /// else holds it now, or the same owner token holds it under another
+    /// fence (a later acquisition by a reused custom owner: the token is
+    /// stale).
+    ///
+    /// The handle's TTL (what [`start_watchdog`](OwnedLock::start_watchdog)
+    /// renews by) is the token's original TTL; a token made before tokens
+    /// carried it falls back to the time the lock has left.
     pub async fn restore(
         backend: SharedBackend,
         token: &LockToken,
@@ -592,14 +662,20 @@ impl OwnedLock {
         crate::spec::validate_owner(&token.owner)?;
         let sent = tokio::time::Instant::now();
         let status = backend.status(&key).await?.ok_or(LockError::NotFound)?;
-        if status.owner != token.owner {
+        if status.owner != token.owner || status.fence != token.fence {
             return Err(LockError::OwnershipMismatch);
         }
+        let ttl = token
+            .ttl_ms
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis)
+            .unwrap_or(status.ttl_remaining)
+            .min(crate::spec::MAX_TTL);
         let lease = Lease {
             fence: status.fence,
             acquired_at: status.acquired_at,
             expires_at: status.expires_at,
-            ttl: status.ttl_remaining,
+            ttl,
         };
         let lock = HeldLock::new(
             key,
@@ -673,6 +749,8 @@ impl OwnedLock {
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
     /// [`LockError::NotFound`] then).
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
+        // Never beside a watchdog renewal of the same lock (see `extending`).
+        let _gate = self.lock.lost_signal().extending().await;
         let sent = tokio::time::Instant::now();
         let lease = self
             .backend
@@ -733,6 +811,11 @@ pub struct LockToken {
     pub fence: u64,
     /// Expiry when the token was made, in milliseconds since the Unix epoch.
     pub expires_at_ms: u64,
+    /// The TTL the lock was taken (or last extended) with, in milliseconds:
+    /// what a watchdog started after [`OwnedLock::restore`] renews it by.
+    /// Absent in tokens from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
 impl LockToken {
@@ -743,6 +826,7 @@ impl LockToken {
             owner: lock.owner().to_owned(),
             fence: lock.fence(),
             expires_at_ms: unix_ms(lock.expires_at()),
+            ttl_ms: Some(u64::try_from(lock.ttl().as_millis()).unwrap_or(u64::MAX)),
         }
     }
 

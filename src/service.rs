@@ -88,12 +88,17 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let mut specs = self.layer.locker.lock_request(&req).into_iter();
-        let Some(first) = specs.next() else {
+        let ((first, rest), unrouted) = crate::request::reading_unrouted(|| {
+            let mut specs = self.layer.locker.lock_request(&req).into_iter();
+            // Empty for the common single lock: no allocation.
+            (specs.next(), specs.collect::<Vec<LockSpec>>())
+        });
+        if unrouted {
+            self.layer.warn_unrouted();
+        }
+        let Some(first) = first else {
             return ResponseFuture::passthrough(self.inner.call(req));
         };
-        // Empty for the common single lock: no allocation.
-        let rest: Vec<LockSpec> = specs.collect();
         // Inline up to 23 bytes: most route patterns cost no allocation.
         let route = SmolStr::new(match req.extensions().get::<MatchedPath>() {
             Some(path) => path.as_str(),
@@ -137,7 +142,8 @@ fn acquire_one(
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let held = acquire_guarded(&backend, &req).await?;
-        Ok(holding(backend, route, watchdog, held, &spec))
+        let locks = holding(backend, route, watchdog, held, &spec);
+        ready_to_run(locks).await
     })
 }
 
@@ -158,6 +164,11 @@ fn holding(
 /// Acquire `first` and every spec in `rest`, in one global order (sorted by
 /// key) so that two requests locking the same keys cannot deadlock; on any
 /// failure give back what was taken.
+///
+/// The whole acquisition waits at most the largest max wait of the specs,
+/// and never longer than a lock it already took has left (unless the
+/// watchdog renews that one): a lock must not run out while the request
+/// waits for the next.
 fn acquire_all(
     backend: crate::SharedBackend,
     route: SmolStr,
@@ -172,23 +183,58 @@ fn acquire_all(
         }
         reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
         reqs.dedup_by(|a, b| a.0.key() == b.0.key());
+        // Sorted by key then route: one key in both scopes sits side by side.
+        if reqs
+            .windows(2)
+            .any(|w| w[0].0.key().key() == w[1].0.key().key())
+        {
+            return Err(LockError::InvalidKey(
+                "a request cannot lock one key in both route and global scope",
+            ));
+        }
+        let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
+        let start = tokio::time::Instant::now();
+        let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);
         let locks = Locks::new(backend.clone(), route, watchdog);
         for (req, spec) in &reqs {
-            match acquire_guarded(&backend, req).await {
+            let now = tokio::time::Instant::now();
+            let mut until = deadline;
+            if let Some(expiry) = locks.earliest_expiry() {
+                until = until.min(expiry);
+            }
+            let req = req.with_max_wait(req.max_wait().min(until.saturating_duration_since(now)));
+            match acquire_guarded(&backend, &req).await {
                 Ok(lock) => {
                     let _ = locks.register(lock, spec.auto_releases(), spec.get_watchdog());
                 }
                 Err(e) => {
-                    // Finished in a task if this request is dropped
-                    // meanwhile (client gone, outer timeout): the registry
-                    // is closed, so nothing else would release them.
-                    if let Some(release) = locks.release_all() {
-                        DetachOnDrop(Some(release)).await;
-                    }
+                    give_back(&locks).await;
                     return Err(e);
                 }
             }
         }
-        Ok(locks)
+        ready_to_run(locks).await
     })
+}
+
+/// `locks` if every one is still held with time left, so the handler may
+/// run; else they are given back and the request fails with
+/// [`LockError::Expired`]. A lock can run out before the handler starts: a
+/// hand-off read late, a reply slower than the TTL.
+async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
+    if !locks.any_lost() {
+        return Ok(locks);
+    }
+    tracing::warn!("a lock ran out before the handler could run; the request is refused");
+    give_back(&locks).await;
+    Err(LockError::Expired)
+}
+
+/// Release every lock of a request that will not run. Finished in a task if
+/// this request is dropped meanwhile (client gone, outer timeout): the
+/// registry is closed, so nothing else would release them.
+async fn give_back(locks: &Locks) {
+    if let Some(release) = locks.release_all() {
+        DetachOnDrop(Some(release)).await;
+    }
 }

@@ -280,6 +280,14 @@ impl AcquireRequest {
         self.attempt
     }
 
+    /// The same attempt, waiting at most `max_wait`.
+    pub(crate) fn with_max_wait(&self, max_wait: Duration) -> Self {
+        AcquireRequest {
+            max_wait,
+            ..self.clone()
+        }
+    }
+
     /// Whether the owner token was generated for this acquisition alone.
     pub(crate) fn has_fresh_owner(&self) -> bool {
         self.fresh_owner

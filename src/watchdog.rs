@@ -28,6 +28,11 @@ struct LostState {
     listeners: AtomicUsize,
     notify: Notify,
     expiry: Mutex<Instant>,
+    // Held for the whole round trip of an extension, by the watchdog and by
+    // the holder's own `extend`: two extensions of one lock never overlap,
+    // so the one that finishes last is the one the backend kept, and the
+    // expiry recorded here is always the one the backend was told.
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Tells a holder that its lock is gone: taken over after expiry, released
@@ -46,8 +51,10 @@ struct LostState {
 /// # }
 /// ```
 ///
-/// Once the lock is released by its holder the signal goes quiet: `lost()`
-/// never resolves and `is_lost()` stays `false`.
+/// Once the lock is released by its holder the signal goes quiet: a loss
+/// that had happened by then stays visible to every copy (`lost()` resolves,
+/// `is_lost()` is `true`), and nothing later counts as one (`lost()` then
+/// never resolves, `is_lost()` stays `false`).
 #[derive(Clone)]
 pub struct LostSignal(Arc<LostState>);
 
@@ -67,20 +74,26 @@ impl LostSignal {
             listeners: AtomicUsize::new(0),
             notify: Notify::new(),
             expiry: Mutex::new(expiry),
+            gate: Arc::default(),
         }))
     }
 
-    fn expiry(&self) -> Instant {
+    /// Hold this across an extension's round trip (see `LostState::gate`).
+    pub(crate) async fn extending(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.0.gate.clone().lock_owned().await
+    }
+
+    pub(crate) fn expiry(&self) -> Instant {
         *self.0.expiry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the lock is known to be lost, or its TTL has passed without
     /// a successful extension (by this process's clock).
     pub fn is_lost(&self) -> bool {
-        if self.0.done.load(Ordering::SeqCst) {
-            return false;
+        if self.0.lost.load(Ordering::SeqCst) {
+            return true;
         }
-        self.0.lost.load(Ordering::SeqCst) || Instant::now() >= self.expiry()
+        !self.0.done.load(Ordering::SeqCst) && Instant::now() >= self.expiry()
     }
 
     /// Resolves when the lock is lost (see [`is_lost`](LostSignal::is_lost)).
@@ -98,11 +111,11 @@ impl LostSignal {
             let notified = self.0.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.0.done.load(Ordering::SeqCst) {
-                return std::future::pending().await;
-            }
             if self.0.lost.load(Ordering::SeqCst) {
                 return;
+            }
+            if self.0.done.load(Ordering::SeqCst) {
+                return std::future::pending().await;
             }
             let expiry = self.expiry();
             tokio::select! {
@@ -129,8 +142,12 @@ impl LostSignal {
         self.wake();
     }
 
-    /// The holder released the lock: nothing more to signal.
+    /// The holder released the lock: nothing more to signal. A lock whose
+    /// TTL had passed by then was lost all the same, and stays so.
     pub(crate) fn finish(&self) {
+        if !self.0.done.load(Ordering::SeqCst) && Instant::now() >= self.expiry() {
+            self.0.lost.store(true, Ordering::SeqCst);
+        }
         self.0.done.store(true, Ordering::SeqCst);
         self.wake();
     }
@@ -241,6 +258,14 @@ impl Watchdog {
         ttl: Duration,
         signal: LostSignal,
     ) -> WatchHandle {
+        // A third of the TTL after the lock's last acquisition or extension,
+        // as the lock's expiry says: a lock that has less left than that
+        // (restored from a token, extended to less) is renewed sooner.
+        let now = Instant::now();
+        let due = signal
+            .expiry()
+            .checked_sub(ttl - ttl / 3)
+            .map_or(now, |due| due.max(now));
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
@@ -250,7 +275,7 @@ impl Watchdog {
                 key,
                 owner,
                 ttl,
-                due: Instant::now() + ttl / 3,
+                due,
                 signal,
             },
         );
@@ -277,7 +302,7 @@ impl Watchdog {
 
     async fn run(self: Arc<Self>) {
         loop {
-            let (ids, batch, next) = {
+            let (ids, batch, gates, next) = {
                 let mut state = self.state();
                 if state.entries.is_empty() {
                     state.running = false;
@@ -286,21 +311,30 @@ impl Watchdog {
                 let now = Instant::now();
                 let mut ids = Vec::new();
                 let mut batch = Vec::new();
+                let mut gates = Vec::new();
                 let mut next: Option<Instant> = None;
-                for (id, e) in &state.entries {
+                for (id, e) in &mut state.entries {
                     // Renew a little early to share a round trip with others.
                     if e.due <= now + e.ttl / 12 {
-                        ids.push(*id);
-                        batch.push(ExtendRequest {
-                            key: e.key.clone(),
-                            owner: e.owner.clone(),
-                            ttl: e.ttl,
-                        });
-                    } else {
-                        next = Some(next.map_or(e.due, |n| n.min(e.due)));
+                        match e.signal.0.gate.clone().try_lock_owned() {
+                            Ok(gate) => {
+                                ids.push(*id);
+                                gates.push(gate);
+                                batch.push(ExtendRequest {
+                                    key: e.key.clone(),
+                                    owner: e.owner.clone(),
+                                    ttl: e.ttl,
+                                });
+                                continue;
+                            }
+                            // The holder is extending it by hand, which
+                            // renews it; look again shortly.
+                            Err(_) => e.due = now + (e.ttl / 10).max(Duration::from_millis(5)),
+                        }
                     }
+                    next = Some(next.map_or(e.due, |n| n.min(e.due)));
                 }
-                (ids, batch, next)
+                (ids, batch, gates, next)
             };
             if batch.is_empty() {
                 let wake_at = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
@@ -323,8 +357,11 @@ impl Watchdog {
                     .unwrap_or(Err(LockError::BackendUnavailable("no result".into())));
                 match result {
                     Ok(_) => {
-                        e.due = sent + e.ttl / 3;
-                        e.signal.set_expiry(sent + e.ttl);
+                        // What the backend was told, which `e.ttl` still is:
+                        // a change by hand waits for the gate.
+                        let ttl = batch[i].ttl;
+                        e.due = sent + ttl / 3;
+                        e.signal.set_expiry(sent + ttl);
                     }
                     Err(LockError::NotFound | LockError::OwnershipMismatch) => {
                         tracing::warn!(key = %e.key.digest(), "lock lost: renewal found it gone");
@@ -343,6 +380,8 @@ impl Watchdog {
                     }
                 }
             }
+            drop(state);
+            drop(gates);
         }
     }
 }

@@ -81,7 +81,7 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
     let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
         Some(spec("victim", 1_500).watchdog(true))
     });
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<tower_lock::HeldLock>();
     let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
     let app = Router::new().route(
         "/run",
@@ -90,7 +90,7 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
             async move {
                 let lock = locks.first().unwrap();
                 if let Some(tx) = started_tx.lock().unwrap().take() {
-                    let _ = tx.send(());
+                    let _ = tx.send(lock.clone());
                 }
                 tokio::select! {
                     _ = lock.lost() => "lost",
@@ -101,7 +101,9 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
         .layer(layer),
     );
     let call = tokio::spawn(app.oneshot(Request::post("/run").body(Body::empty()).unwrap()));
-    started_rx.await.unwrap();
+    let copy = started_rx.await.unwrap();
+    // (16.11) A copy kept by a task of its own learns it too.
+    let copy_lost = tokio::spawn(async move { copy.lost().await });
     assert!(
         backend
             .force_release(&LockKey::global("victim").unwrap())
@@ -110,6 +112,10 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
     );
     let res = call.await.unwrap().unwrap();
     assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "lost");
+    tokio::time::timeout(Duration::from_secs(5), copy_lost)
+        .await
+        .expect("the copy learnt the lock was lost")
+        .unwrap();
 }
 
 pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
@@ -396,4 +402,163 @@ pub async fn admin_force_release_and_bad_keys(h: Harness) {
     assert_eq!(slash["key"], "a/b");
     let (_, _, encoded) = call(&app, "GET", "/admin/locks/a%2Fb", None).await;
     assert_eq!(encoded["key"], "a/b");
+
+    // (16.5) A `route` that does not decode is a 400, never "no route",
+    // which would name (and release) the global lock of the same key.
+    let (status, _, _) = call(&app, "POST", "/deposit?keep=true", None).await;
+    assert_eq!(status, StatusCode::OK);
+    for (method, path) in [
+        ("GET", "/admin/locks/account:7?route=%ZZ"),
+        ("DELETE", "/admin/locks/account:7?route=%E9&force=true"),
+        ("DELETE", "/admin/locks/account:7?route=%4"),
+    ] {
+        let (status, _, bad) = call(&app, method, path, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path}");
+        assert_eq!(bad["error"]["code"], "LOCK_INVALID_KEY", "{method} {path}");
+    }
+    let key = LockKey::global("account:7").unwrap();
+    assert!(
+        h.backend.status(&key).await.unwrap().is_some(),
+        "the global lock is untouched"
+    );
+    assert!(h.backend.force_release(&key).await.unwrap());
+}
+
+/// (16.4) A token restores only the acquisition it was made from: with a
+/// reused custom owner, a token of an earlier acquisition is stale
+/// (`LOCK_OWNERSHIP_MISMATCH`), never the newer lock. The restored handle
+/// keeps the lock's original TTL, so a watchdog started after `restore`
+/// renews by it, not by the few moments left (and in time, although less
+/// than a third of the TTL is left).
+pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
+    let backend = h.backend.clone();
+    let u = h.unit();
+    let job = |ttl| LockSpec::new("job", ttl).global().owner("worker-1");
+    let first = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+        .await
+        .unwrap();
+    let old = first.into_token();
+    OwnedLock::restore(backend.clone(), &old)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let second = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+        .await
+        .unwrap();
+    assert!(second.fence() > old.fence);
+    assert_eq!(
+        OwnedLock::restore(backend.clone(), &old).await.unwrap_err(),
+        LockError::OwnershipMismatch,
+        "a stale token must not take over the newer acquisition"
+    );
+
+    h.advance(u * 8).await;
+    let token = second.into_token();
+    assert_eq!(token.ttl_ms, Some((u * 10).as_millis() as u64));
+    let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
+    assert_eq!(restored.info().ttl(), u * 10, "the original TTL");
+    restored.start_watchdog();
+    for _ in 0..4 {
+        h.advance(u).await;
+    }
+    let left = restored
+        .status()
+        .await
+        .unwrap()
+        .expect("kept")
+        .ttl_remaining;
+    assert!(left > u * 5, "renewed by the whole TTL: {left:?} left");
+    restored.release().await.unwrap();
+
+    // A token from before tokens carried the TTL still restores.
+    let third = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+        .await
+        .unwrap();
+    let mut json = serde_json::to_value(third.into_token()).unwrap();
+    json.as_object_mut().unwrap().remove("ttl_ms");
+    let legacy: LockToken = serde_json::from_value(json).unwrap();
+    let restored = OwnedLock::restore(backend.clone(), &legacy).await.unwrap();
+    assert!(restored.info().ttl() <= u * 10);
+    restored.release().await.unwrap();
+}
+
+/// (16.6) A watchdog renewal and an `extend` by hand of the same lock: the
+/// renewal is held back on its way to the backend while the holder extends
+/// to a long TTL. Whatever order they land in, the lock's local expiry must
+/// be what the backend keeps: the holder must never believe it holds a lock
+/// the backend has let go.
+pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let u = h.unit();
+    let spec = LockSpec::new("job", u * 3).global().watchdog(true);
+    let mut lock = OwnedLock::acquire(probe.backend(), &spec, "")
+        .await
+        .unwrap();
+    probe.hold_renewals();
+    // The renewal (by 3 units) falls due after one unit.
+    h.advance(u * 3 / 2).await;
+    probe.renewals_held(1).await;
+    let extend = tokio::spawn(async move {
+        lock.extend(u * 30).await.unwrap();
+        lock
+    });
+    // Let the extension run as far as it can (to the backend, if nothing
+    // stops it) before the renewal lands.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    if !h.is_paused() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    probe.let_renewals_go();
+    probe.renewals_done(1).await;
+    let lock = extend.await.unwrap();
+    h.advance(u * 5).await;
+    let held = lock.status().await.unwrap().is_some();
+    assert!(
+        held && !lock.is_lost(),
+        "backend holds it: {held}; holder thinks it lost: {}",
+        lock.is_lost()
+    );
+    lock.release().await.unwrap();
+}
+
+/// (16.14) Once the response has released a request's locks, calls on them
+/// say so (`LOCK_ALREADY_RELEASED`), as the error table promises; a key the
+/// request never held is `LOCK_NOT_FOUND`.
+pub async fn calls_after_the_response_say_already_released(h: Harness) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<Locks>();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let layer = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        Some(spec("k", 30_000))
+    });
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.lock().unwrap().take().unwrap().send(locks);
+                "done"
+            }
+        })
+        .layer(layer),
+    );
+    assert_eq!(run(app).await, "done");
+    let locks = rx.await.unwrap();
+    assert_eq!(locks.release("k").await, Err(LockError::AlreadyReleased));
+    assert_eq!(
+        locks.extend("k", Duration::from_secs(1)).await.unwrap_err(),
+        LockError::AlreadyReleased
+    );
+    assert_eq!(
+        locks.status("k").await.unwrap_err(),
+        LockError::AlreadyReleased
+    );
+    assert_eq!(locks.release("never").await, Err(LockError::NotFound));
+    assert_eq!(
+        locks.acquire(spec("more", 1_000)).await.unwrap_err(),
+        LockError::AlreadyReleased
+    );
 }

@@ -1023,3 +1023,146 @@ pub async fn works_inside_service_builder(h: Harness) {
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);
     assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
 }
+
+/// (16.2) A request's first lock must not run out while it waits for its
+/// second: a lock `a` of one unit, `b` held elsewhere longer. The wait for
+/// `b` ends when `a` would, so the request is refused (`LOCK_TIMEOUT`); it
+/// never runs inside `a` once someone else has taken `a`.
+pub async fn a_lock_never_runs_out_while_the_request_waits_for_another(h: Harness) {
+    let ctl = Ctl::default();
+    let u = h.unit();
+    let both = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+        [
+            LockSpec::new("a", u).global().max_wait(u * 10),
+            LockSpec::new("b", u * 30).global().max_wait(u * 10),
+        ]
+    });
+    let only_a = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+        Some(LockSpec::new("a", u * 30).global())
+    });
+    let app = Router::new()
+        .route("/both", gated(&ctl).layer(both))
+        .route("/a", gated(&ctl).layer(only_a));
+    let b = gkey("b");
+    h.backend
+        .acquire(&areq(&b, "elsewhere", u * 30, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let waiting = spawn_send(&app, post_req("/both"));
+    h.until_queued(&b, 1).await;
+    h.advance(u * 3 / 2).await;
+    // `a`'s TTL is over: another request takes it and holds it.
+    let other = spawn_send(&app, gated_req("/a"));
+    ctl.entered().await;
+    h.backend.release(&b, "elsewhere").await.unwrap();
+
+    waiting.await.unwrap().assert_rejection(429, "LOCK_TIMEOUT");
+    assert_eq!(ctl.runs(), 1, "only the request holding `a` now ran");
+    ctl.open(1);
+    assert_eq!(other.await.unwrap().status, StatusCode::OK);
+    assert_eq!(status_of(&h.backend, &b).await, None, "`b` was never taken");
+}
+
+/// (16.2) A lock that has run out by the time its acquisition returns (a
+/// reply slower than the TTL) is given back and the handler does not run:
+/// `429 LOCK_EXPIRED`.
+pub async fn a_lock_that_ran_out_before_the_handler_is_refused(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let ctl = Ctl::default();
+    let u = h.unit();
+    let short = LockLayer::from_shared(probe.backend(), move |_: &Request<Body>| {
+        Some(LockSpec::new("k", u).global())
+    });
+    let app = Router::new().route("/k", gated(&ctl).layer(short));
+    probe.hold_acquire_replies();
+    let request = spawn_send(&app, post_req("/k"));
+    probe.acquire_replies_held(1).await;
+    h.advance(u * 2).await;
+    probe.let_acquire_replies_go();
+
+    request.await.unwrap().assert_rejection(429, "LOCK_EXPIRED");
+    assert_eq!(ctl.runs(), 0);
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+}
+
+/// (16.7) Several locks wait at most the longest max wait in all, not the
+/// sum: `a` comes free after 1.5 units, `b` never; both allow 2 units. The
+/// request is answered when 2 units have passed, not 3.5.
+pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
+    let u = h.unit();
+    let both = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+        [
+            LockSpec::new("a", TTL).global().max_wait(u * 2),
+            LockSpec::new("b", TTL).global().max_wait(u * 2),
+        ]
+    });
+    let ctl = Ctl::default();
+    let app = Router::new().route("/both", gated(&ctl).layer(both));
+    for key in ["a", "b"] {
+        h.backend
+            .acquire(&areq(&gkey(key), "elsewhere", TTL, Duration::ZERO))
+            .await
+            .unwrap();
+    }
+    let start = Instant::now();
+    let request = spawn_send(&app, post_req("/both"));
+    h.until_queued(&gkey("a"), 1).await;
+    h.advance(u * 3 / 2).await;
+    h.backend.release(&gkey("a"), "elsewhere").await.unwrap();
+    let reply = request.await.unwrap();
+    let waited = start.elapsed();
+    reply.assert_rejection(429, "LOCK_TIMEOUT");
+    if h.is_paused() {
+        assert_eq!(waited, u * 2);
+    } else {
+        assert!(waited < u * 3, "waited {waited:?}: the sum of the waits");
+    }
+    assert_eq!(ctl.runs(), 0);
+    assert_eq!(
+        status_of(&h.backend, &gkey("a")).await,
+        None,
+        "`a` given back"
+    );
+}
+
+/// (16.7) One key names one lock of a request: specs naming it in both
+/// scopes are refused (`400 LOCK_INVALID_KEY`), and so is `Locks::acquire`
+/// of a key the request already holds, in either scope.
+pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
+    let ctl = Ctl::default();
+    let twins = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+        [LockSpec::new("k", TTL), LockSpec::new("k", TTL).global()]
+    });
+    let app = Router::new().route("/twins", gated(&ctl).layer(twins));
+    send(&app, post_req("/twins"))
+        .await
+        .assert_rejection(400, "LOCK_INVALID_KEY");
+    assert_eq!(ctl.runs(), 0);
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    let route_k = LockKey::route("/twins", "k").unwrap();
+    assert_eq!(status_of(&h.backend, &route_k).await, None);
+
+    let one = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+        Some(LockSpec::new("k", TTL))
+    });
+    let handler = post(|locks: Locks| async move {
+        let same = locks.acquire(LockSpec::new("k", TTL)).await;
+        let other_scope = locks.acquire(LockSpec::new("k", TTL).global()).await;
+        format!(
+            "{:?} {:?}",
+            same.map(|l| l.fence()),
+            other_scope.map(|l| l.fence())
+        )
+    });
+    let app = Router::new().route("/one", handler.layer(one));
+    let reply = send(&app, post_req("/one")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.text().matches("InvalidKey").count(),
+        2,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+}

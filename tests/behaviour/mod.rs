@@ -110,6 +110,7 @@ for_each_backend! {
             backend_failure_is_503,
             multiple_specs_all_held_and_released,
             opposite_lock_orders_do_not_deadlock,
+            one_key_in_both_scopes_is_refused,
             dropped_acquisition_releases_every_lock,
             failed_acquisition_dropped_mid_cleanup_still_releases,
             release_calls_dropped_mid_flight_still_release,
@@ -129,6 +130,7 @@ for_each_backend! {
             token_hand_off_across_handles,
             keep_after_response_then_release_through_admin,
             admin_force_release_and_bad_keys,
+            calls_after_the_response_say_already_released,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -142,7 +144,12 @@ for_each_backend! {
             lost_signal_follows_extensions,
             watchdog_renews_many_locks_in_one_call_per_tick,
             stale_tokens_are_refused,
+            a_token_restores_only_its_own_acquisition,
+            a_renewal_and_an_extend_never_disagree_with_the_backend,
             an_expired_lock_goes_to_the_queue_not_to_a_newcomer,
+            a_lock_never_runs_out_while_the_request_waits_for_another,
+            a_lock_that_ran_out_before_the_handler_is_refused,
+            several_locks_wait_at_most_the_longest_max_wait,
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
         ],
         multi_thread: [

@@ -53,6 +53,57 @@ pub struct Probe {
     /// `extend_many` calls, and the extensions they carried.
     batches: AtomicUsize,
     batched: AtomicUsize,
+    /// The same for renewal batches (`extend_many`) and for acquire replies.
+    renewals: Hold,
+    acquire_replies: Hold,
+}
+
+/// Calls held in flight until the test lets them go.
+struct Hold {
+    on: AtomicBool,
+    permits: Semaphore,
+    waiting: watch::Sender<usize>,
+    // Calls that went through (held or not) and returned.
+    done: watch::Sender<usize>,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold {
+            on: AtomicBool::new(false),
+            permits: Semaphore::new(0),
+            waiting: watch::Sender::new(0),
+            done: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Hold {
+    async fn pass(&self) {
+        if self.on.load(SeqCst) {
+            self.waiting.send_modify(|n| *n += 1);
+            let _permit = self.permits.acquire().await.expect("open");
+        }
+    }
+
+    fn let_go(&self) {
+        self.on.store(false, SeqCst);
+        self.permits.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+
+    async fn held(&self, n: usize) {
+        let mut rx = self.waiting.subscribe();
+        rx.wait_for(|held| *held >= n)
+            .await
+            .expect("the probe outlives its receivers");
+    }
+
+    async fn done(&self, n: usize) {
+        let mut rx = self.done.subscribe();
+        rx.wait_for(|done| *done >= n)
+            .await
+            .expect("the probe outlives its receivers");
+    }
 }
 
 impl Probe {
@@ -68,7 +119,44 @@ impl Probe {
             releases_waiting: watch::Sender::new(0),
             batches: AtomicUsize::new(0),
             batched: AtomicUsize::new(0),
+            renewals: Hold::default(),
+            acquire_replies: Hold::default(),
         })
+    }
+
+    /// From now on, renewal batches (`extend_many`) stay in flight, before
+    /// reaching the backend, until [`Probe::let_renewals_go`].
+    pub fn hold_renewals(&self) {
+        self.renewals.on.store(true, SeqCst);
+    }
+
+    pub fn let_renewals_go(&self) {
+        self.renewals.let_go();
+    }
+
+    /// Wait until `n` renewal batches are (or were) held.
+    pub async fn renewals_held(&self, n: usize) {
+        self.renewals.held(n).await;
+    }
+
+    /// Wait until `n` renewal batches have been answered by the backend.
+    pub async fn renewals_done(&self, n: usize) {
+        self.renewals.done(n).await;
+    }
+
+    /// From now on, acquisitions reach the backend but their replies stay
+    /// in flight until [`Probe::let_acquire_replies_go`].
+    pub fn hold_acquire_replies(&self) {
+        self.acquire_replies.on.store(true, SeqCst);
+    }
+
+    pub fn let_acquire_replies_go(&self) {
+        self.acquire_replies.let_go();
+    }
+
+    /// Wait until `n` acquire replies are (or were) held.
+    pub async fn acquire_replies_held(&self, n: usize) {
+        self.acquire_replies.held(n).await;
     }
 
     /// This probe as the layer's backend.
@@ -142,6 +230,7 @@ impl LockBackend for Probe {
             self.enter()?;
             self.acquires.send_modify(|n| *n += 1);
             let lease = self.inner.acquire(req).await;
+            self.acquire_replies.pass().await;
             if self.lose_acquire_replies.load(SeqCst) {
                 return Err(LockError::BackendUnavailable(OUTAGE_DETAIL.to_owned()));
             }
@@ -200,7 +289,12 @@ impl LockBackend for Probe {
         self.calls.fetch_add(1, SeqCst);
         self.batches.fetch_add(1, SeqCst);
         self.batched.fetch_add(batch.len(), SeqCst);
-        self.inner.extend_many(batch)
+        Box::pin(async move {
+            self.renewals.pass().await;
+            let results = self.inner.extend_many(batch).await;
+            self.renewals.done.send_modify(|n| *n += 1);
+            results
+        })
     }
 }
 

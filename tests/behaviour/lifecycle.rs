@@ -131,6 +131,34 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
     assert!(lock.is_lost());
 }
 
+/// A renewal that finds the lock gone (force-released by an operator)
+/// signals the loss at once, at that renewal, not when the TTL would have
+/// run out.
+pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
+    let u = h.unit();
+    let spec = LockSpec::new("victim", u * 30).global().watchdog(true);
+    let lock = OwnedLock::acquire(h.backend.clone(), &spec, "")
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    h.advance(u).await;
+    assert!(
+        h.backend
+            .force_release(lock.info().lock_key())
+            .await
+            .unwrap()
+    );
+    // Renewals fall due every 10 units; the TTL would end at 30.
+    for _ in 0..20 {
+        if lock.is_lost() {
+            break;
+        }
+        h.advance(u).await;
+    }
+    assert!(lock.is_lost(), "the renewal at 10 units must notice");
+    assert!(start.elapsed() < u * 20, "noticed at {:?}", start.elapsed());
+}
+
 /// The lost signal follows extensions, whether a copy of the lock was taken
 /// before the extension, after it, or never.
 pub async fn lost_signal_follows_extensions(h: Harness) {

@@ -274,6 +274,41 @@ pub async fn release_on_dropped_response_future(h: Harness) {
     assert_eq!(send(&app, post_req("/r/k")).await.status, StatusCode::OK);
 }
 
+/// (7c) A body dropped mid-stream (client gone) releases the request's locks
+/// even while a task the handler spawned still keeps a copy of its `Locks`
+/// (so the registry itself lives on): the response's guard releases them.
+pub async fn release_on_dropped_body_while_locks_live_on(h: Harness) {
+    let (keep_tx, keep_rx) = oneshot::channel::<Locks>();
+    let keep_tx = Arc::new(std::sync::Mutex::new(Some(keep_tx)));
+    let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let streaming = post(move |locks: Locks| {
+        let (keep_tx, frames_tx) = (keep_tx.clone(), frames_tx.clone());
+        async move {
+            // A background task holds on to the request's locks.
+            let _ = keep_tx.lock().unwrap().take().unwrap().send(locks);
+            let (tx, rx) = mpsc::channel(4);
+            frames_tx.send(tx).expect("test listening");
+            Body::new(ChannelBody(rx))
+        }
+    });
+    let app = Router::new().route(
+        "/s/{key}",
+        streaming.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+    let key = gkey("k");
+    let res = app.oneshot(post_req("/s/k")).await.unwrap();
+    let _frames = frames_rx.recv().await.expect("handler ran");
+    let kept = keep_rx.await.unwrap();
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "held while streaming"
+    );
+
+    drop(res);
+    assert_released(&h, &key).await;
+    assert_eq!(kept.release("k").await, Err(LockError::AlreadyReleased));
+}
+
 /// (7b) Over a real connection: a client that sends its request and closes
 /// the connection while the handler runs gets its lock released.
 pub async fn release_on_tcp_client_disconnect(h: Harness) {

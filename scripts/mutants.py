@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Break tower-lock on purpose, one mechanism at a time, and see whether the
+test suite notices.
+
+Each mutant below removes or bends one mechanism a guarantee rests on (the
+queue check that stops barging, the hand-off at release, the owner check, the
+attempt id, the fence...). For each, the script edits the source, runs the
+tests, and puts the source back, whatever happens (also on Ctrl-C).
+
+    scripts/mutants.py                 # every mutant (about a minute each)
+    scripts/mutants.py queue fence     # only mutants whose name has one of these words
+    scripts/mutants.py --list
+
+A mutant is CAUGHT when some test fails, MISSED when every test passes (a
+hole in the suite: write the test that fails), and INVALID when it does not
+build (fix the mutant). Exit status 1 if any was missed or invalid.
+
+This is a targeted list, not a search of every operator (cargo-mutants does
+that, at hundreds of builds for this crate: hours on a 2-core machine). Add a
+mutant whenever a mechanism is added; the README's testing notes quote the
+last run.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TEST_CMD = [
+    "cargo", "test", "--all-features", "-q",
+    "--lib", "--test", "behaviour", "--test", "redis_backend", "--test", "smoke",
+]
+TIMEOUT_S = 600
+
+# (name, file, text to find (exactly once), replacement)
+MUTANTS = [
+    # Redis scripts
+    ("redis-acquire-fast-path-ignores-queue", "src/backend/redis/acquire.lua",
+     "if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then",
+     "if redis.call('EXISTS', KEYS[1]) == 0 then"),
+    ("redis-release-without-hand-off", "src/backend/redis/release.lua",
+     "if not hand_off(nil, nil) and current then",
+     "if current then"),
+    ("redis-retry-by-owner-only", "src/backend/redis/acquire.lua",
+     "if holder == owner and held_attempt == attempt then",
+     "if holder == owner then"),
+    ("redis-force-release-repeats", "src/backend/redis/force_release.lua",
+     "  if nonce == ARGV[1] then",
+     "  if false then"),
+    ("redis-hand-off-to-dead-waiters", "src/backend/redis/common.lua",
+     "if deadline and tonumber(deadline) > now then",
+     "if deadline then"),
+    ("redis-release-ignores-owner", "src/backend/redis/release.lua",
+     "if string.sub(current, -n) ~= owner or string.byte(current, -n - 1) ~= 32 then",
+     "if false then"),
+    ("redis-extend-ignores-owner", "src/backend/redis/extend.lua",
+     "if holder ~= ARGV[1] then",
+     "if false then"),
+    ("redis-fence-not-incremented-on-hand-off", "src/backend/redis/common.lua",
+     "  local f = redis.call('INCR', fence)\n  redis.call('SET', lock,",
+     "  local f = tonumber(redis.call('GET', fence) or '0')\n  redis.call('SET', lock,"),
+    ("redis-stale-grant-believed", "src/backend/redis/mod.rs",
+     "Ok(grant) if entries <= 1 => {",
+     "Ok(grant) if entries <= 1_000 => {"),
+    # Memory backend
+    ("memory-expired-lock-free-for-newcomer", "src/backend/memory.rs",
+     "let handed = (expired && self.hand_off(entry)).then_some(entry.expires);",
+     "let handed = (expired && false).then_some(entry.expires);"),
+    ("memory-release-without-hand-off", "src/backend/memory.rs",
+     "            Ok(out) => {\n                if self.hand_off(occupied.get_mut()) {",
+     "            Ok(out) => {\n                if false && self.hand_off(occupied.get_mut()) {"),
+    ("memory-retry-by-owner-only", "src/backend/memory.rs",
+     "self.attempt == req.attempt() && *self.owner == *req.owner()",
+     "*self.owner == *req.owner()"),
+    ("memory-release-ignores-owner", "src/backend/memory.rs",
+     "            } else if *e.owner != *owner {\n                Err(Err(LockError::OwnershipMismatch))",
+     "            } else if false {\n                Err(Err(LockError::OwnershipMismatch))"),
+    ("memory-hand-off-keeps-old-fence", "src/backend/memory.rs",
+     "        let fence = next_fence(fence);\n        let lease = Lease::new(fence, wall, wall, w.ttl);",
+     "        let fence = entry.fence;\n        let lease = Lease::new(fence, wall, wall, w.ttl);"),
+    # Layer
+    ("layer-waits-outlast-held-locks", "src/service.rs",
+     "if let Some(expiry) = locks.earliest_expiry() {",
+     "if let Some(expiry) = locks.earliest_expiry().filter(|_| false) {"),
+    ("layer-no-check-before-handler", "src/service.rs",
+     "    if !locks.any_lost() {",
+     "    if true || !locks.any_lost() {"),
+    ("layer-waits-add-up", "src/service.rs",
+     "            let mut until = deadline;",
+     "            let mut until = now + req.max_wait().min(crate::spec::MAX_TTL);"),
+    ("layer-scope-twins-allowed", "src/service.rs",
+     ".any(|w| w[0].0.key().key() == w[1].0.key().key())",
+     ".any(|_| false)"),
+    ("body-drop-does-not-release", "src/body.rs",
+     "        if let Some(locks) = self.locks.take()\n            && let Some(fut) = locks.release_auto()",
+     "        if let Some(locks) = self.locks.take().filter(|_| false)\n            && let Some(fut) = locks.release_auto()"),
+    ("restore-ignores-fence", "src/locks.rs",
+     "if status.owner != token.owner || status.fence != token.fence {",
+     "if status.owner != token.owner {"),
+    # Watchdog
+    ("watchdog-first-renewal-from-now", "src/watchdog.rs",
+     "            .checked_sub(ttl - ttl / 3)",
+     "            .checked_sub(ttl * 0)"),
+    ("watchdog-ignores-lost-renewal", "src/watchdog.rs",
+     "                        e.signal.mark_lost();\n                        state.entries.remove(id);\n                    }\n                    Err(err) => {",
+     "                        state.entries.remove(id);\n                    }\n                    Err(err) => {"),
+]
+
+
+def run_tests():
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(TEST_CMD, cwd=ROOT, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - started, ""
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 0:
+        return "passed", time.monotonic() - started, out
+    if "error[E" in out or "could not compile" in out:
+        return "no-build", time.monotonic() - started, out
+    return "failed", time.monotonic() - started, out
+
+
+def failing_tests(out):
+    """The names in the `failures:` lists libtest prints at the end."""
+    names, listing = [], False
+    for line in out.splitlines():
+        if line == "failures:":
+            listing = True
+        elif listing and line.startswith("    ") and "::" in line or listing and line.startswith("    ") and " " not in line.strip():
+            name = line.strip()
+            if name not in names:
+                names.append(name)
+        elif listing and line.startswith("test result:"):
+            listing = False
+    return names
+
+
+def main(argv):
+    if "--list" in argv:
+        for name, path, _, _ in MUTANTS:
+            print(f"{name:45} {path}")
+        return 0
+    words = [a for a in argv if not a.startswith("-")]
+    chosen = [m for m in MUTANTS if not words or any(w in m[0] for w in words)]
+    if not chosen:
+        print("no mutant matches", words, file=sys.stderr)
+        return 2
+
+    print("baseline: building and running the tests unmutated", file=sys.stderr)
+    status, secs, out = run_tests()
+    if status != "passed":
+        print(out[-4000:], file=sys.stderr)
+        print(f"the unmutated suite does not pass ({status}): fix that first", file=sys.stderr)
+        return 2
+
+    results = []
+    for name, path, find, replace in chosen:
+        full = os.path.join(ROOT, path)
+        with open(full, encoding="utf-8") as f:
+            original = f.read()
+        if original.count(find) != 1:
+            results.append((name, "STALE", 0.0, f"text to mutate found {original.count(find)} times"))
+            continue
+        print(f"mutant {name} ...", file=sys.stderr)
+        try:
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(original.replace(find, replace))
+            status, secs, out = run_tests()
+        finally:
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(original)
+        if status in ("failed", "timeout"):
+            caught_by = failing_tests(out)
+            results.append((name, "CAUGHT", secs, ", ".join(caught_by[:3]) +
+                            (f" (+{len(caught_by) - 3} more)" if len(caught_by) > 3 else "")))
+        elif status == "passed":
+            results.append((name, "MISSED", secs, "every test passed"))
+        else:
+            results.append((name, "INVALID", secs, "does not build"))
+
+    print("| mutant | result | caught by |")
+    print("|---|---|---|")
+    for name, result, secs, detail in results:
+        print(f"| `{name}` | {result} | {detail} |")
+    caught = sum(1 for r in results if r[1] == "CAUGHT")
+    print(f"\n{caught} of {len(results)} mutants caught", file=sys.stderr)
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

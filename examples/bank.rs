@@ -138,7 +138,7 @@ impl Args {
 async fn run(args: Args) -> Result<(), String> {
     let bank = match &args.redis {
         None => Bank {
-            locks: Arc::new(MemoryBackend::new()),
+            locks: SharedBackend::new(MemoryBackend::new()),
             balances: Balances::Memory(Mutex::default()),
         },
         Some(url) => redis_bank(url).await?,
@@ -188,7 +188,7 @@ struct Bank {
 }
 
 fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
-    let lock_account = LockLayer::from_shared(bank.locks.clone(), deposit_lock);
+    let lock_account = LockLayer::new(bank.locks.clone(), deposit_lock);
     let mut app = Router::new()
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
         .route("/accounts/{id}", get(balance));
@@ -463,7 +463,7 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
 fn redis_lock_backend(url: &str) -> Result<SharedBackend, String> {
     let backend =
         tower_lock::RedisBackend::from_url(url).map_err(|e| format!("bad --redis URL: {e}"))?;
-    Ok(Arc::new(backend))
+    Ok(SharedBackend::new(backend))
 }
 
 /// A JSON error: `{"error": {"code": ..., "message": ...}}`, the same shape

@@ -51,13 +51,13 @@ fn main() {
         .expect("a tokio runtime");
     runtime.block_on(async move {
         let memory = MemoryBackend::new();
-        let backend: SharedBackend = std::sync::Arc::new(memory.clone());
+        let backend = SharedBackend::new(memory.clone());
         let route = get(ok);
         let route = match mode.as_str() {
             "serial" => {
                 for i in 0..n {
                     let spec = LockSpec::new(format!("s:{i}"), Duration::from_secs(30)).global();
-                    let lock = OwnedLock::acquire(backend.clone(), &spec, "")
+                    let lock = OwnedLock::acquire(backend.clone(), &spec)
                         .await
                         .expect("a fresh key is free");
                     lock.release().await.expect("held");
@@ -65,18 +65,14 @@ fn main() {
                 return;
             }
             "open" => route,
-            "locked" => route.layer(LockLayer::from_shared(
-                backend.clone(),
-                |req: &Request<Body>| {
-                    let params = path_params(req);
-                    let id = params.get("id")?;
-                    Some(LockSpec::new(format!("req:{id}"), Duration::from_secs(30)))
-                },
-            )),
-            "none" => route.layer(LockLayer::from_shared(
-                backend.clone(),
-                |_: &Request<Body>| None::<LockSpec>,
-            )),
+            "locked" => route.layer(LockLayer::new(backend.clone(), |req: &Request<Body>| {
+                let params = path_params(req);
+                let id = params.get("id")?;
+                Some(LockSpec::new(format!("req:{id}"), Duration::from_secs(30)))
+            })),
+            "none" => route.layer(LockLayer::new(backend.clone(), |_: &Request<Body>| {
+                None::<LockSpec>
+            })),
             "ident" => route.layer(tower::layer::util::Identity::new()).layer(
                 axum::middleware::map_response(|r: Response| async move { r }),
             ),

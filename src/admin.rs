@@ -20,7 +20,6 @@
 //! use axum::{Router, middleware::{self, Next}, extract::Request, response::Response};
 //! use http::StatusCode;
 //! use tower_lock::{MemoryBackend, SharedBackend, admin::Admin};
-//! use std::sync::Arc;
 //!
 //! async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
 //!     match req.headers().get("authorization") {
@@ -29,7 +28,7 @@
 //!     }
 //! }
 //!
-//! let backend: SharedBackend = Arc::new(MemoryBackend::new());
+//! let backend = SharedBackend::new(MemoryBackend::new());
 //! let admin = Admin::new(backend.clone()).allow_force(true).router();
 //! let app: Router = Router::new().nest("/admin", admin.layer(middleware::from_fn(require_token)));
 //! # let _ = app;
@@ -47,9 +46,11 @@ use serde_json::{Value, json};
 
 use crate::backend::SharedBackend;
 use crate::error::LockError;
-use crate::headers::{LOCK_OWNER, percent_decode, rfc3339};
+use crate::headers::LOCK_OWNER;
 use crate::key::LockKey;
+use crate::percent;
 use crate::rejection::json_error;
+use crate::time::rfc3339;
 
 /// Builds the admin [`Router`]. See the [module docs](self).
 #[derive(Clone)]
@@ -70,9 +71,9 @@ impl std::fmt::Debug for Admin {
 
 impl Admin {
     /// Admin API over `backend`; owners hidden, force release off.
-    pub fn new(backend: SharedBackend) -> Self {
+    pub fn new(backend: impl Into<SharedBackend>) -> Self {
         Admin {
-            backend,
+            backend: backend.into(),
             show_owner: false,
             allow_force: false,
         }
@@ -130,7 +131,9 @@ fn query_param(uri: &Uri, name: &str) -> Result<Option<String>, ()> {
     for pair in query.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if k == name {
-            return percent_decode(&v.replace('+', " ")).map(Some).ok_or(());
+            return percent::decode_strict(&v.replace('+', " "))
+                .map(Some)
+                .ok_or(());
         }
     }
     Ok(None)

@@ -10,66 +10,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::backend::BoxFuture;
-use crate::locks::{Locks, release_detached_future};
-
-/// Releases a request's auto-release locks exactly once: when started at
-/// the end of the response, or on drop (client gone, body dropped early,
-/// panic unwinding). `Drop` cannot wait, so there the release runs in a task;
-/// if even that fails, the TTL frees the lock.
-pub(crate) struct ReleaseGuard {
-    locks: Option<Locks>,
-}
-
-impl ReleaseGuard {
-    pub(crate) fn new(locks: Locks) -> Self {
-        ReleaseGuard { locks: Some(locks) }
-    }
-
-    pub(crate) fn locks(&self) -> Option<&Locks> {
-        self.locks.as_ref()
-    }
-
-    /// Release now; `None` if done synchronously, else the work to await.
-    pub(crate) fn start(mut self) -> Option<BoxFuture<'static, ()>> {
-        self.locks
-            .take()
-            .and_then(|locks| locks.release_auto())
-            .map(|f| Box::pin(DetachOnDrop(Some(f))) as BoxFuture<'static, ()>)
-    }
-}
-
-/// A started release that finishes in a task if it is dropped unfinished.
-pub(crate) struct DetachOnDrop(pub(crate) Option<BoxFuture<'static, ()>>);
-
-impl std::future::Future for DetachOnDrop {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(f) = self.0.as_mut() {
-            ready!(f.as_mut().poll(cx));
-            self.0 = None;
-        }
-        Poll::Ready(())
-    }
-}
-
-impl Drop for DetachOnDrop {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            release_detached_future(f);
-        }
-    }
-}
-
-impl Drop for ReleaseGuard {
-    fn drop(&mut self) {
-        if let Some(locks) = self.locks.take()
-            && let Some(fut) = locks.release_auto()
-        {
-            release_detached_future(fut);
-        }
-    }
-}
+use crate::lock::release::{Finish, ReleaseGuard};
 
 /// Bodies ready at once up to this size are read ahead, so the locks are
 /// released before the response goes out and it leaves in one write.
@@ -125,7 +66,7 @@ pin_project! {
         #[pin]
         body: B,
         guard: Option<ReleaseGuard>,
-        releasing: Option<BoxFuture<'static, ()>>,
+        releasing: Option<Finish<()>>,
         // Frames read ahead, not yet handed on.
         queued: VecDeque<Frame<B::Data>>,
         // Data bytes in `queued` and `last`.
@@ -179,7 +120,7 @@ impl<B: Body> LockBody<B> {
         let mut g = inner.as_mut().project();
         loop {
             if let Some(release) = g.releasing.as_mut() {
-                ready!(release.as_mut().poll(cx));
+                ready!(Pin::new(release).poll(cx));
                 *g.releasing = None;
                 return Poll::Ready(());
             }
@@ -246,7 +187,7 @@ where
                         return Poll::Ready(Some(Ok(frame)));
                     }
                     if let Some(release) = g.releasing.as_mut() {
-                        ready!(release.as_mut().poll(cx));
+                        ready!(Pin::new(release).poll(cx));
                         *g.releasing = None;
                     }
                     if let Some(frame) = g.last.take() {

@@ -10,9 +10,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::backend::BoxFuture;
-use crate::body::{LockBody, ReleaseGuard};
+use crate::body::LockBody;
 use crate::error::LockError;
-use crate::locks::Locks;
+use crate::lock::Locks;
+use crate::lock::release::{Finish, ReleaseGuard};
 use crate::rejection::SharedRejection;
 
 pin_project! {
@@ -56,7 +57,7 @@ pin_project! {
         // Response without a body left to send (or an error): release before
         // handing it on, so a client that has it can take the lock again.
         Releasing {
-            release: BoxFuture<'static, ()>,
+            release: Finish<()>,
             result: Option<Result<S::Response, S::Error>>,
         },
         // Reading a body that is ready at once ahead, then releasing, so the
@@ -178,7 +179,7 @@ where
                     }
                 }
                 StateProj::Releasing { release, result } => {
-                    ready!(release.as_mut().poll(cx));
+                    ready!(Pin::new(release).poll(cx));
                     let result = result.take().expect("result present until released");
                     state.set(State::Done);
                     return Poll::Ready(result.map(|r| r.map(LockBody::new)));

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tower_layer::Layer;
 
-use crate::backend::{LockBackend, SharedBackend};
+use crate::backend::SharedBackend;
 use crate::rejection::{Rejection, SharedRejection, default_rejection};
 use crate::service::LockService;
 
@@ -44,16 +44,14 @@ pub struct LockLayer<R> {
 }
 
 impl<R> LockLayer<R> {
-    /// A layer taking locks in `backend` as `locker` decides.
-    pub fn new(backend: impl LockBackend, locker: R) -> Self {
-        Self::from_shared(Arc::new(backend), locker)
-    }
-
-    /// Like [`new`](LockLayer::new), with a backend already shared (e.g. the
-    /// same `Arc<dyn LockBackend>` for several layers and an admin API).
-    pub fn from_shared(backend: SharedBackend, locker: R) -> Self {
+    /// A layer taking locks in `backend` (any [`LockBackend`], or a
+    /// [`SharedBackend`] several layers, jobs and an admin API share) as
+    /// `locker` decides.
+    ///
+    /// [`LockBackend`]: crate::backend::LockBackend
+    pub fn new(backend: impl Into<SharedBackend>, locker: R) -> Self {
         LockLayer {
-            backend,
+            backend: backend.into(),
             locker: Arc::new(locker),
             rejection: Arc::new(default_rejection),
             watchdog: false,
@@ -91,7 +89,7 @@ impl<R> LockLayer<R> {
     }
 
     /// The backend.
-    pub fn backend(&self) -> &SharedBackend {
+    pub fn get_backend(&self) -> &SharedBackend {
         &self.backend
     }
 }

@@ -81,28 +81,29 @@ mod future;
 pub mod headers;
 mod key;
 mod layer;
-mod locks;
+mod lock;
+mod path;
+mod percent;
 mod rejection;
 mod request;
 mod service;
 mod spec;
+mod time;
 mod watchdog;
 
 pub use backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
-pub use backend::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, SharedBackend};
+pub use backend::{LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
 pub use error::LockError;
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
-pub use locks::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
+pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
+pub use path::{PathParams, path_params};
 pub use rejection::{Rejection, default_rejection};
-pub use request::{LockRequest, PathParams, path_params};
+pub use request::LockRequest;
 pub use service::LockService;
-pub use spec::{
-    AcquireRequest, LockSpec, MAX_OWNER_BYTES, MAX_TTL, new_owner_token, validate_owner,
-    validate_ttl,
-};
+pub use spec::{LockSpec, MAX_OWNER_BYTES, MAX_TTL};
 pub use watchdog::LostSignal;

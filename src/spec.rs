@@ -29,9 +29,14 @@ pub const MAX_OWNER_BYTES: usize = 128;
 /// let spec = LockSpec::new("order:42", Duration::from_secs(30))
 ///     .max_wait(Duration::from_secs(2))
 ///     .scope(Scope::Global);
-/// assert_eq!(spec.key(), "order:42");
-/// assert!(spec.auto_releases());
+/// assert_eq!(spec.get_key(), "order:42");
+/// assert_eq!(spec.get_max_wait(), Duration::from_secs(2));
+/// assert!(spec.get_auto_release());
 /// ```
+///
+/// Like every type built with setters in this crate (as
+/// `std::process::Command`), a field is set with its name and read with
+/// `get_<name>`.
 #[derive(Debug, Clone)]
 pub struct LockSpec {
     key: String,
@@ -109,17 +114,17 @@ impl LockSpec {
     }
 
     /// The raw key as given.
-    pub fn key(&self) -> &str {
+    pub fn get_key(&self) -> &str {
         &self.key
     }
 
     /// The TTL.
-    pub fn ttl(&self) -> Duration {
+    pub fn get_ttl(&self) -> Duration {
         self.ttl
     }
 
     /// The max wait.
-    pub fn wait(&self) -> Duration {
+    pub fn get_max_wait(&self) -> Duration {
         self.max_wait
     }
 
@@ -134,7 +139,7 @@ impl LockSpec {
     }
 
     /// Whether the lock is released after the response.
-    pub fn auto_releases(&self) -> bool {
+    pub fn get_auto_release(&self) -> bool {
         self.auto_release
     }
 
@@ -190,13 +195,8 @@ fn new_attempt_id() -> u64 {
     (hi ^ lo).max(1)
 }
 
-/// A fresh owner token: a UUID v4 from a CSPRNG.
-pub fn new_owner_token() -> String {
-    uuid::Uuid::new_v4().hyphenated().to_string()
-}
-
 /// Check an owner token: 1 to [`MAX_OWNER_BYTES`] bytes of visible ASCII.
-pub fn validate_owner(owner: &str) -> Result<(), LockError> {
+pub(crate) fn validate_owner(owner: &str) -> Result<(), LockError> {
     if owner.is_empty() {
         return Err(LockError::InvalidOwner("the owner token is empty"));
     }
@@ -213,7 +213,9 @@ pub fn validate_owner(owner: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Check a TTL: at least 1 ms, at most [`MAX_TTL`].
+/// Check a TTL: at least 1 ms, at most [`MAX_TTL`]. A backend checks the
+/// TTL of [`LockBackend::extend`](crate::backend::LockBackend::extend) with
+/// it (acquisitions arrive checked, in an [`AcquireRequest`]).
 pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
     if ttl < Duration::from_millis(1) {
         return Err(LockError::InvalidTtl("the TTL must be at least 1 ms"));
@@ -304,7 +306,7 @@ impl AcquireRequest {
     }
 
     /// The owner token, shared.
-    pub fn owner_arc(&self) -> &Arc<str> {
+    pub(crate) fn owner_arc(&self) -> &Arc<str> {
         &self.owner
     }
 
@@ -351,8 +353,29 @@ mod tests {
     }
 
     #[test]
-    fn random_owners_differ() {
-        assert_ne!(new_owner_token(), new_owner_token());
-        assert!(validate_owner(&new_owner_token()).is_ok());
+    fn generated_owners_differ_and_are_valid() {
+        let spec = LockSpec::new("k", Duration::from_secs(1)).global();
+        let (a, b) = (
+            spec.to_request_in("").unwrap(),
+            spec.to_request_in("").unwrap(),
+        );
+        assert_ne!(a.owner(), b.owner());
+        assert!(validate_owner(a.owner()).is_ok());
+        assert_eq!(
+            (a.attempt(), b.attempt()),
+            (0, 0),
+            "generated owners name their attempt"
+        );
+        let custom = LockSpec::new("k", Duration::from_secs(1)).owner("me");
+        let (c, d) = (
+            custom.to_request_in("").unwrap(),
+            custom.to_request_in("").unwrap(),
+        );
+        assert_ne!(c.attempt(), d.attempt());
+        assert_eq!(
+            c.clone().attempt(),
+            c.attempt(),
+            "a clone is the same attempt"
+        );
     }
 }

@@ -13,7 +13,8 @@ use common::proxy::Proxy;
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
-use tower_lock::{AcquireRequest, Lease, LockBackend, LockError, LockKey};
+use tower_lock::backend::{AcquireRequest, Lease};
+use tower_lock::{LockBackend, LockError, LockKey};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -284,7 +285,7 @@ async fn fences_of_fifteen_digits_and_more_are_stored_exactly() {
 async fn fence_increases_across_release_expiry_and_instances() {
     let server = RedisServer::start();
     let b1 = backend(&server);
-    let b2 = backend(&server).with_op_timeout(SEC);
+    let b2 = backend(&server).op_timeout(SEC);
     let mut fences = Vec::new();
     for i in 0..3 {
         let b = if i % 2 == 0 { &b1 } else { &b2 };
@@ -492,7 +493,7 @@ async fn until_free(b: &RedisBackend, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_keys_with_braces_and_long_keys_work() {
     let server = RedisServer::start();
-    let b = backend(&server).with_prefix("app:");
+    let b = backend(&server).prefix("app:");
     let k = LockKey::route("/orders/{id}", "}{".repeat(256)).unwrap();
     let r = AcquireRequest::new(k.clone(), "o", SEC, Duration::ZERO).unwrap();
     b.acquire(&r).await.unwrap();
@@ -772,7 +773,7 @@ async fn silent_server_is_unavailable_within_the_op_timeout() {
     let op_timeout = ms(300);
     let b = RedisBackend::from_url(&format!("redis://127.0.0.1:{port}"))
         .unwrap()
-        .with_op_timeout(op_timeout);
+        .op_timeout(op_timeout);
     for wait in [Duration::ZERO, ms(500)] {
         let start = Instant::now();
         let r = b.acquire(&req("s", "o", SEC, wait)).await;
@@ -956,8 +957,8 @@ async fn an_endless_op_timeout_is_accepted() {
         .port();
     let b = RedisBackend::from_url(&format!("redis://127.0.0.1:{port}"))
         .unwrap()
-        .with_op_timeout(Duration::MAX);
-    assert!(b.op_timeout() >= Duration::from_secs(365 * 24 * 3600));
+        .op_timeout(Duration::MAX);
+    assert!(b.get_op_timeout() >= Duration::from_secs(365 * 24 * 3600));
     let r = req("k", "o", SEC, Duration::MAX);
     let started = Instant::now();
     assert!(unavailable(b.acquire(&r).await));

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tower_lock::{AcquireRequest, LockBackend, LockError, LockKey, RedisBackend};
+use tower_lock::backend::AcquireRequest;
+use tower_lock::{LockBackend, LockError, LockKey, RedisBackend};
 
 fn req(owner: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
     AcquireRequest::new(

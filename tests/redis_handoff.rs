@@ -5,13 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tower_lock::{
-    LockBackend, LockError, LockKey, LockSpec, LockToken, OwnedLock, RedisBackend, SharedBackend,
-};
+use tower_lock::{LockError, LockKey, LockSpec, LockToken, OwnedLock, RedisBackend, SharedBackend};
 
 const CHILD_TOKEN: &str = "TOWER_LOCK_TEST_CHILD_TOKEN";
 const CHILD_URL: &str = "TOWER_LOCK_TEST_CHILD_URL";
@@ -24,7 +21,7 @@ async fn child_restores_extends_and_releases() {
         return;
     };
     let token: LockToken = serde_json::from_str(&token).expect("a token");
-    let backend: SharedBackend = Arc::new(RedisBackend::from_url(&url).expect("URL"));
+    let backend = SharedBackend::new(RedisBackend::from_url(&url).expect("URL"));
     let mut lock = OwnedLock::restore(backend.clone(), &token)
         .await
         .expect("restore in the second process");
@@ -45,11 +42,9 @@ async fn token_is_restored_in_a_second_process() {
         return; // this is the child run
     }
     let server = RedisServer::start();
-    let backend: SharedBackend = Arc::new(RedisBackend::from_url(&server.url()).unwrap());
+    let backend = SharedBackend::new(RedisBackend::from_url(&server.url()).unwrap());
     let spec = LockSpec::new("job:42", Duration::from_secs(5)).global();
-    let lock = OwnedLock::acquire(backend.clone(), &spec, "")
-        .await
-        .unwrap();
+    let lock = OwnedLock::acquire(backend.clone(), &spec).await.unwrap();
     let fence = lock.fence();
     let token = serde_json::to_string(&lock.into_token()).unwrap();
     let key = LockKey::global("job:42").unwrap();
@@ -87,9 +82,7 @@ async fn token_is_restored_in_a_second_process() {
     );
 
     // A token whose lock someone else holds now is refused.
-    let other = OwnedLock::acquire(backend.clone(), &spec, "")
-        .await
-        .unwrap();
+    let other = OwnedLock::acquire(backend.clone(), &spec).await.unwrap();
     let stale: LockToken = serde_json::from_str(&token).unwrap();
     assert_eq!(
         OwnedLock::restore(backend.clone(), &stale)

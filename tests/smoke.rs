@@ -173,8 +173,8 @@ async fn kept_lock_headers_echo_into_the_admin_query_unchanged() {
     use tower_lock::SharedBackend;
     use tower_lock::admin::Admin;
 
-    let backend: SharedBackend = std::sync::Arc::new(MemoryBackend::new());
-    let keep = LockLayer::from_shared(backend.clone(), |_: &Request<Body>| {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let keep = LockLayer::new(backend.clone(), |_: &Request<Body>| {
         Some(LockSpec::new("k+1&x=y", Duration::from_secs(30)).auto_release(false))
     });
     let app = Router::new()

@@ -1,4 +1,57 @@
-//! The [`LockBackend`] trait and the backends that implement it.
+//! The [`LockBackend`] trait, the backends that implement it, and everything
+//! a backend author needs, in one module.
+//!
+//! Built in: [`memory::MemoryBackend`] (this process), [`redis::RedisBackend`]
+//! (feature `redis`). The layer, the handles and the admin API hold a
+//! backend through a [`SharedBackend`], which any `LockBackend` converts
+//! into.
+//!
+//! # Writing a backend
+//!
+//! A backend stores locks somewhere every instance of an app can reach, and
+//! implements [`LockBackend`]: five operations, each meant to be **one atomic
+//! round trip** (a script, a statement, a server-side function: never
+//! read-then-write from the client). The contract, which the crate's
+//! behavioural suite (`tests/behaviour/`) checks for every built-in backend:
+//!
+//! - **Keys.** [`LockKey::encoded`] is the injective storage form of (scope,
+//!   key), hashed when longer than the limit you pass; prefix it as you like.
+//! - **Acquire** takes the lock if it is free, or its holder's TTL has passed,
+//!   and returns a [`Lease`]: a fencing token strictly greater than any the
+//!   key had before (never reset by release or expiry), and the times by the
+//!   store's clock. An acquire of the holder's own attempt (same owner token
+//!   **and** [`AcquireRequest::attempt`]) is a retry: same fence, TTL
+//!   refreshed. The same owner with another attempt is another acquirer.
+//! - **Waiting.** A busy lock with a max wait: the acquirer queues, first
+//!   come first served. A release hands the lock straight to the oldest live
+//!   waiter (new fence, its own TTL) and wakes only it; a newcomer never
+//!   barges past live waiters, also when the holder's lease ran out (the
+//!   next acquirer hands the expired lock to the queue's head). Waiters wake
+//!   on the hand-off or at the holder's expiry, not by polling; a waiter
+//!   that gives up or is dropped leaves the queue (and passes on a lock
+//!   handed to it meanwhile). The wait ends with
+//!   [`LockError::AcquisitionFailed`] (no wait) or [`LockError::Timeout`],
+//!   with the holder's remaining TTL.
+//! - **Release** and **extend** check the owner token:
+//!   [`LockError::NotFound`] if nothing is held, [`LockError::OwnershipMismatch`]
+//!   if another holds it. `extend` sets the remaining TTL (check it with
+//!   [`validate_ttl`]) and never revives an expired lock. **Force release**
+//!   frees whoever holds, handing over to the queue as a release does.
+//! - **Status** answers who holds the lock, with [`LockStatus::waiters`].
+//! - **Failures.** Anything that prevents an answer is
+//!   [`LockError::BackendUnavailable`], within a bounded time (an op
+//!   timeout; acquire within max wait + op timeout). A call repeated after a
+//!   lost reply must be safe: only repeat what is idempotent.
+//!
+//! Optional: [`LockBackend::extend_many`] (the watchdog renews every due
+//! lock in one call: override it to use one round trip), and
+//! [`LockBackend::try_acquire_now`]/[`try_release_now`](LockBackend::try_release_now),
+//! for a store in this process only, which let the layer take and give back
+//! a lock without a future.
+//!
+//! To check a backend, run the suite against it: add it beside memory and
+//! Redis in `tests/behaviour/main.rs` (a harness function that starts the
+//! store, gives a [`SharedBackend`] and a second handle on the same store).
 //!
 //! # Why an object-safe trait with boxed futures
 //!
@@ -10,9 +63,6 @@
 //! which is noise next to a network round trip and still allows millions of
 //! in-memory cycles per second.
 //!
-//! Every method is async and fallible, and is meant to be one round trip to a
-//! remote store.
-//!
 //! [`Locks`]: crate::Locks
 //! [`OwnedLock`]: crate::OwnedLock
 
@@ -21,14 +71,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::error::LockError;
-use crate::key::LockKey;
-use crate::spec::AcquireRequest;
+pub use crate::error::LockError;
+pub use crate::key::{KeyDigest, LockKey};
+pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
+pub use shared::SharedBackend;
 
 pub mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod shared;
 
 /// A boxed, `Send` future, as returned by [`LockBackend`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -270,6 +322,3 @@ pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     .await;
     outputs.into_iter().flatten().collect()
 }
-
-/// A shared, type-erased backend, as the layer and the handles keep it.
-pub type SharedBackend = Arc<dyn LockBackend>;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use tower_lock::{AcquireRequest, Lease, LockError, LockKey, MemoryBackend, SharedBackend};
+use tower_lock::backend::{AcquireRequest, Lease};
+use tower_lock::{LockError, LockKey, MemoryBackend, SharedBackend};
 
 /// Which store a harness runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +187,7 @@ impl Frozen {
 
 /// A fresh in-memory backend on real time.
 pub async fn memory_backend() -> Harness {
-    let backend: SharedBackend = Arc::new(MemoryBackend::new());
+    let backend = SharedBackend::new(MemoryBackend::new());
     let same = backend.clone();
     Harness::new(
         backend,
@@ -216,10 +217,10 @@ pub async fn redis_backend() -> Harness {
     let url = server.url();
     let backend = RedisBackend::from_url(&url).expect("Redis backend for the test server");
     let another = move || -> SharedBackend {
-        Arc::new(RedisBackend::from_url(&url).expect("Redis backend for the test server"))
+        SharedBackend::new(RedisBackend::from_url(&url).expect("Redis backend for the test server"))
     };
     Harness::new(
-        Arc::new(backend),
+        SharedBackend::new(backend),
         BackendKind::Redis,
         Arc::new(another),
         Some(Box::new(server)),

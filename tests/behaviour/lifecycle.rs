@@ -13,8 +13,7 @@ use tower::ServiceExt;
 use tower_lock::admin::Admin;
 use tower_lock::headers::{LOCK_EXPIRES_AT, LOCK_FENCE, LOCK_KEY, LOCK_OWNER};
 use tower_lock::{
-    LockBackend, LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock,
-    SharedBackend,
+    LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
 };
 
 use super::harness::Harness;
@@ -119,7 +118,7 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
 }
 
 pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
-    let lock = OwnedLock::acquire(h.backend.clone(), &spec("short", 300), "")
+    let lock = OwnedLock::acquire(h.backend.clone(), &spec("short", 300))
         .await
         .unwrap();
     assert!(!lock.is_lost());
@@ -137,9 +136,7 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
 pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
     let u = h.unit();
     let spec = LockSpec::new("victim", u * 30).global().watchdog(true);
-    let lock = OwnedLock::acquire(h.backend.clone(), &spec, "")
-        .await
-        .unwrap();
+    let lock = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     let start = tokio::time::Instant::now();
     h.advance(u).await;
     assert!(
@@ -163,7 +160,7 @@ pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
 /// before the extension, after it, or never.
 pub async fn lost_signal_follows_extensions(h: Harness) {
     // An owned lock nobody has asked for its signal yet.
-    let mut owned = OwnedLock::acquire(h.backend.clone(), &spec("ext-owned", 300), "")
+    let mut owned = OwnedLock::acquire(h.backend.clone(), &spec("ext-owned", 300))
         .await
         .unwrap();
     owned.extend(Duration::from_millis(1_500)).await.unwrap();
@@ -212,7 +209,7 @@ pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     let shared = probe.backend();
     let mut locks = Vec::new();
     for i in 0..50 {
-        let mut lock = OwnedLock::acquire(shared.clone(), &spec(&format!("many{i}"), 900), "")
+        let mut lock = OwnedLock::acquire(shared.clone(), &spec(&format!("many{i}"), 900))
             .await
             .unwrap();
         lock.start_watchdog();
@@ -238,7 +235,7 @@ pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
 
 pub async fn token_hand_off_across_handles(h: Harness) {
     let backend = h.backend.clone();
-    let lock = OwnedLock::acquire(backend.clone(), &spec("report", 5_000), "")
+    let lock = OwnedLock::acquire(backend.clone(), &spec("report", 5_000))
         .await
         .unwrap();
     let fence = lock.fence();
@@ -269,7 +266,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
 
 pub async fn stale_tokens_are_refused(h: Harness) {
     let backend = h.backend.clone();
-    let lock = OwnedLock::acquire(backend.clone(), &spec("stale", 300), "")
+    let lock = OwnedLock::acquire(backend.clone(), &spec("stale", 300))
         .await
         .unwrap();
     let token = lock.into_token();
@@ -282,7 +279,7 @@ pub async fn stale_tokens_are_refused(h: Harness) {
         LockError::NotFound
     );
     // Someone else took it: ownership mismatch, for restore and release.
-    let other = OwnedLock::acquire(backend.clone(), &spec("stale", 5_000), "")
+    let other = OwnedLock::acquire(backend.clone(), &spec("stale", 5_000))
         .await
         .unwrap();
     assert_eq!(
@@ -462,7 +459,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let backend = h.backend.clone();
     let u = h.unit();
     let job = |ttl| LockSpec::new("job", ttl).global().owner("worker-1");
-    let first = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+    let first = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
     let old = first.into_token();
@@ -472,7 +469,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
         .release()
         .await
         .unwrap();
-    let second = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+    let second = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
     assert!(second.fence() > old.fence);
@@ -501,7 +498,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     restored.release().await.unwrap();
 
     // A token from before tokens carried the TTL still restores.
-    let third = OwnedLock::acquire(backend.clone(), &job(u * 10), "")
+    let third = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
     let mut json = serde_json::to_value(third.into_token()).unwrap();
@@ -521,9 +518,7 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
     let probe = Probe::new(&h.backend);
     let u = h.unit();
     let spec = LockSpec::new("job", u * 3).global().watchdog(true);
-    let mut lock = OwnedLock::acquire(probe.backend(), &spec, "")
-        .await
-        .unwrap();
+    let mut lock = OwnedLock::acquire(probe.backend(), &spec).await.unwrap();
     probe.hold_renewals();
     // The renewal (by 3 units) falls due after one unit.
     h.advance(u * 3 / 2).await;

@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(30);
 pub async fn pass_through_without_spec(h: Harness) {
     let probe = Probe::new(&h.backend);
     let ctl = Ctl::default();
-    let layer = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| None::<LockSpec>);
+    let layer = LockLayer::new(probe.backend(), |_: &Request<Body>| None::<LockSpec>);
     let app = Router::new().route("/r/{key}", gated(&ctl).layer(layer));
 
     let reply = send(&app, post_req("/r/k")).await;
@@ -738,7 +738,7 @@ pub async fn backend_failure_is_503(h: Harness) {
 /// `/m/{x}/{y}` locks both keys (global, waiting up to `wait`), handler gated;
 /// `/r/{key}` locks one key without waiting.
 fn multi_app(backend: &tower_lock::SharedBackend, wait: Duration, ctl: &Ctl) -> Router {
-    let both = LockLayer::from_shared(backend.clone(), move |req: &Request<Body>| {
+    let both = LockLayer::new(backend.clone(), move |req: &Request<Body>| {
         let params = path_params(req);
         ["x", "y"]
             .iter()
@@ -796,7 +796,7 @@ pub async fn opposite_lock_orders_do_not_deadlock(h: Harness) {
     let probe = Probe::new(&h.backend);
     let ctl = Ctl::default();
     let app = multi_app(&probe.backend(), Duration::from_secs(10), &ctl);
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("a", TTL).global(), "/job")
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("a", TTL).global())
         .await
         .unwrap();
 
@@ -820,7 +820,7 @@ pub async fn opposite_lock_orders_do_not_deadlock(h: Harness) {
 /// so nobody else can release it.
 pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
     let probe = Probe::new(&h.backend);
-    let both = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| {
+    let both = LockLayer::new(probe.backend(), |_: &Request<Body>| {
         [
             LockSpec::new("a", TTL).global().auto_release(false),
             LockSpec::new("b", TTL)
@@ -829,7 +829,7 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
         ]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("b", TTL).global(), "/job")
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("b", TTL).global())
         .await
         .unwrap();
     let request = tokio::spawn(app.oneshot(post_req("/k")));
@@ -848,14 +848,14 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
 /// the release still completes.
 pub async fn failed_acquisition_dropped_mid_cleanup_still_releases(h: Harness) {
     let probe = Probe::new(&h.backend);
-    let both = LockLayer::from_shared(probe.backend(), |_: &Request<Body>| {
+    let both = LockLayer::new(probe.backend(), |_: &Request<Body>| {
         [
             LockSpec::new("a", TTL).global(),
             LockSpec::new("b", TTL).global(),
         ]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::new("b", TTL).global(), "/job")
+    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::new("b", TTL).global())
         .await
         .unwrap();
     probe.hold_releases();
@@ -879,12 +879,11 @@ pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
     let early = post(|locks: Locks| async move { format!("{:?}", locks.release("h").await) });
     let app = Router::new().route(
         "/h",
-        early.layer(LockLayer::from_shared(
-            probe.backend(),
-            |_: &Request<Body>| Some(LockSpec::new("h", TTL).global()),
-        )),
+        early.layer(LockLayer::new(probe.backend(), |_: &Request<Body>| {
+            Some(LockSpec::new("h", TTL).global())
+        })),
     );
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("j", TTL).global(), "/job")
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("j", TTL).global())
         .await
         .unwrap();
     probe.hold_releases();
@@ -911,15 +910,14 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
     let probe = Probe::new(&h.backend);
     let app = Router::new().route(
         "/l",
-        post(|| async { "ran" }).layer(LockLayer::from_shared(
-            probe.backend(),
-            |_: &Request<Body>| Some(LockSpec::new("l", TTL).global()),
-        )),
+        post(|| async { "ran" }).layer(LockLayer::new(probe.backend(), |_: &Request<Body>| {
+            Some(LockSpec::new("l", TTL).global())
+        })),
     );
     probe.lose_acquire_replies(true);
     let res = app.oneshot(post_req("/l")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("m", TTL).global(), "/job").await;
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("m", TTL).global()).await;
     assert!(
         matches!(job, Err(LockError::BackendUnavailable(_))),
         "{job:?}"
@@ -928,10 +926,8 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
     // A caller's own token is left alone: it may hold the lock already
     // (acquire is idempotent for it), and a release would free that.
     let mine = LockSpec::new("n", TTL).global().owner("me");
-    let held = OwnedLock::acquire(h.backend.clone(), &mine, "/job")
-        .await
-        .unwrap();
-    let again = OwnedLock::acquire(probe.backend(), &mine, "/job").await;
+    let held = OwnedLock::acquire(h.backend.clone(), &mine).await.unwrap();
+    let again = OwnedLock::acquire(probe.backend(), &mine).await;
     assert!(
         matches!(again, Err(LockError::BackendUnavailable(_))),
         "{again:?}"
@@ -1066,13 +1062,13 @@ pub async fn works_inside_service_builder(h: Harness) {
 pub async fn a_lock_never_runs_out_while_the_request_waits_for_another(h: Harness) {
     let ctl = Ctl::default();
     let u = h.unit();
-    let both = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+    let both = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
         [
             LockSpec::new("a", u).global().max_wait(u * 10),
             LockSpec::new("b", u * 30).global().max_wait(u * 10),
         ]
     });
-    let only_a = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+    let only_a = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
         Some(LockSpec::new("a", u * 30).global())
     });
     let app = Router::new()
@@ -1106,7 +1102,7 @@ pub async fn a_lock_that_ran_out_before_the_handler_is_refused(h: Harness) {
     let probe = Probe::new(&h.backend);
     let ctl = Ctl::default();
     let u = h.unit();
-    let short = LockLayer::from_shared(probe.backend(), move |_: &Request<Body>| {
+    let short = LockLayer::new(probe.backend(), move |_: &Request<Body>| {
         Some(LockSpec::new("k", u).global())
     });
     let app = Router::new().route("/k", gated(&ctl).layer(short));
@@ -1126,7 +1122,7 @@ pub async fn a_lock_that_ran_out_before_the_handler_is_refused(h: Harness) {
 /// request is answered when 2 units have passed, not 3.5.
 pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
     let u = h.unit();
-    let both = LockLayer::from_shared(h.backend.clone(), move |_: &Request<Body>| {
+    let both = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
         [
             LockSpec::new("a", TTL).global().max_wait(u * 2),
             LockSpec::new("b", TTL).global().max_wait(u * 2),
@@ -1166,7 +1162,7 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
 /// of a key the request already holds, in either scope.
 pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
     let ctl = Ctl::default();
-    let twins = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+    let twins = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
         [LockSpec::new("k", TTL), LockSpec::new("k", TTL).global()]
     });
     let app = Router::new().route("/twins", gated(&ctl).layer(twins));
@@ -1178,7 +1174,7 @@ pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
     let route_k = LockKey::route("/twins", "k").unwrap();
     assert_eq!(status_of(&h.backend, &route_k).await, None);
 
-    let one = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+    let one = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
         Some(LockSpec::new("k", TTL))
     });
     let handler = post(|locks: Locks| async move {

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tower_lock::{AcquireRequest, Lease, LockError, SharedBackend};
+use tower_lock::backend::{AcquireRequest, Lease};
+use tower_lock::{LockError, SharedBackend};
 
 use super::harness::Harness;
 use super::support::*;

@@ -116,9 +116,7 @@ pub async fn extend_never_revives_and_checks_owner(h: Harness) {
 
     // The same through an owned handle.
     let spec = LockSpec::new("job", h.units(2)).global();
-    let mut job = OwnedLock::acquire(h.backend.clone(), &spec, "/jobs")
-        .await
-        .unwrap();
+    let mut job = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     job.extend(h.units(10)).await.unwrap();
     assert_eq!(job.info().ttl(), h.units(10));
     h.advance(h.units(3)).await;
@@ -246,7 +244,7 @@ pub async fn one_owner_token_never_makes_two_holders(h: Harness) {
     h.backend.release(&key, "client-1").await.unwrap();
 
     let ctl = Ctl::default();
-    let shared_owner = LockLayer::from_shared(h.backend.clone(), |_: &Request<Body>| {
+    let shared_owner = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
         Some(
             LockSpec::new("shared", Duration::from_secs(30))
                 .global()

@@ -22,9 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
+use tower_lock::backend::{AcquireRequest, BoxFuture, ExtendRequest, Lease};
 use tower_lock::{
-    AcquireRequest, BoxFuture, ExtendRequest, Lease, LockBackend, LockError, LockKey, LockLayer,
-    LockSpec, LockStatus, Scope, SharedBackend, path_params,
+    LockBackend, LockError, LockKey, LockLayer, LockSpec, LockStatus, Scope, SharedBackend,
+    path_params,
 };
 
 use super::harness::Harness;
@@ -159,9 +160,10 @@ impl Probe {
         self.acquire_replies.held(n).await;
     }
 
-    /// This probe as the layer's backend.
+    /// This probe as a backend for layers and handles. Each call is a
+    /// handle of its own (with its own watchdog).
     pub fn backend(self: &Arc<Self>) -> SharedBackend {
-        self.clone()
+        SharedBackend::new(self.clone())
     }
 
     /// Every backend call so far, of any kind.
@@ -440,7 +442,7 @@ pub fn layer(
     backend: &SharedBackend,
     cfg: Cfg,
 ) -> LockLayer<impl Fn(&Request<Body>) -> Option<LockSpec> + Send + Sync + 'static> {
-    LockLayer::from_shared(backend.clone(), locker(cfg))
+    LockLayer::new(backend.clone(), locker(cfg))
 }
 
 /// `/r/{key}`: the [`gated`] handler behind a lock layer.

@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{RedisError, ScriptInvocation, Value};
-use deadpool_redis::{Pool, PoolError};
 use tokio::time::{Instant, timeout_at};
 
+use super::error::{pool_error, redis_error, timed_out};
 use crate::error::LockError;
 
 /// The redis-rs per-request timeout on our connection. Every call is bounded
@@ -225,21 +226,6 @@ pub(super) fn eviction_risk(policy: &str) -> Option<&'static str> {
 /// Errors after which the connection is useless and a new one may work.
 pub(super) fn is_connection_error(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
-}
-
-pub(super) fn redis_error(e: &RedisError) -> LockError {
-    LockError::BackendUnavailable(format!("Redis: {e}"))
-}
-
-pub(super) fn timed_out(what: &str) -> LockError {
-    LockError::BackendUnavailable(format!("timed out {what}"))
-}
-
-fn pool_error(e: PoolError) -> LockError {
-    match e {
-        PoolError::Backend(e) => redis_error(&e),
-        other => LockError::BackendUnavailable(format!("Redis pool: {other}")),
-    }
 }
 
 #[cfg(test)]

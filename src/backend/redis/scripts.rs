@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis::{Script, Value};
 
+use super::error::bad_reply;
 use crate::error::LockError;
 
 /// Every script, hashed once per process. `redis::Script` sends `EVALSHA` and
@@ -38,12 +39,6 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     status: Script::new(&source(include_str!("status.lua"))),
     leave: Script::new(&source(include_str!("leave.lua"))),
 });
-
-/// A reply that does not have the shape the script returns: a bug, or
-/// something else writing to our keys. Never a panic.
-pub(super) fn bad_reply(what: &str) -> LockError {
-    LockError::BackendUnavailable(format!("unexpected reply from Redis to {what}"))
-}
 
 /// The elements of an array reply.
 pub(super) fn array(value: Value, what: &str) -> Result<Vec<Value>, LockError> {

@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::conn::{redis_error, timed_out};
+use super::error::{redis_error, timed_out};
 use crate::error::LockError;
 
 /// How often an idle subscription proves it is alive. Catches half-open

@@ -1,5 +1,19 @@
-//! The suite: every behaviour written once (`middleware`, `semantics`) as an
-//! `async fn(Harness)`, instantiated per backend by [`for_each_backend!`].
+//! Behavioural test suite of tower-lock.
+//!
+//! Every behaviour is written once, generic over the backend, in
+//! `tests/behaviour/` and instantiated per backend by `for_each_backend!` (see
+//! `tests/behaviour/mod.rs`): `memory::*` runs against [`MemoryBackend`]
+//! (virtual time where TTLs matter), `redis::*` against a private Redis server.
+//!
+//! [`MemoryBackend`]: tower_lock::MemoryBackend
+//!
+//! Each behaviour is an `async fn(Harness)` in one of the files beside this
+//! one (`middleware`, `queue`, `semantics`, `lifecycle`), listed once below.
+
+// Shared test support; `common::redis_server::RedisServer` starts the private
+// Redis of `harness::redis_backend`.
+#[path = "../common/mod.rs"]
+mod common;
 
 mod harness;
 mod keys;
@@ -54,19 +68,19 @@ macro_rules! for_each_backend {
         $(
             #[tokio::test]
             async fn $rt() {
-                crate::suite::tests::$rt($make.await).await
+                crate::tests::$rt($make.await).await
             }
         )*
         $(
             #[tokio::test $vargs]
             async fn $vt() {
-                crate::suite::tests::$vt($vmake.await).await
+                crate::tests::$vt($vmake.await).await
             }
         )*
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $mt() {
-                crate::suite::tests::$mt($make.await).await
+                crate::tests::$mt($make.await).await
             }
         )*
     };
@@ -75,13 +89,13 @@ macro_rules! for_each_backend {
 for_each_backend! {
     backends {
         memory =>
-            crate::suite::harness::memory_backend(),
-            crate::suite::harness::memory_backend_paused(),
+            crate::harness::memory_backend(),
+            crate::harness::memory_backend_paused(),
             (start_paused = true),
         #[cfg(feature = "redis")]
         redis =>
-            crate::suite::harness::redis_backend(),
-            crate::suite::harness::redis_backend(),
+            crate::harness::redis_backend(),
+            crate::harness::redis_backend(),
             (),
     }
     tests {

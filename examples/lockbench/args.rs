@@ -1,0 +1,130 @@
+//! The command line.
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BackendArg {
+    Memory,
+    Redis(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Workload {
+    Serial,
+    Parallel32,
+    Contended16,
+    Http,
+    Held,
+    RawSerial,
+    RawParallel32,
+}
+
+impl Workload {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "serial" => Workload::Serial,
+            "parallel32" => Workload::Parallel32,
+            "contended16" => Workload::Contended16,
+            "http" => Workload::Http,
+            "held" => Workload::Held,
+            "raw-serial" => Workload::RawSerial,
+            "raw-parallel32" => Workload::RawParallel32,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Serial => "serial",
+            Workload::Parallel32 => "parallel32",
+            Workload::Contended16 => "contended16",
+            Workload::Http => "http",
+            Workload::Held => "held",
+            Workload::RawSerial => "raw-serial",
+            Workload::RawParallel32 => "raw-parallel32",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Api {
+    Owned,
+    Backend,
+}
+
+#[derive(Debug)]
+pub(crate) struct Args {
+    pub(crate) backend: BackendArg,
+    pub(crate) workload: Workload,
+    pub(crate) seconds: f64,
+    pub(crate) api: Api,
+}
+
+impl Args {
+    /// `Ok(None)`: help was asked for.
+    pub(crate) fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+        let (mut backend, mut workload, mut seconds, mut api) = (None, None, None, Api::Owned);
+        while let Some(flag) = it.next() {
+            if flag == "-h" || flag == "--help" {
+                return Ok(None);
+            }
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
+                _ => (flag.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| it.next())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match name.as_str() {
+                "--backend" => {
+                    let v = value()?;
+                    backend = Some(if v == "memory" {
+                        BackendArg::Memory
+                    } else if v.starts_with("redis://") || v.starts_with("rediss://") {
+                        BackendArg::Redis(v)
+                    } else {
+                        return Err(format!("unknown backend `{v}`"));
+                    });
+                }
+                "--workload" => {
+                    let v = value()?;
+                    workload =
+                        Some(Workload::parse(&v).ok_or_else(|| format!("unknown workload `{v}`"))?);
+                }
+                "--seconds" => {
+                    let v = value()?;
+                    let s: f64 = v
+                        .parse()
+                        .map_err(|_| format!("--seconds: not a number: `{v}`"))?;
+                    if !(s > 0.0 && s.is_finite() && s <= 86_400.0) {
+                        return Err(format!("--seconds must be in (0, 86400], got {v}"));
+                    }
+                    seconds = Some(s);
+                }
+                "--api" => {
+                    api = match value()?.as_str() {
+                        "owned" => Api::Owned,
+                        "backend" => Api::Backend,
+                        v => return Err(format!("unknown api `{v}`")),
+                    };
+                }
+                _ => return Err(format!("unknown argument `{flag}`")),
+            }
+        }
+        let backend = backend.ok_or("--backend is required")?;
+        let workload = workload.ok_or("--workload is required")?;
+        let seconds = seconds.ok_or("--seconds is required")?;
+        if matches!(workload, Workload::RawSerial | Workload::RawParallel32)
+            && backend == BackendArg::Memory
+        {
+            return Err(format!("{} needs a redis:// backend", workload.name()));
+        }
+        Ok(Some(Args {
+            backend,
+            workload,
+            seconds,
+            api,
+        }))
+    }
+}

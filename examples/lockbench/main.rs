@@ -1,0 +1,215 @@
+//! lockbench: tower-lock measured the way other lock libraries were (the
+//! workloads and accounting are defined in `BENCHMARKS.md`), one JSON line
+//! per run.
+//!
+//! ```sh
+//! cargo run --release --example lockbench -- --backend memory --workload serial --seconds 5
+//! cargo run --release --example lockbench -- --backend redis://127.0.0.1:6390 --workload contended16 --seconds 5
+//! ```
+//!
+//! Prints exactly one JSON line on stdout; progress and errors go to stderr.
+//! Bad flags: usage on stderr, exit status 2. A run that cannot start (Redis
+//! unreachable, backend missing from this build): message on stderr, exit 1.
+//!
+//! # Which API
+//!
+//! `serial`, `parallel32`, `contended16` and `held` take their locks the way
+//! a background job would: [`OwnedLock::acquire`] with a global
+//! [`LockSpec`] (a random owner token per acquisition), then
+//! [`OwnedLock::release`]. `--api backend` runs the same loops one layer
+//! down, on [`LockBackend::acquire`]/[`LockBackend::release`] with an
+//! [`AcquireRequest`], to split the cost between the handle and the backend.
+//! `http` goes through [`LockLayer`] on an axum route; `raw-*` use the redis
+//! client directly (no tower-lock at all).
+//!
+//! # Accounting (identical to the peers)
+//!
+//! 200 uncontended warm-up cycles before timing. Window = `--seconds`. `ops`
+//! = cycles that completed (released) inside the window, `ops_per_s = ops /
+//! seconds`. Workers start no cycle after the window; the ones in flight
+//! finish ("drain", in `elapsed_s`, not in `ops`). Latency samples are the
+//! successful cycles *started* in the window (drain included); nearest-rank
+//! p50/p99. Failures are counted in `errors`, not in the percentiles. The
+//! runtime is tokio multi-thread with 2 workers, like the raw-rust peer.
+//!
+//! # Workloads beyond the peers'
+//!
+//! - `http`: an axum app on 127.0.0.1:0 in this process, `GET /locked/{id}`
+//!   behind [`LockLayer`] (key `req:{id}`, a distinct id per request) and
+//!   `GET /open/{id}` without it; 32 client tasks, each with its own
+//!   keep-alive HTTP/1 connection (hyper), S seconds on each route. The two
+//!   routes alternate in slices of about 0.5 s (A B, B A, ...) so a change
+//!   in the shared machine's load cannot bias the ratio; each slice opens
+//!   fresh connections and warms them up first. Then the same with ONE
+//!   connection for S/2 seconds each (`one_conn_*`): the latency the layer
+//!   adds to an unloaded server, where the 32-connection p50 is queueing.
+//!   `unlocked_ops`, `one_conn_ops`, `one_conn_unlocked_ops`: requests
+//!   counted per phase (with `ops`), to divide a `perf stat` of one side by.
+//! - `held`: `serial` while 1,000,000 (memory) / 100,000 (Redis) other keys
+//!   are held, pre-filled through `LockBackend::acquire` by 32 tasks, as a
+//!   ratio to `serial` on an empty backend measured in the same run. Memory:
+//!   the empty backend is a second `MemoryBackend`; Redis: the same server's
+//!   next database (`/N+1`, an empty keyspace of its own). The two alternate
+//!   in slices after the pre-fill.
+//! - `raw-serial`, `raw-parallel32` (Redis only): the same loops on the redis
+//!   client alone, one shared `MultiplexedConnection`: `SET key token NX PX
+//!   30000`, then `EVALSHA` of a compare-and-delete script loaded before
+//!   timing. On Redis, `serial` and `parallel32` also run that raw loop in
+//!   alternating slices of the same run (`raw_*`, `ratio_to_raw`: S seconds
+//!   each), so the ratio does not carry the drift between two runs. Every
+//!   Redis run also reports `rtt_p50_us`/`rtt_p99_us`: 2,000 back-to-back
+//!   PINGs before the warm-up. Redis `contended16` adds `idle_rtt_p50_us`:
+//!   300 PINGs, each right after a 1-ms sleep (the hold), as a handoff's
+//!   release starts from an idle process.
+//!
+//! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
+//! comparison only: `a` = unlocked route / empty backend, `b` = locked route
+//! / held backend, e.g. to `perf stat` one side alone.
+
+mod args;
+mod http;
+mod locks;
+mod report;
+mod timing;
+
+#[cfg(feature = "redis")]
+mod redis;
+
+#[cfg(not(feature = "redis"))]
+mod redis {
+    use super::args::Args;
+    use super::report::Report;
+
+    pub(crate) async fn run(_url: &str, _args: &Args, _r: Report) -> Result<Report, String> {
+        Err("built without the `redis` feature".into())
+    }
+}
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tower_lock::{MemoryBackend, SharedBackend};
+
+use self::args::{Api, Args, BackendArg, Workload};
+use self::http::http;
+use self::locks::{Locker, contended, held, parallel, serial};
+use self::report::Report;
+
+pub(crate) const USAGE: &str = "\
+usage: lockbench --backend memory|redis://HOST:PORT --workload W --seconds S [--api owned|backend]
+
+  W: serial | parallel32 | contended16 | http | held | raw-serial | raw-parallel32
+     (raw-* need a redis:// backend)
+  S: length of the measured window, in seconds (> 0)
+  --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
+
+Prints one JSON line on stdout.";
+
+/// TTL of every lock taken in the loops (as the peers).
+pub(crate) const TTL: Duration = Duration::from_secs(30);
+/// Uncontended cycles before timing (as the peers).
+pub(crate) const WARMUP: u64 = 200;
+/// The longest wait in contended16 (as the peers).
+pub(crate) const CONTENDED_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const HOLD: Duration = Duration::from_millis(1);
+pub(crate) const PARALLEL: usize = 32;
+pub(crate) const CONTENDERS: usize = 16;
+pub(crate) const HTTP_CONNECTIONS: usize = 32;
+pub(crate) const HELD_MEMORY: usize = 1_000_000;
+pub(crate) const HELD_REDIS: usize = 100_000;
+/// Back-to-back PINGs for `rtt_p50_us`.
+pub(crate) const RTT_SAMPLES: usize = 2_000;
+/// PINGs after a `HOLD` sleep each, for contended16's `idle_rtt_p50_us`.
+pub(crate) const IDLE_RTT_SAMPLES: usize = 300;
+
+fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            eprintln!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("lockbench: {msg}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(run(args)) {
+        Ok(report) => {
+            println!("{}", report.line());
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            eprintln!("lockbench: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<Report, String> {
+    let backend_name = match &args.backend {
+        BackendArg::Memory => "memory",
+        BackendArg::Redis(_) => "redis",
+    };
+    let mut r = Report::new(backend_name, args.workload);
+    if let BackendArg::Redis(url) = &args.backend {
+        return redis::run(url, &args, r).await;
+    }
+    let locker = Locker {
+        backend: SharedBackend::new(MemoryBackend::new()),
+        api: args.api,
+    };
+    // `held` compares with a second, empty backend.
+    let empty = Locker {
+        backend: SharedBackend::new(MemoryBackend::new()),
+        api: args.api,
+    };
+    run_locks(&locker, Some(&empty), &args, HELD_MEMORY, &mut r).await?;
+    Ok(r)
+}
+
+/// The workloads through tower-lock, whatever the backend.
+pub(crate) async fn run_locks(
+    locker: &Locker,
+    empty: Option<&Locker>,
+    args: &Args,
+    held_keys: usize,
+    r: &mut Report,
+) -> Result<(), String> {
+    let api = match args.api {
+        Api::Owned => "OwnedLock",
+        Api::Backend => "LockBackend",
+    };
+    match args.workload {
+        Workload::Serial => {
+            r.put("api", api);
+            serial(locker, args.seconds, "s:").await?.put(r);
+        }
+        Workload::Parallel32 => {
+            r.put("api", api);
+            parallel(locker, args.seconds).await?.put(r);
+        }
+        Workload::Contended16 => {
+            r.put("api", api);
+            contended(locker, args.seconds, r).await?;
+        }
+        Workload::Held => {
+            r.put("api", api);
+            held(locker, empty, held_keys, args.seconds, r).await?;
+        }
+        Workload::Http => {
+            r.put("api", "LockLayer");
+            http(locker.backend.clone(), args.seconds, r).await?;
+        }
+        Workload::RawSerial | Workload::RawParallel32 => {
+            unreachable!("rejected by the argument parser")
+        }
+    }
+    r.put("seconds", args.seconds);
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! The sharded table: where each lock lives, and every operation that needs
+//! no waiting (take, release, extend, force release, status).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::OccupiedEntry;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::queue::{Waiter, nudge_head};
+use crate::backend::{Lease, LockStatus};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+/// Shards of the table: operations on different shards never contend.
+pub(super) const SHARDS: usize = 64;
+
+pub(super) struct Inner {
+    pub(super) shards: Box<[Mutex<Shard>]>,
+    pub(super) fence: AtomicU64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            fence: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Entries a shard keeps in its `young` table before moving them all to its
+/// `old` one: 64 shards of this many stay in cache.
+pub(super) const YOUNG: usize = 32;
+
+/// A shard's entries live in two tables. New locks go into the small `young`
+/// table, which stays in cache; when it fills up, its entries move to `old`.
+/// Most locks are released soon after they are taken, so they are inserted
+/// and removed in cache even while a million long-held locks sit in `old`,
+/// which then costs a probe of its control bytes, not a write into a cold
+/// bucket: the cost of an operation does not grow with the number of held
+/// locks.
+#[derive(Default)]
+pub(super) struct Shard {
+    // Entries carry their hash: a key is hashed once per operation, for the
+    // shard and the slot alike.
+    pub(super) young: HashTable<Entry>,
+    pub(super) old: HashTable<Entry>,
+    pub(super) ops_since_sweep: usize,
+    /// No entry expires before this (`None`: none can expire, e.g. empty).
+    /// A sweep whose time has not come yet is skipped, so a shard of
+    /// long-held locks is not re-read from memory for nothing.
+    pub(super) earliest: Option<Instant>,
+}
+
+impl Shard {
+    pub(super) fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+
+    pub(super) fn find(&self, hash: u64, key: &LockKey) -> Option<&Entry> {
+        let eq = |e: &Entry| e.key == *key;
+        self.young
+            .find(hash, eq)
+            .or_else(|| self.old.find(hash, eq))
+    }
+
+    pub(super) fn find_mut(&mut self, hash: u64, key: &LockKey) -> Option<&mut Entry> {
+        self.find_entry(hash, key).map(OccupiedEntry::into_mut)
+    }
+
+    pub(super) fn find_entry(
+        &mut self,
+        hash: u64,
+        key: &LockKey,
+    ) -> Option<OccupiedEntry<'_, Entry>> {
+        let eq = |e: &Entry| e.key == *key;
+        match self.young.find_entry(hash, eq) {
+            Ok(entry) => Some(entry),
+            Err(_) => self.old.find_entry(hash, eq).ok(),
+        }
+    }
+
+    pub(super) fn insert(&mut self, entry: Entry) {
+        if self.young.len() >= YOUNG {
+            for e in self.young.drain() {
+                self.old.insert_unique(e.hash, e, |e| e.hash);
+            }
+        }
+        self.young.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
+    /// An entry now expires at `at`.
+    pub(super) fn expires_at(&mut self, at: Instant) {
+        self.earliest = Some(self.earliest.map_or(at, |e| e.min(at)));
+    }
+}
+
+pub(super) struct Entry {
+    pub(super) hash: u64,
+    pub(super) key: LockKey,
+    pub(super) owner: Arc<str>,
+    // The holder's attempt (see `AcquireRequest::attempt`).
+    pub(super) attempt: u64,
+    pub(super) fence: u64,
+    pub(super) acquired_at: SystemTime,
+    pub(super) expires: Instant,
+    // Boxed: 8 bytes in every entry instead of 32, as most locks never see a
+    // waiter; small entries keep a table of a million held keys in cache as
+    // far as it can be.
+    #[allow(clippy::box_collection)]
+    pub(super) waiters: Option<Box<VecDeque<Waiter>>>,
+}
+
+impl Entry {
+    /// Whether `req` is the holder's own attempt (a retry): same owner
+    /// token and same attempt. Another request naming the same owner is
+    /// not the holder.
+    pub(super) fn held_by(&self, req: &AcquireRequest) -> bool {
+        self.attempt == req.attempt() && *self.owner == *req.owner()
+    }
+
+    /// Queued acquirers still waiting.
+    pub(super) fn live_waiters(&self) -> usize {
+        self.waiters
+            .as_ref()
+            .map_or(0, |w| w.iter().filter(|w| !w.tx.is_closed()).count())
+    }
+}
+
+pub(super) fn next_fence(fence: &AtomicU64) -> u64 {
+    fence.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+pub(super) enum Attempt {
+    Acquired(Lease),
+    Busy {
+        rx: Option<(oneshot::Receiver<Lease>, Arc<Notify>)>,
+        holder_expires: Instant,
+        now: Instant,
+    },
+}
+
+pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave an entry half-written (each
+    // critical section writes whole fields), so poisoning is ignored.
+    shard.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    /// The key's hash and its shard, locked. Bits 32..38 pick the shard: the
+    /// table itself uses the low bits (slot) and the top 7 (tag).
+    pub(super) fn shard(&self, key: &LockKey, now: Instant) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = key.hash_code();
+        let mut shard = lock(&self.shards[(hash >> 32) as usize % SHARDS]);
+        shard.ops_since_sweep += 1;
+        shard.maybe_sweep(now, &self.fence);
+        (hash, shard)
+    }
+
+    pub(super) fn next_fence(&self) -> u64 {
+        next_fence(&self.fence)
+    }
+
+    pub(super) fn try_acquire(&self, req: &AcquireRequest, may_wait: bool) -> Attempt {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(req.key(), now);
+        let wall = SystemTime::now();
+        if let Some(entry) = shard.find_mut(hash, req.key()) {
+            // Expired while waiters are queued: they come first, as after a
+            // release; a newcomer does not barge past them.
+            let expired = entry.expires <= now;
+            let handed = (expired && self.hand_off(entry)).then_some(entry.expires);
+            if entry.expires > now && !entry.held_by(req) {
+                let rx = may_wait.then(|| {
+                    let (tx, rx) = oneshot::channel();
+                    let nudge = Arc::new(Notify::new());
+                    let waiters = entry.waiters.get_or_insert_default();
+                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
+                        waiters.retain(|w| !w.tx.is_closed());
+                    }
+                    waiters.push_back(Waiter {
+                        owner: req.owner_arc().clone(),
+                        attempt: req.attempt(),
+                        ttl: req.ttl(),
+                        tx,
+                        nudge: nudge.clone(),
+                    });
+                    (rx, nudge)
+                });
+                let busy = Attempt::Busy {
+                    rx,
+                    holder_expires: entry.expires,
+                    now,
+                };
+                if let Some(at) = handed {
+                    shard.expires_at(at);
+                }
+                return busy;
+            }
+            // Free (expired, nobody queued), or already ours (a retry of
+            // this very attempt): take it. Taken anew after expiry, it gets a
+            // new fence.
+            if expired || !entry.held_by(req) {
+                entry.owner = req.owner_arc().clone();
+                entry.attempt = req.attempt();
+                entry.fence = self.next_fence();
+                entry.acquired_at = wall;
+            }
+            entry.expires = now + req.ttl();
+            let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
+            shard.expires_at(now + req.ttl());
+            return Attempt::Acquired(lease);
+        }
+        let fence = self.next_fence();
+        shard.expires_at(now + req.ttl());
+        shard.insert(Entry {
+            hash,
+            key: req.key().clone(),
+            owner: req.owner_arc().clone(),
+            attempt: req.attempt(),
+            fence,
+            acquired_at: wall,
+            expires: now + req.ttl(),
+            waiters: None,
+        });
+        Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
+    }
+
+    /// Free the lock of `key` if `check` accepts its entry (given whether it
+    /// has expired): hand it to a waiter or remove it. `None` if no entry.
+    pub(super) fn free_if<T>(
+        &self,
+        key: &LockKey,
+        check: impl FnOnce(&Entry, bool) -> Result<T, T>,
+    ) -> Option<T> {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(key, now);
+        let mut occupied = shard.find_entry(hash, key)?;
+        let expired = occupied.get().expires <= now;
+        match check(occupied.get(), expired) {
+            Ok(out) => {
+                if self.hand_off(occupied.get_mut()) {
+                    let at = occupied.get().expires;
+                    shard.expires_at(at);
+                } else {
+                    occupied.remove();
+                }
+                Some(out)
+            }
+            Err(out) => Some(out),
+        }
+    }
+
+    /// Release on behalf of a waiter that was handed the lock but is gone.
+    pub(super) fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
+        self.free_if(key, |e, _| {
+            if *e.owner == *owner && e.fence == fence {
+                Ok(())
+            } else {
+                Err(())
+            }
+        });
+    }
+
+    pub(super) fn release(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+        let result = self.free_if(key, |e, expired| {
+            if expired {
+                // Not held by anyone: free it for waiters right away.
+                Ok(Err(LockError::NotFound))
+            } else if *e.owner != *owner {
+                Err(Err(LockError::OwnershipMismatch))
+            } else {
+                Ok(Ok(()))
+            }
+        });
+        result.unwrap_or(Err(LockError::NotFound))
+    }
+
+    pub(super) fn extend(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
+        crate::spec::validate_ttl(ttl)?;
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(key, now);
+        let entry = shard.find_mut(hash, key).ok_or(LockError::NotFound)?;
+        if entry.expires <= now {
+            return Err(LockError::NotFound);
+        }
+        if *entry.owner != *owner {
+            return Err(LockError::OwnershipMismatch);
+        }
+        let before = entry.expires;
+        entry.expires = now + ttl;
+        if entry.expires < before {
+            nudge_head(entry);
+        }
+        let lease = Lease::new(entry.fence, entry.acquired_at, SystemTime::now(), ttl);
+        shard.expires_at(now + ttl);
+        Ok(lease)
+    }
+
+    pub(super) fn force_release(&self, key: &LockKey) -> bool {
+        self.free_if(key, |_, expired| Ok(!expired))
+            .unwrap_or(false)
+    }
+
+    pub(super) fn status(&self, key: &LockKey) -> Option<LockStatus> {
+        let now = Instant::now();
+        let (hash, shard) = self.shard(key, now);
+        let entry = shard.find(hash, key).filter(|e| e.expires > now)?;
+        let remaining = entry.expires - now;
+        Some(
+            LockStatus::new(
+                entry.owner.to_string(),
+                entry.fence,
+                entry.acquired_at,
+                SystemTime::now() + remaining,
+                remaining,
+            )
+            .with_waiters(entry.live_waiters()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::MemoryBackend;
+    use super::super::testing::req;
+    use super::{SHARDS, YOUNG, lock};
+    use crate::backend::{LockBackend, LockError, LockKey};
+
+    /// Enough locks that every shard moves its young entries to its old
+    /// table several times: every operation finds them in either table, and
+    /// a key is never stored twice.
+    #[tokio::test(start_paused = true)]
+    async fn locks_moved_to_the_old_table_work_as_any() {
+        let b = MemoryBackend::new();
+        let n = YOUNG * SHARDS * 3;
+        let key = |i: usize| LockKey::global(format!("k{i}")).unwrap();
+        for i in 0..n {
+            b.acquire(&req(&format!("k{i}"), "a", 1_000, 0))
+                .await
+                .unwrap();
+        }
+        assert_eq!(b.len(), n);
+        assert!(b.inner.shards.iter().all(|s| !lock(s).old.is_empty()));
+        for i in 0..n {
+            assert_eq!(b.status(&key(i)).await.unwrap().unwrap().owner, "a");
+            let busy = b.acquire(&req(&format!("k{i}"), "b", 1_000, 0)).await;
+            assert!(matches!(busy, Err(LockError::AcquisitionFailed { .. })));
+        }
+        // Expired: another owner re-takes each in place, whichever table.
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        for i in 0..n {
+            b.acquire(&req(&format!("k{i}"), "b", 60_000, 0))
+                .await
+                .unwrap();
+        }
+        assert_eq!(b.len(), n, "no key stored twice");
+        for i in 0..n {
+            b.extend(&key(i), "b", Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(
+                b.release(&key(i), "a").await,
+                Err(LockError::OwnershipMismatch)
+            );
+            b.release(&key(i), "b").await.unwrap();
+        }
+        assert_eq!(b.len(), 0);
+    }
+}

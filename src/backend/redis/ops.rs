@@ -1,0 +1,212 @@
+//! The operations, one Lua script each (one round trip, atomic on the
+//! server), and what their replies mean.
+
+use std::time::{Duration, SystemTime};
+
+use deadpool_redis::redis::Value;
+use tokio::time::Instant;
+
+use super::RedisBackend;
+use super::error::bad_reply;
+use super::keys::ALL;
+use super::scripts::{
+    SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
+};
+use crate::backend::{Lease, LockStatus};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::{AcquireRequest, validate_ttl};
+use crate::time::unix_ms;
+
+pub(super) enum Attempt {
+    Acquired(Lease),
+    Busy {
+        /// The holder's remaining TTL.
+        retry_after: Duration,
+        /// This attempt created a queue entry (it was not queued before).
+        queued_anew: bool,
+    },
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum LeaveMode {
+    /// Keep a lock handed over meanwhile.
+    Claim,
+    /// Release a lock handed over meanwhile.
+    Drop,
+}
+
+pub(super) enum Left {
+    Claimed(Lease),
+    Dropped,
+    NotHeld(Duration),
+}
+
+impl RedisBackend {
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.op_timeout
+    }
+
+    /// One acquire attempt; `queue` = (remaining wait ms, waiter id) of a
+    /// waiter, which joins the queue when the lock is busy and the wait is
+    /// not zero.
+    pub(super) async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        ttl_ms: u64,
+        queue: Option<(u64, u64)>,
+        end: Instant,
+    ) -> Result<Attempt, LockError> {
+        const WHAT: &str = "acquire";
+        let mut inv = SCRIPTS.acquire.prepare_invoke();
+        self.keys(&mut inv, req.key(), ALL);
+        // Our clock is only stored for `status` to show; the lease counts
+        // from it too, which errs on the early side: the server's TTL starts
+        // when the script runs, after this.
+        let sent_ms = unix_ms(SystemTime::now());
+        let sent = server_time(sent_ms);
+        // The stored value's tail, "<acquired ms> - <attempt> <owner>": one
+        // argument for all (each argument costs the server time).
+        inv.arg(ttl_ms)
+            .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
+        if let Some((wait_ms, id)) = queue {
+            inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
+        }
+        let reply = match self.shared.conn.eval(&inv, end).await? {
+            // The fast path: free and nobody waiting.
+            Value::Int(fence) => {
+                let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
+                return Ok(Attempt::Acquired(Lease::new(fence, sent, sent, req.ttl())));
+            }
+            other => array(other, WHAT)?,
+        };
+        match int_at(&reply, 0, WHAT)? {
+            1 => Ok(Attempt::Acquired(Lease::new(
+                uint_at(&reply, 1, WHAT)?,
+                server_time(uint_at(&reply, 2, WHAT)?),
+                server_time(uint_at(&reply, 3, WHAT)?),
+                req.ttl(),
+            ))),
+            0 => Ok(Attempt::Busy {
+                retry_after: remaining(int_at(&reply, 1, WHAT)?),
+                queued_anew: int_at(&reply, 2, WHAT)? == 1,
+            }),
+            _ => Err(bad_reply(WHAT)),
+        }
+    }
+
+    pub(super) async fn leave(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        id: u64,
+        mode: LeaveMode,
+        ttl: Duration,
+        end: Instant,
+    ) -> Result<Left, LockError> {
+        const WHAT: &str = "leave";
+        let mut inv = SCRIPTS.leave.prepare_invoke();
+        self.keys(&mut inv, key, ALL);
+        inv.arg(owner).arg(id).arg(self.shared.wake.channel());
+        inv.arg(match mode {
+            LeaveMode::Claim => "claim",
+            LeaveMode::Drop => "drop",
+        });
+        let reply = array(self.shared.conn.eval(&inv, end).await?, WHAT)?;
+        match int_at(&reply, 0, WHAT)? {
+            1 => {
+                let at = server_time(uint_at(&reply, 2, WHAT)?);
+                Ok(Left::Claimed(Lease::new(
+                    uint_at(&reply, 1, WHAT)?,
+                    at,
+                    at,
+                    ttl,
+                )))
+            }
+            2 => Ok(Left::Dropped),
+            0 => Ok(Left::NotHeld(remaining(int_at(&reply, 1, WHAT)?))),
+            _ => Err(bad_reply(WHAT)),
+        }
+    }
+
+    pub(super) async fn release_inner(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+        let mut inv = SCRIPTS.release.prepare_invoke();
+        self.keys(&mut inv, key, ALL);
+        // The script finds the holder as the value's tail after a space, which
+        // is exact only for owners without spaces; no holder has one (see
+        // `validate_owner`), so such an owner (or an empty one) goes as " ",
+        // which is never a holder's tail either: same answer, same effects.
+        inv.arg(if owner.is_empty() || owner.contains(' ') {
+            " "
+        } else {
+            owner
+        });
+        let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
+        match int(&reply, "release")? {
+            1 => Ok(()),
+            0 => Err(LockError::NotFound),
+            -1 => Err(LockError::OwnershipMismatch),
+            _ => Err(bad_reply("release")),
+        }
+    }
+
+    pub(super) async fn extend_inner(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
+        const WHAT: &str = "extend";
+        validate_ttl(ttl)?;
+        let mut inv = SCRIPTS.extend.prepare_invoke();
+        self.keys(&mut inv, key, &[]);
+        inv.arg(owner).arg(ceil_ms(ttl));
+        let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
+        match int_at(&reply, 0, WHAT)? {
+            1 => Ok(Lease::new(
+                uint_at(&reply, 1, WHAT)?,
+                server_time(uint_at(&reply, 2, WHAT)?),
+                server_time(uint_at(&reply, 3, WHAT)?),
+                ttl,
+            )),
+            0 => Err(LockError::NotFound),
+            -1 => Err(LockError::OwnershipMismatch),
+            _ => Err(bad_reply(WHAT)),
+        }
+    }
+
+    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
+        let mut inv = SCRIPTS.force_release.prepare_invoke();
+        self.keys(&mut inv, key, &[":fence", ":q", ":w", ":forced"]);
+        // Names this call, so that a run repeated after a lost reply only
+        // repeats the first run's answer (see force_release.lua).
+        inv.arg(uuid::Uuid::new_v4().simple().to_string());
+        let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
+        Ok(int(&reply, "force release")? > 0)
+    }
+
+    pub(super) async fn status_inner(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<LockStatus>, LockError> {
+        const WHAT: &str = "status";
+        let mut inv = SCRIPTS.status.prepare_invoke();
+        self.keys(&mut inv, key, ALL);
+        let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let left = remaining(int_at(&reply, 3, WHAT)?);
+        let now: SystemTime = server_time(uint_at(&reply, 4, WHAT)?);
+        Ok(Some(
+            LockStatus::new(
+                string_at(&reply, 0, WHAT)?,
+                uint_at(&reply, 1, WHAT)?,
+                server_time(uint_at(&reply, 2, WHAT)?),
+                now + left,
+                left,
+            )
+            .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0)),
+        ))
+    }
+}

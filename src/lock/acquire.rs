@@ -1,0 +1,271 @@
+//! Taking locks: one lock, guarded against cancellation and lost replies,
+//! and all the locks of one request, in one order, bounded in time, checked
+//! before the handler runs.
+
+use std::time::SystemTime;
+
+use smol_str::SmolStr;
+
+use super::release::Finish;
+use super::{HeldLock, Locks};
+use crate::backend::{BoxFuture, Lease, SharedBackend};
+use crate::error::LockError;
+use crate::spec::{AcquireRequest, LockSpec};
+
+// ---------------------------------------------------------------------------
+// One lock
+
+/// Take the lock described by `req` at once, if the backend can answer
+/// without waiting or I/O (see [`LockBackend::try_acquire_now`]).
+pub(crate) fn acquire_now(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+) -> Option<Result<HeldLock, LockError>> {
+    let sent = tokio::time::Instant::now();
+    let result = backend.try_acquire_now(req)?;
+    Some(acquired(req, result, sent))
+}
+
+/// The outcome of an acquisition, traced; `started` is when the lock's TTL
+/// began at the earliest.
+fn acquired(
+    req: &AcquireRequest,
+    result: Result<Lease, LockError>,
+    started: tokio::time::Instant,
+) -> Result<HeldLock, LockError> {
+    match &result {
+        Ok(lease) => tracing::debug!(
+            key = %req.key().digest(),
+            fence = lease.fence,
+            "lock acquired"
+        ),
+        Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
+    }
+    result.map(|lease| {
+        let expiry = started + lease.ttl;
+        HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
+    })
+}
+
+/// Acquire, and if this future is dropped while the backend call is in
+/// flight, or the call fails with [`LockError::BackendUnavailable`], release
+/// best-effort with the owner token: a request that was cancelled, or whose
+/// reply was lost, may still have taken the lock on the server. Only for a
+/// token generated for this call (see [`AcquireRequest`]'s `fresh_owner`).
+pub(crate) async fn acquire_guarded(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+) -> Result<HeldLock, LockError> {
+    if let Some(result) = acquire_now(backend, req) {
+        return result;
+    }
+    /// Until `done`, releases what the call may have taken, from `Drop`.
+    struct InFlight<'a> {
+        backend: &'a SharedBackend,
+        req: &'a AcquireRequest,
+        done: bool,
+    }
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            if !self.done {
+                let (backend, key, owner) = (
+                    self.backend.clone(),
+                    self.req.key().clone(),
+                    self.req.owner_arc().clone(),
+                );
+                drop(Finish::start(Box::pin(async move {
+                    let _ = backend.release(&key, &owner).await;
+                })));
+            }
+        }
+    }
+    // Only a token made for this call: a caller's own token may hold the
+    // lock already (acquire is idempotent for it), or again by the time a
+    // release would land (a retry).
+    let mut guard = InFlight {
+        backend,
+        req,
+        done: !req.has_fresh_owner(),
+    };
+    let sent = tokio::time::Instant::now();
+    let acquire = backend.acquire(req);
+    // The span only when someone listens: building one costs more than an
+    // in-memory acquisition.
+    let result = if tracing::enabled!(tracing::Level::DEBUG) {
+        let span = tracing::debug_span!(
+            "tower_lock.acquire",
+            key = %req.key().digest(),
+            max_wait_ms = req.max_wait().as_millis() as u64
+        );
+        tracing::Instrument::instrument(acquire, span).await
+    } else {
+        acquire.await
+    };
+    // An unreachable backend may still have taken the lock (the reply came
+    // after the op timeout, or the connection broke after sending): the
+    // guard releases it with the owner token, as for a dropped call.
+    guard.done |= !matches!(result, Err(LockError::BackendUnavailable(_)));
+    drop(guard);
+    // The lock's TTL started between sending and now. Without waiting, the
+    // send time is the safe (early) estimate. After a wait it started when
+    // the lock was handed over, which the lease dates.
+    let started = match &result {
+        Ok(lease) if !req.max_wait().is_zero() => ttl_start(
+            sent,
+            tokio::time::Instant::now(),
+            SystemTime::now(),
+            lease.acquired_at,
+        ),
+        _ => sent,
+    };
+    acquired(req, result, started)
+}
+
+/// When a lock granted after a wait started its TTL, by this process's
+/// clock: `now` less the lease's age by the wall clock, kept between `sent`
+/// and `now`. A backend on another machine dates the lease by its own clock:
+/// if that runs behind, the estimate errs early (the safe side), bounded by
+/// `sent`; if ahead, it falls back to `now`, late by at most the delivery.
+fn ttl_start(
+    sent: tokio::time::Instant,
+    now: tokio::time::Instant,
+    wall_now: SystemTime,
+    acquired_at: SystemTime,
+) -> tokio::time::Instant {
+    let age = wall_now.duration_since(acquired_at).unwrap_or_default();
+    now.checked_sub(age)
+        .map_or(sent, |start| start.clamp(sent, now))
+}
+
+// ---------------------------------------------------------------------------
+// A request's locks
+
+/// Acquire the one lock `req` (made from `spec`), waiting.
+pub(crate) fn acquire_one(
+    backend: SharedBackend,
+    route: SmolStr,
+    spec: LockSpec,
+    req: AcquireRequest,
+    watchdog: bool,
+) -> BoxFuture<'static, Result<Locks, LockError>> {
+    Box::pin(async move {
+        let held = acquire_guarded(&backend, &req).await?;
+        let locks = holding(backend, route, watchdog, held, &spec);
+        ready_to_run(locks).await
+    })
+}
+
+/// A request's registry holding its one lock `held`, taken for `spec`.
+pub(crate) fn holding(
+    backend: SharedBackend,
+    route: SmolStr,
+    watchdog: bool,
+    held: HeldLock,
+    spec: &LockSpec,
+) -> Locks {
+    let locks = Locks::new(backend, route, watchdog);
+    // A fresh registry is never closed.
+    let _ = locks.register(held, spec.get_auto_release(), spec.get_watchdog());
+    locks
+}
+
+/// Acquire `first` and every spec in `rest`, in one global order (sorted by
+/// key) so that two requests locking the same keys cannot deadlock; on any
+/// failure give back what was taken.
+///
+/// The whole acquisition waits at most the largest max wait of the specs,
+/// and never longer than a lock it already took has left (unless the
+/// watchdog renews that one): a lock must not run out while the request
+/// waits for the next.
+pub(crate) fn acquire_all(
+    backend: SharedBackend,
+    route: SmolStr,
+    first: LockSpec,
+    rest: Vec<LockSpec>,
+    watchdog: bool,
+) -> BoxFuture<'static, Result<Locks, LockError>> {
+    Box::pin(async move {
+        let mut reqs = Vec::with_capacity(1 + rest.len());
+        for spec in std::iter::once(&first).chain(&rest) {
+            reqs.push((spec.to_request(&route)?, spec));
+        }
+        reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
+        reqs.dedup_by(|a, b| a.0.key() == b.0.key());
+        // Sorted by key then route: one key in both scopes sits side by side.
+        if reqs
+            .windows(2)
+            .any(|w| w[0].0.key().key() == w[1].0.key().key())
+        {
+            return Err(LockError::InvalidKey(
+                "a request cannot lock one key in both route and global scope",
+            ));
+        }
+        let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
+        let start = tokio::time::Instant::now();
+        let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);
+        let locks = Locks::new(backend.clone(), route, watchdog);
+        for (req, spec) in &reqs {
+            let now = tokio::time::Instant::now();
+            let mut until = deadline;
+            if let Some(expiry) = locks.earliest_expiry() {
+                until = until.min(expiry);
+            }
+            let req = req.with_max_wait(req.max_wait().min(until.saturating_duration_since(now)));
+            match acquire_guarded(&backend, &req).await {
+                Ok(lock) => {
+                    let _ = locks.register(lock, spec.get_auto_release(), spec.get_watchdog());
+                }
+                Err(e) => {
+                    give_back(&locks).await;
+                    return Err(e);
+                }
+            }
+        }
+        ready_to_run(locks).await
+    })
+}
+
+/// `locks` if every one is still held with time left, so the handler may
+/// run; else they are given back and the request fails with
+/// [`LockError::Expired`]. A lock can run out before the handler starts: a
+/// hand-off read late, a reply slower than the TTL.
+async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
+    if !locks.any_lost() {
+        return Ok(locks);
+    }
+    tracing::warn!("a lock ran out before the handler could run; the request is refused");
+    give_back(&locks).await;
+    Err(LockError::Expired)
+}
+
+/// Release every lock of a request that will not run. Finished in a task if
+/// this request is dropped meanwhile (client gone, outer timeout): the
+/// registry is closed, so nothing else would release them.
+async fn give_back(locks: &Locks) {
+    if let Some(release) = locks.release_all() {
+        release.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn ttl_start_after_a_wait_is_dated_by_the_lease() {
+        let sent = Instant::now();
+        let now = sent + Duration::from_secs(10);
+        let wall = SystemTime::now();
+        let at = |age_ms: u64| ttl_start(sent, now, wall, wall - Duration::from_millis(age_ms));
+        // Handed over 3 ms before the reply was read: 3 ms before now.
+        assert_eq!(at(3), now - Duration::from_millis(3));
+        // Never before the request was sent, never after now.
+        assert_eq!(at(60_000), sent);
+        assert_eq!(
+            ttl_start(sent, now, wall, wall + Duration::from_secs(1)),
+            now
+        );
+    }
+}

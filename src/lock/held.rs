@@ -1,0 +1,161 @@
+//! [`HeldLock`]: what is known of a lock that is held, and its lost signal.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use crate::backend::{Lease, SharedBackend};
+use crate::key::LockKey;
+use crate::watchdog::{LostSignal, WatchHandle};
+
+/// A lock that is held: its key, owner token, fencing token and expiry, and
+/// a signal that fires if it is lost.
+pub struct HeldLock {
+    pub(super) key: LockKey,
+    pub(super) owner: Arc<str>,
+    pub(super) lease: Lease,
+    // When the lock expires unless extended, by this process's clock.
+    expiry: tokio::time::Instant,
+    // Made on first use: most locks are released without anyone asking.
+    // A clone makes it first, so every copy shares one signal.
+    signal: OnceLock<LostSignal>,
+}
+
+impl Clone for HeldLock {
+    fn clone(&self) -> Self {
+        HeldLock {
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease.clone(),
+            expiry: self.expiry,
+            signal: OnceLock::from(self.lost_signal().clone()),
+        }
+    }
+}
+
+impl PartialEq for HeldLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.owner == other.owner && self.lease == other.lease
+    }
+}
+
+impl Eq for HeldLock {}
+
+impl HeldLock {
+    pub(crate) fn new(
+        key: LockKey,
+        owner: Arc<str>,
+        lease: Lease,
+        expiry: tokio::time::Instant,
+    ) -> Self {
+        HeldLock {
+            key,
+            owner,
+            lease,
+            expiry,
+            signal: OnceLock::new(),
+        }
+    }
+
+    /// Whether the lock is known to be lost (see [`LostSignal`]).
+    pub fn is_lost(&self) -> bool {
+        match self.signal.get() {
+            Some(signal) => signal.is_lost(),
+            // Nobody else has the signal, so nobody has marked it lost.
+            None => tokio::time::Instant::now() >= self.expiry,
+        }
+    }
+
+    /// Resolves when the lock is lost: a renewal found it gone or owned by
+    /// someone else, or its TTL passed without a successful renewal. Use it
+    /// in `tokio::select!` to abort work that must not continue unlocked.
+    pub async fn lost(&self) {
+        self.lost_signal().lost().await
+    }
+
+    /// The lost-lock signal itself, to hand to other tasks.
+    pub fn lost_signal(&self) -> &LostSignal {
+        self.signal.get_or_init(|| LostSignal::new(self.expiry))
+    }
+
+    /// When the lock expires unless extended, by this process's clock.
+    pub(super) fn expiry(&self) -> tokio::time::Instant {
+        match self.signal.get() {
+            Some(signal) => signal.expiry(),
+            None => self.expiry,
+        }
+    }
+
+    /// A new expiry after an extension.
+    pub(super) fn set_expiry(&mut self, expiry: tokio::time::Instant) {
+        self.expiry = expiry;
+        if let Some(signal) = self.signal.get() {
+            signal.set_expiry(expiry);
+        }
+    }
+
+    /// Quiet the lost signal: the lock is being released.
+    pub(super) fn finish(&self) {
+        if let Some(signal) = self.signal.get() {
+            signal.finish();
+        }
+    }
+
+    /// Renew this lock through `backend`'s watchdog until the handle is
+    /// dropped.
+    pub(super) fn watch(&self, backend: &SharedBackend) -> WatchHandle {
+        backend.watchdog().watch(
+            self.key.clone(),
+            self.owner.clone(),
+            self.ttl(),
+            self.lost_signal().clone(),
+        )
+    }
+
+    /// The validated key (with its scope).
+    pub fn lock_key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The user's key, as given in the spec (NFC-normalised).
+    pub fn key(&self) -> &str {
+        self.key.key()
+    }
+
+    /// The owner token: whoever presents it can release or extend the lock.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The fencing token. Pass it to the resource you protect and have it
+    /// refuse writes carrying a smaller token than one it has already seen.
+    pub fn fence(&self) -> u64 {
+        self.lease.fence
+    }
+
+    /// When the lock was acquired.
+    pub fn acquired_at(&self) -> SystemTime {
+        self.lease.acquired_at
+    }
+
+    /// When the lock expires unless extended.
+    pub fn expires_at(&self) -> SystemTime {
+        self.lease.expires_at
+    }
+
+    /// The TTL granted by the last acquisition or extension.
+    pub fn ttl(&self) -> Duration {
+        self.lease.ttl
+    }
+}
+
+impl fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The owner token is a credential: keep it out of logs.
+        f.debug_struct("HeldLock")
+            .field("key", &self.key)
+            .field("fence", &self.lease.fence)
+            .field("expires_at", &self.lease.expires_at)
+            .finish_non_exhaustive()
+    }
+}

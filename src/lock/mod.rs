@@ -1,0 +1,15 @@
+//! The lock protocol outside the backends: taking locks ([`acquire`]),
+//! giving them back whatever happens to the caller ([`release`]), and the
+//! handles a request and a job hold them by.
+
+pub(crate) mod acquire;
+mod held;
+mod owned;
+pub(crate) mod registry;
+pub(crate) mod release;
+mod token;
+
+pub use held::HeldLock;
+pub use owned::OwnedLock;
+pub use registry::{Locks, MissingLockLayer};
+pub use token::LockToken;

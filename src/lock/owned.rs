@@ -1,0 +1,259 @@
+//! [`OwnedLock`]: a lock held outside any request, by a job.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::smallvec;
+
+use super::acquire::acquire_guarded;
+use super::release::{release_detached, release_one};
+use super::{HeldLock, LockToken};
+use crate::backend::{Lease, LockStatus, SharedBackend};
+use crate::error::LockError;
+use crate::key::Scope;
+use crate::spec::LockSpec;
+use crate::watchdog::WatchHandle;
+
+/// A lock owned outside any request: from
+/// [`Locks::cancel_auto_release`](crate::Locks::cancel_auto_release) or
+/// [`OwnedLock::acquire`].
+///
+/// Move it into a background task and [`release`](OwnedLock::release) or
+/// [`extend`](OwnedLock::extend) it there. Dropping it releases the lock (in
+/// a background task; if that fails, the TTL frees it).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::Locks;
+///
+/// async fn handler(locks: Locks) -> &'static str {
+///     if let Some(lock) = locks.cancel_auto_release("report") {
+///         tokio::spawn(async move {
+///             // ... long work, still holding the lock ...
+///             let _ = lock.release().await;
+///         });
+///     }
+///     "accepted"
+/// }
+/// # let _ = handler;
+/// ```
+pub struct OwnedLock {
+    backend: SharedBackend,
+    lock: HeldLock,
+    released: bool,
+    watch: Option<WatchHandle>,
+}
+
+impl fmt::Debug for OwnedLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedLock")
+            .field("lock", &self.lock)
+            .field("watchdog", &self.watch.is_some())
+            .finish()
+    }
+}
+
+impl OwnedLock {
+    pub(super) fn from_parts(
+        backend: SharedBackend,
+        lock: HeldLock,
+        watch: Option<WatchHandle>,
+    ) -> Self {
+        OwnedLock {
+            backend,
+            lock,
+            released: false,
+            watch,
+        }
+    }
+
+    /// Acquire a lock outside any request (a job, a scheduled task), waiting
+    /// up to the spec's max wait. The spec's watchdog setting applies
+    /// (default off).
+    ///
+    /// A job names a global lock ([`LockSpec::global`]); a route-scoped spec
+    /// has no route to be scoped by here and is refused
+    /// ([`LockError::InvalidKey`]): to take the lock a route's layer takes,
+    /// use [`acquire_in_route`](OwnedLock::acquire_in_route).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockSpec, MemoryBackend, OwnedLock, SharedBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let backend = SharedBackend::new(MemoryBackend::new());
+    /// let spec = LockSpec::new("nightly-report", Duration::from_secs(60)).global();
+    /// let lock = OwnedLock::acquire(&backend, &spec).await?;
+    /// // ... the job's work, fenced by lock.fence() ...
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire(
+        backend: impl Into<SharedBackend>,
+        spec: &LockSpec,
+    ) -> Result<OwnedLock, LockError> {
+        if spec.get_scope() == Scope::Route {
+            return Err(LockError::InvalidKey(
+                "a route-scoped lock needs its route: use OwnedLock::acquire_in_route, \
+                 or LockSpec::global for a job's own lock",
+            ));
+        }
+        Self::acquire_in_route(backend, spec, "").await
+    }
+
+    /// [`acquire`](OwnedLock::acquire) a lock of the route pattern `route`
+    /// (e.g. `/orders/{id}`): for a route-scoped spec, the lock that route's
+    /// layer takes for the same key; a global spec ignores `route`.
+    pub async fn acquire_in_route(
+        backend: impl Into<SharedBackend>,
+        spec: &LockSpec,
+        route: &str,
+    ) -> Result<OwnedLock, LockError> {
+        let backend = backend.into();
+        let req = spec.to_request_in(route)?;
+        let lock = acquire_guarded(&backend, &req).await?;
+        let watch = spec
+            .get_watchdog()
+            .unwrap_or(false)
+            .then(|| lock.watch(&backend));
+        Ok(OwnedLock::from_parts(backend, lock, watch))
+    }
+
+    /// Take over a lock from a [`LockToken`] made by
+    /// [`into_token`](OwnedLock::into_token), here or in another process
+    /// using the same backend configuration.
+    ///
+    /// Checks with the backend: [`LockError::NotFound`] if the lock has
+    /// expired or was released, [`LockError::OwnershipMismatch`] if someone
+    /// else holds it now, or the same owner token holds it under another
+    /// fence (a later acquisition by a reused custom owner: the token is
+    /// stale).
+    ///
+    /// The handle's TTL (what [`start_watchdog`](OwnedLock::start_watchdog)
+    /// renews by) is the token's original TTL; a token made before tokens
+    /// carried it falls back to the time the lock has left.
+    pub async fn restore(
+        backend: impl Into<SharedBackend>,
+        token: &LockToken,
+    ) -> Result<OwnedLock, LockError> {
+        let backend = backend.into();
+        let key = token.lock_key()?;
+        crate::spec::validate_owner(&token.owner)?;
+        let sent = tokio::time::Instant::now();
+        let status = backend.status(&key).await?.ok_or(LockError::NotFound)?;
+        if status.owner != token.owner || status.fence != token.fence {
+            return Err(LockError::OwnershipMismatch);
+        }
+        let ttl = token
+            .ttl_ms
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis)
+            .unwrap_or(status.ttl_remaining)
+            .min(crate::spec::MAX_TTL);
+        let lease = Lease {
+            fence: status.fence,
+            acquired_at: status.acquired_at,
+            expires_at: status.expires_at,
+            ttl,
+        };
+        let lock = HeldLock::new(
+            key,
+            Arc::from(token.owner.as_str()),
+            lease,
+            sent + status.ttl_remaining,
+        );
+        Ok(OwnedLock::from_parts(backend, lock, None))
+    }
+
+    /// Turn the handle into a serialisable token (key, scope, owner, fence,
+    /// expiry) without releasing the lock: hand it to a job queue, restore
+    /// it with [`restore`](OwnedLock::restore). Renewals by this process's
+    /// watchdog stop.
+    pub fn into_token(mut self) -> LockToken {
+        self.released = true;
+        self.watch = None;
+        LockToken::from_lock(&self.lock)
+    }
+
+    /// The lock's key, owner, fence and expiry.
+    pub fn info(&self) -> &HeldLock {
+        &self.lock
+    }
+
+    /// The fencing token.
+    pub fn fence(&self) -> u64 {
+        self.lock.fence()
+    }
+
+    /// Whether the lock is known to be lost (see [`HeldLock::lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.lock.is_lost()
+    }
+
+    /// Resolves when the lock is lost (see [`HeldLock::lost`]).
+    pub async fn lost(&self) {
+        self.lock.lost().await
+    }
+
+    /// Renew the lock by its TTL every TTL/3 until it is released or this
+    /// handle is dropped (a no-op if already on).
+    pub fn start_watchdog(&mut self) {
+        if self.watch.is_none() {
+            self.watch = Some(self.lock.watch(&self.backend));
+        }
+    }
+
+    /// Release the lock (checked against the owner token).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.watch = None;
+        self.lock.finish();
+        // From here on the release is under way: dropped before the backend
+        // answers (task aborted, `select!`), it completes in a task.
+        self.released = true;
+        release_one(&self.backend, &self.lock.key, &self.lock.owner).await
+    }
+
+    /// Set the remaining TTL to `ttl` (never revives an expired lock:
+    /// [`LockError::NotFound`] then).
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
+        // Never beside a watchdog renewal of the same lock (see `extending`).
+        let _gate = self.lock.lost_signal().extending().await;
+        let sent = tokio::time::Instant::now();
+        let lease = self
+            .backend
+            .extend(&self.lock.key, &self.lock.owner, ttl)
+            .await?;
+        self.lock.lease = lease;
+        self.lock.set_expiry(sent + ttl);
+        if let Some(w) = &self.watch {
+            w.set_ttl(ttl);
+        }
+        Ok(())
+    }
+
+    /// Ask the backend who holds this lock now.
+    pub async fn status(&self) -> Result<Option<LockStatus>, LockError> {
+        self.backend.status(&self.lock.key).await
+    }
+
+    /// Give up the handle without releasing: the lock stays held until its
+    /// TTL ends (or someone releases it with the owner token).
+    pub fn keep(mut self) -> HeldLock {
+        self.released = true;
+        self.watch = None;
+        self.lock.clone()
+    }
+}
+
+impl Drop for OwnedLock {
+    fn drop(&mut self) {
+        self.watch = None;
+        if !self.released {
+            self.lock.finish();
+            release_detached(&self.backend, smallvec![self.lock.clone()]);
+        }
+    }
+}

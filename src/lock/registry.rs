@@ -1,0 +1,413 @@
+//! [`Locks`]: the locks of one request, in its extensions; also the axum
+//! extractor that hands them to handlers.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use smallvec::{SmallVec, smallvec};
+use smol_str::SmolStr;
+
+use super::acquire::acquire_guarded;
+use super::release::{Finish, HeldLocks, release, release_detached, release_one};
+use super::{HeldLock, OwnedLock};
+use crate::backend::{LockStatus, SharedBackend};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::LockSpec;
+use crate::watchdog::WatchHandle;
+
+struct Slot {
+    lock: HeldLock,
+    auto_release: bool,
+    watch: Option<WatchHandle>,
+}
+
+impl Slot {
+    /// Stop renewals and the lost signal: the lock is being released.
+    fn retire(self) -> HeldLock {
+        drop(self.watch);
+        self.lock.finish();
+        self.lock
+    }
+}
+
+struct Registry {
+    backend: SharedBackend,
+    route: SmolStr,
+    watchdog: bool,
+    state: Mutex<RegistryState>,
+}
+
+#[derive(Default)]
+struct RegistryState {
+    // Inline for the common single lock: no allocation.
+    slots: SmallVec<[Slot; 1]>,
+    // Keys this request released (by hand or with the response), so that a
+    // later call on them says so (`LOCK_ALREADY_RELEASED`).
+    released: SmallVec<[LockKey; 1]>,
+    closed: bool,
+}
+
+impl RegistryState {
+    /// The error for `key`, which no slot holds: released by this request,
+    /// or never held by it.
+    fn missing(&self, key: &str) -> LockError {
+        if self.released.iter().any(|k| k.key() == key) {
+            LockError::AlreadyReleased
+        } else {
+            LockError::NotFound
+        }
+    }
+}
+
+/// The locks of one request, in its extensions; also an axum extractor.
+///
+/// The layer puts the locks it acquired here. A handler can read them, take
+/// more locks that are released with the response, release one early, or
+/// [`cancel_auto_release`](Locks::cancel_auto_release) one to hand it to a
+/// background job.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{Locks, LockSpec};
+///
+/// async fn handler(locks: Locks) -> String {
+///     let order = locks.get("order:1").map(|l| l.fence());
+///     // A second lock, released together with the first after the response.
+///     let audit = locks
+///         .acquire(LockSpec::new("audit", Duration::from_secs(5)).global())
+///         .await;
+///     format!("{order:?} {:?}", audit.map(|l| l.fence()))
+/// }
+/// # let _ = handler;
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    inner: Arc<Registry>,
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("held", &self.held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Locks {
+    pub(crate) fn new(backend: SharedBackend, route: SmolStr, watchdog: bool) -> Self {
+        Locks {
+            inner: Arc::new(Registry {
+                backend,
+                route,
+                watchdog,
+                state: Mutex::default(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, RegistryState> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every lock this request holds (auto-release or kept).
+    pub fn held(&self) -> Vec<HeldLock> {
+        self.state().slots.iter().map(|s| s.lock.clone()).collect()
+    }
+
+    /// The held lock with this user key, if any.
+    pub fn get(&self, key: &str) -> Option<HeldLock> {
+        self.state()
+            .slots
+            .iter()
+            .find(|s| s.lock.key() == key)
+            .map(|s| s.lock.clone())
+    }
+
+    /// The first lock the layer took for this request, if any.
+    pub fn first(&self) -> Option<HeldLock> {
+        self.state().slots.first().map(|s| s.lock.clone())
+    }
+
+    /// The backend these locks live in.
+    pub fn backend(&self) -> &SharedBackend {
+        &self.inner.backend
+    }
+
+    /// The route pattern used for [`Scope::Route`](crate::Scope::Route) keys.
+    pub fn route(&self) -> &str {
+        &self.inner.route
+    }
+
+    /// Locks kept after the response (auto-release off), for the headers.
+    pub(crate) fn kept(&self) -> Vec<HeldLock> {
+        self.state()
+            .slots
+            .iter()
+            .filter(|s| !s.auto_release)
+            .map(|s| s.lock.clone())
+            .collect()
+    }
+
+    /// Add `lock` to the request's locks; `Err` gives it back if the
+    /// response has already released them.
+    // The `Err` is the lock itself, handed back on a path taken once per
+    // request at most: boxing it would cost every call an allocation.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn register(
+        &self,
+        lock: HeldLock,
+        auto_release: bool,
+        watchdog: Option<bool>,
+    ) -> Result<(), HeldLock> {
+        let watch = watchdog
+            .unwrap_or(self.inner.watchdog)
+            .then(|| lock.watch(&self.inner.backend));
+        let mut state = self.state();
+        if state.closed {
+            drop(watch);
+            return Err(lock);
+        }
+        state.slots.push(Slot {
+            lock,
+            auto_release,
+            watch,
+        });
+        Ok(())
+    }
+
+    /// Take one more lock for this request, waiting up to the spec's max wait.
+    ///
+    /// It is released with the response unless the spec turns auto-release
+    /// off. Fails with [`LockError::AlreadyReleased`] once the response has
+    /// ended and the request's locks were released.
+    pub async fn acquire(&self, spec: LockSpec) -> Result<HeldLock, LockError> {
+        {
+            let state = self.state();
+            if state.closed {
+                return Err(LockError::AlreadyReleased);
+            }
+            // `get`, `release`, `extend` and `cancel_auto_release` name a
+            // lock by its key: one key must name one lock of the request.
+            if state.slots.iter().any(|s| s.lock.key() == spec.get_key()) {
+                return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
+            }
+        }
+        let req = spec.to_request(&self.inner.route)?;
+        let lock = acquire_guarded(&self.inner.backend, &req).await?;
+        match self.register(lock.clone(), spec.get_auto_release(), spec.get_watchdog()) {
+            Ok(()) => Ok(lock),
+            Err(lock) => {
+                release_detached(&self.inner.backend, smallvec![lock]);
+                Err(LockError::AlreadyReleased)
+            }
+        }
+    }
+
+    /// Release one of this request's locks now, before the response ends.
+    ///
+    /// [`LockError::AlreadyReleased`] if this request already released it
+    /// (by hand, or with its response), [`LockError::NotFound`] if the
+    /// request never held it.
+    pub async fn release(&self, key: &str) -> Result<(), LockError> {
+        let lock = {
+            let mut state = self.state();
+            match state.slots.iter().position(|s| s.lock.key() == key) {
+                Some(i) => {
+                    let lock = state.slots.remove(i).retire();
+                    state.released.push(lock.key.clone());
+                    lock
+                }
+                None => return Err(state.missing(key)),
+            }
+        };
+        // The registry no longer has it: if this future is dropped before
+        // the backend answers, the release finishes in a task.
+        release_one(&self.inner.backend, &lock.key, &lock.owner).await
+    }
+
+    /// Stop releasing this lock with the response and get an owned handle
+    /// to it, e.g. to move into `tokio::spawn`. The job then releases or
+    /// extends it; dropping the handle releases it.
+    ///
+    /// `None` if this request holds no lock with that key.
+    pub fn cancel_auto_release(&self, key: &str) -> Option<OwnedLock> {
+        let mut state = self.state();
+        let i = state.slots.iter().position(|s| s.lock.key() == key)?;
+        let slot = state.slots.remove(i);
+        Some(OwnedLock::from_parts(
+            self.inner.backend.clone(),
+            slot.lock,
+            slot.watch,
+        ))
+    }
+
+    /// Set the remaining TTL of one of this request's locks.
+    ///
+    /// [`LockError::AlreadyReleased`] once this request released it (by
+    /// hand, or with its response), [`LockError::NotFound`] if it never held
+    /// it.
+    pub async fn extend(&self, key: &str, ttl: Duration) -> Result<HeldLock, LockError> {
+        let lock = self.lookup(key)?;
+        // Never beside a watchdog renewal of the same lock (see `extending`).
+        let _gate = lock.lost_signal().extending().await;
+        let sent = tokio::time::Instant::now();
+        let lease = self
+            .inner
+            .backend
+            .extend(&lock.key, &lock.owner, ttl)
+            .await?;
+        let mut state = self.state();
+        let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
+        match slot {
+            Some(slot) => {
+                slot.lock.lease = lease;
+                slot.lock.set_expiry(sent + ttl);
+                if let Some(w) = &slot.watch {
+                    w.set_ttl(ttl);
+                }
+                Ok(slot.lock.clone())
+            }
+            None => Err(LockError::AlreadyReleased),
+        }
+    }
+
+    /// Ask the backend who holds this request's lock `key` now.
+    pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let lock = self.lookup(key)?;
+        self.inner.backend.status(&lock.key).await
+    }
+
+    /// The held lock `key`, or why there is none.
+    fn lookup(&self, key: &str) -> Result<HeldLock, LockError> {
+        let state = self.state();
+        match state.slots.iter().find(|s| s.lock.key() == key) {
+            Some(slot) => Ok(slot.lock.clone()),
+            None => Err(state.missing(key)),
+        }
+    }
+
+    /// The earliest local expiry among locks the watchdog does not renew.
+    pub(crate) fn earliest_expiry(&self) -> Option<tokio::time::Instant> {
+        self.state()
+            .slots
+            .iter()
+            .filter(|s| s.watch.is_none())
+            .map(|s| s.lock.expiry())
+            .min()
+    }
+
+    /// Whether any lock of the request is known to be lost (expired by this
+    /// process's clock, or found gone by a renewal).
+    pub(crate) fn any_lost(&self) -> bool {
+        self.state().slots.iter().any(|s| s.lock.is_lost())
+    }
+
+    /// Close the registry and start releasing its auto-release locks.
+    ///
+    /// Returns `None` when everything was released synchronously (the
+    /// in-memory backend), else the rest of the work to drive.
+    pub(crate) fn release_auto(&self) -> Option<Finish<()>> {
+        self.close_and_release(false)
+    }
+
+    /// Close the registry and release every lock, kept ones included (the
+    /// request was rejected after taking some of its locks).
+    pub(crate) fn release_all(&self) -> Option<Finish<()>> {
+        self.close_and_release(true)
+    }
+
+    fn close_and_release(&self, all: bool) -> Option<Finish<()>> {
+        let mut locks = HeldLocks::new();
+        {
+            let mut state = self.state();
+            state.closed = true;
+            let mut i = 0;
+            while i < state.slots.len() {
+                if all || state.slots[i].auto_release {
+                    let lock = state.slots.remove(i).retire();
+                    state.released.push(lock.key.clone());
+                    locks.push(lock);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        release(&self.inner.backend, locks)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // The last handle on the request's locks is gone without the response
+        // having released them (a dropped acquisition, a leaked extension).
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.closed {
+            return;
+        }
+        let locks: HeldLocks = state.slots.drain(..).map(Slot::retire).collect();
+        release_detached(&self.backend, locks);
+    }
+}
+
+const ONE_LOCK_PER_KEY: &str = "this request already holds a lock with this key (a key names \
+     one lock of a request, in route or global scope)";
+
+/// Rejection of the [`Locks`] extractor when the request carries no locks:
+/// no [`LockLayer`](crate::LockLayer) runs in front of the handler, or its
+/// [`LockRequest`](crate::LockRequest) named no lock for this request (such
+/// a request passes through untouched). `500` with code
+/// `LOCK_LAYER_MISSING` and a JSON body. A handler whose route locks only
+/// some requests extracts `Option<Locks>` instead.
+#[derive(Debug, Clone, Copy)]
+pub struct MissingLockLayer;
+
+const MISSING_LOCK_LAYER: &str = "no locks for this request: no LockLayer runs in front of \
+     this handler, or its LockRequest named no lock for this request (extract \
+     Option<Locks> where that is expected)";
+
+impl IntoResponse for MissingLockLayer {
+    fn into_response(self) -> Response {
+        crate::rejection::json_error(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "LOCK_LAYER_MISSING",
+            MISSING_LOCK_LAYER,
+        )
+        .map(axum::body::Body::from)
+    }
+}
+
+impl fmt::Display for MissingLockLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(MISSING_LOCK_LAYER)
+    }
+}
+
+impl std::error::Error for MissingLockLayer {}
+
+impl<S: Send + Sync> FromRequestParts<S> for Locks {
+    type Rejection = MissingLockLayer;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Locks>()
+            .cloned()
+            .ok_or(MissingLockLayer)
+    }
+}
+
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Locks {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Locks>().cloned())
+    }
+}

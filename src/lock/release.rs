@@ -1,0 +1,173 @@
+//! Giving locks back, also when whoever started it goes away.
+//!
+//! One mechanism: [`Finish`], started work that completes. Awaited, it runs
+//! in the caller; dropped unfinished (a request future dropped because the
+//! client left, a `select!` that took the other branch, a panic unwinding),
+//! the rest runs in a task. `Drop` cannot wait, so that is the only way to
+//! finish async work from it; without a runtime to spawn on, the lock's TTL
+//! frees it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use smallvec::SmallVec;
+
+use crate::backend::{BoxFuture, SharedBackend};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lock::HeldLock;
+use crate::lock::registry::Locks;
+
+/// Started work that finishes even if it is dropped: see the module docs.
+#[must_use = "dropping a Finish runs the rest of its work in a task"]
+pub(crate) struct Finish<T: Send + 'static>(Option<BoxFuture<'static, T>>);
+
+impl<T: Send + 'static> Finish<T> {
+    /// `fut`, to be awaited (or dropped, which detaches it).
+    pub(crate) fn new(fut: BoxFuture<'static, T>) -> Self {
+        Finish(Some(fut))
+    }
+}
+
+impl Finish<()> {
+    /// Poll `fut` once: `None` if that finished it (a backend in this
+    /// process answers at once, without a task or a wake-up), else the rest.
+    pub(crate) fn start(mut fut: BoxFuture<'static, ()>) -> Option<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // A remote backend's future would need the runtime's timers and I/O.
+            warn_no_runtime();
+            return None;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(()) => None,
+            Poll::Pending => Some(Finish(Some(fut))),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Finish<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let fut = self.0.as_mut().expect("Finish polled after completion");
+        let out = ready!(fut.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T: Send + 'static> Drop for Finish<T> {
+    fn drop(&mut self) {
+        let Some(fut) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = fut.await;
+                });
+            }
+            Err(_) => warn_no_runtime(),
+        }
+    }
+}
+
+fn warn_no_runtime() {
+    tracing::warn!("no tokio runtime to release a lock on; it will be freed by its TTL");
+}
+
+/// Locks released together: most requests hold one.
+pub(crate) type HeldLocks = SmallVec<[HeldLock; 1]>;
+
+/// Release `locks`: at once what the backend can answer without I/O (in
+/// memory: everything), the rest as a [`Finish`]. Outcomes are traced.
+pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<Finish<()>> {
+    locks.retain(
+        |lock| match backend.try_release_now(lock.lock_key(), lock.owner()) {
+            Some(result) => {
+                traced(lock.lock_key(), result);
+                false
+            }
+            None => true,
+        },
+    );
+    if locks.is_empty() {
+        return None;
+    }
+    let backend = backend.clone();
+    Finish::start(Box::pin(async move {
+        for lock in locks {
+            traced(
+                lock.lock_key(),
+                backend.release(lock.lock_key(), lock.owner()).await,
+            );
+        }
+    }))
+}
+
+/// [`release`] from `Drop`, where nobody waits: whatever is left runs in a
+/// task.
+pub(crate) fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
+    drop(release(backend, locks));
+}
+
+/// Release one lock and answer how it went. If the caller goes away while
+/// the backend call is in flight, the call still completes, in a task.
+pub(crate) async fn release_one(
+    backend: &SharedBackend,
+    key: &LockKey,
+    owner: &Arc<str>,
+) -> Result<(), LockError> {
+    if let Some(result) = backend.try_release_now(key, owner) {
+        return result;
+    }
+    let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
+    Finish::new(Box::pin(async move { backend.release(&key, &owner).await })).await
+}
+
+/// Trace the outcome of a release nobody waits for.
+fn traced(key: &LockKey, result: Result<(), LockError>) {
+    match result {
+        Ok(()) => tracing::debug!(key = %key.digest(), "lock released"),
+        Err(e) => tracing::warn!(
+            key = %key.digest(),
+            code = e.code(),
+            error = %e,
+            "lock release failed; the lock will be freed by its TTL"
+        ),
+    }
+}
+
+/// The locks of one response: released with its end ([`start`](Self::start)),
+/// or when it is dropped first (client gone, body dropped early, panic
+/// unwinding). Exactly once either way.
+pub(crate) struct ReleaseGuard {
+    locks: Option<Locks>,
+}
+
+impl ReleaseGuard {
+    pub(crate) fn new(locks: Locks) -> Self {
+        ReleaseGuard { locks: Some(locks) }
+    }
+
+    pub(crate) fn locks(&self) -> Option<&Locks> {
+        self.locks.as_ref()
+    }
+
+    /// Release now; `None` if done synchronously, else the work to await.
+    pub(crate) fn start(mut self) -> Option<Finish<()>> {
+        self.locks.take().and_then(|locks| locks.release_auto())
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        if let Some(locks) = self.locks.take() {
+            // Dropping the unfinished release detaches it.
+            drop(locks.release_auto());
+        }
+    }
+}

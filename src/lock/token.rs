@@ -1,0 +1,73 @@
+//! [`LockToken`]: a held lock as data, to hand it to another process.
+
+use serde::{Deserialize, Serialize};
+
+use super::HeldLock;
+use crate::error::LockError;
+use crate::key::{LockKey, Scope};
+use crate::time::unix_ms;
+
+/// A held lock as data, to move it between processes (serde).
+///
+/// Made by [`OwnedLock::into_token`], taken back by [`OwnedLock::restore`].
+/// The owner token inside is the credential to release the lock: treat the
+/// token like a secret.
+///
+/// Releasing the same token twice: the second release answers
+/// [`LockError::NotFound`] on both built-in backends (they do not keep
+/// tombstones of released locks); an [`OwnedLock`] itself cannot be released
+/// twice, and [`Locks::release`] answers [`LockError::AlreadyReleased`].
+///
+/// [`OwnedLock`]: crate::OwnedLock
+/// [`OwnedLock::into_token`]: crate::OwnedLock::into_token
+/// [`OwnedLock::restore`]: crate::OwnedLock::restore
+/// [`Locks::release`]: crate::Locks::release
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockToken {
+    /// The user's key.
+    pub key: String,
+    /// The route pattern of a route-scoped lock; `None` for global.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// The owner token.
+    pub owner: String,
+    /// The fencing token of the acquisition.
+    pub fence: u64,
+    /// Expiry when the token was made, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+    /// The TTL the lock was taken (or last extended) with, in milliseconds:
+    /// what a watchdog started after [`OwnedLock::restore`](crate::OwnedLock::restore) renews it by.
+    /// Absent in tokens from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+impl LockToken {
+    pub(super) fn from_lock(lock: &HeldLock) -> Self {
+        LockToken {
+            key: lock.key().to_owned(),
+            route: lock.key.route_pattern().map(str::to_owned),
+            owner: lock.owner().to_owned(),
+            fence: lock.fence(),
+            expires_at_ms: unix_ms(lock.expires_at()),
+            ttl_ms: Some(u64::try_from(lock.ttl().as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// The validated key this token names.
+    pub fn lock_key(&self) -> Result<LockKey, LockError> {
+        match &self.route {
+            None => LockKey::global(&self.key),
+            Some(route) => LockKey::route(route, &self.key),
+        }
+    }
+
+    /// The scope of the lock.
+    pub fn scope(&self) -> Scope {
+        if self.route.is_some() {
+            Scope::Route
+        } else {
+            Scope::Global
+        }
+    }
+}

@@ -252,6 +252,15 @@ where
     }
 }
 
+/// An empty body, as the responses middleware like tower-http's
+/// `TimeoutLayer` build themselves (so it can sit on a `LockLayer` in one
+/// `ServiceBuilder`).
+impl<B: Body> Default for LockBody<B> {
+    fn default() -> Self {
+        LockBody::rejection(Bytes::new())
+    }
+}
+
 impl<B: Body> fmt::Debug for LockBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockBody").finish_non_exhaustive()

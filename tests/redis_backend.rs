@@ -535,101 +535,9 @@ async fn backend_from_an_existing_pool() {
 }
 
 // ------------------------------------------------------- waiting, hand-off
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_is_handed_the_lock_on_release() {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    let held = b
-        .acquire(&req("w", "alice", 30 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let mut latencies = Vec::new();
-    for round in 0..5 {
-        let owner = format!("bob{round}");
-        let waiter = tokio::spawn({
-            let b = b.clone();
-            let r = req("w", &owner, 30 * SEC, 10 * SEC);
-            async move {
-                let lease = b.acquire(&r).await;
-                (lease, Instant::now())
-            }
-        });
-        queued(&server, "w", 1).await;
-        let released = Instant::now();
-        let holder = if round == 0 {
-            "alice".to_owned()
-        } else {
-            format!("bob{}", round - 1)
-        };
-        b.release(&key("w"), &holder).await.unwrap();
-        let (lease, woke) = waiter.await.unwrap();
-        let lease = lease.unwrap();
-        assert!(lease.fence > held.fence);
-        assert_eq!(
-            b.status(&key("w")).await.unwrap().unwrap().fence,
-            lease.fence
-        );
-        latencies.push(woke - released);
-    }
-    println!("wake-up latency (release call -> waiter returns): {latencies:?}");
-    // Sanity only: a hand-off is a message, not a poll or a TTL.
-    assert!(latencies.iter().all(|l| *l < SEC), "{latencies:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_gets_the_lock_when_the_holder_expires_without_releasing() {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    let holder_backend = backend(&server);
-    let held = holder_backend
-        .acquire(&req("exp", "crashed", ms(300), Duration::ZERO))
-        .await
-        .unwrap();
-    drop(holder_backend);
-    let lease = b.acquire(&req("exp", "bob", SEC, 5 * SEC)).await.unwrap();
-    let after_expiry = SystemTime::now()
-        .duration_since(held.expires_at)
-        .unwrap_or_default();
-    println!("waiter got the expired lock {after_expiry:?} after the holder's expiry");
-    assert!(lease.fence > held.fence);
-    assert!(after_expiry < SEC, "{after_expiry:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_in_fifo_order_and_newcomers_do_not_barge() {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    b.acquire(&req("q", "holder", 30 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..5 {
-        let b2 = b.clone();
-        let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            let owner = format!("w{i}");
-            let r = req("q", &owner, 30 * SEC, 20 * SEC);
-            b2.acquire(&r).await.unwrap();
-            order.lock().unwrap().push(i);
-            tokio::time::sleep(ms(5)).await;
-            b2.release(r.key(), &owner).await.unwrap();
-        }));
-        queued(&server, "q", i + 1).await;
-    }
-    b.release(&key("q"), "holder").await.unwrap();
-    // The releaser (or anyone new) cannot take it back while others wait.
-    let barge = b.acquire(&req("q", "holder", SEC, Duration::ZERO)).await;
-    assert!(
-        matches!(barge, Err(LockError::AcquisitionFailed { .. })),
-        "{barge:?}"
-    );
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
-}
+// (The queue contract itself, FIFO, hand-off at release and at expiry, no
+// barging, a cancelled waiter, is in the behavioural suite for every
+// backend: tests/behaviour/queue.rs. Here: what is Redis's own.)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_times_out_with_retry_after_and_leaves_the_queue() {
@@ -655,26 +563,6 @@ async fn waiter_times_out_with_retry_after_and_leaves_the_queue() {
     assert!(left <= 10 * SEC && left > 8 * SEC, "{left:?}");
     assert_eq!(server.cmd(&["LLEN", &stored("t", ":q")]), "0");
     assert_eq!(server.cmd(&["HLEN", &stored("t", ":w")]), "0");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_waiter_does_not_block_the_next_one() {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    b.acquire(&req("c", "holder", 30 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let first = spawn_acquire(&b, req("c", "gone", 30 * SEC, 20 * SEC));
-    queued(&server, "c", 1).await;
-    let second = spawn_acquire(&b, req("c", "next", 30 * SEC, 20 * SEC));
-    queued(&server, "c", 2).await;
-    first.abort();
-    b.release(&key("c"), "holder").await.unwrap();
-    // Whether the cancelled waiter left the queue first or was handed the
-    // lock and gave it back, the next one gets it promptly, not after 30 s.
-    let lease = granted(second).await;
-    assert!(lease.fence > 0);
-    assert_eq!(b.status(&key("c")).await.unwrap().unwrap().owner, "next");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run every lockbench workload on both backends against a private Redis, the
-# way the peers were measured (/work/shared/peers/WORKLOADS.md), and check the
-# targets of the benchmark issue.
+# Run every lockbench workload on both backends against a private Redis, with
+# the workloads and accounting BENCHMARKS.md defines, and check the targets
+# it lists.
 #
 #   scripts/bench.sh                      # 5 s per run
 #   SECONDS_PER_RUN=10 scripts/bench.sh

@@ -79,9 +79,10 @@ pub(crate) fn reading_unrouted<T>(f: impl FnOnce() -> T) -> (T, bool) {
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams<'_> {
     let extensions = request.extensions();
-    if extensions.get::<MatchedPath>().is_none() {
+    let Some(route) = extensions.get::<MatchedPath>() else {
         UNROUTED_READ.with(|flag| flag.set(true));
-    }
+        return PathParams::default();
+    };
     let path = request.uri().path();
     // `MatchedPath` is the whole pattern, prefixes of nested routers
     // included, so it only describes `path` if nothing stripped or rewrote
@@ -89,10 +90,9 @@ pub fn path_params<B>(request: &Request<B>) -> PathParams<'_> {
     let as_routed = extensions
         .get::<OriginalUri>()
         .is_some_and(|original| original.path() == path);
-    extensions
-        .get::<MatchedPath>()
-        .filter(|_| as_routed)
-        .and_then(|route| match_route(route.as_str(), path))
+    as_routed
+        .then(|| match_route(route.as_str(), path))
+        .flatten()
         .unwrap_or_else(|| extracted_path_params(request))
 }
 

@@ -176,15 +176,17 @@ impl LockSpec {
             }
         };
         validate_ttl(self.ttl)?;
-        let fresh_owner = self.owner.is_none();
         Ok(AcquireRequest {
             key,
             owner,
             ttl: self.ttl,
             max_wait: self.max_wait,
             // A generated owner token names this attempt by itself.
-            attempt: if fresh_owner { 0 } else { new_attempt_id() },
-            fresh_owner,
+            attempt: if self.owner.is_none() {
+                0
+            } else {
+                new_attempt_id()
+            },
         })
     }
 }
@@ -236,12 +238,9 @@ pub struct AcquireRequest {
     owner: Arc<str>,
     ttl: Duration,
     max_wait: Duration,
-    // Which attempt this is (see `attempt()`).
+    // Which attempt this is (see `attempt()`); 0 exactly when the owner
+    // token was made for this acquisition alone.
     attempt: u64,
-    // The owner token was made for this acquisition alone: nothing else can
-    // hold a lock under it, so releasing with it after a failed or dropped
-    // call cannot free anyone's lock.
-    fresh_owner: bool,
 }
 
 impl AcquireRequest {
@@ -262,7 +261,6 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt: new_attempt_id(),
-            fresh_owner: false,
         })
     }
 
@@ -291,8 +289,11 @@ impl AcquireRequest {
     }
 
     /// Whether the owner token was generated for this acquisition alone.
+    ///
+    /// Nothing else can hold a lock under such a token, so releasing with it
+    /// after a failed or dropped call cannot free anyone's lock.
     pub(crate) fn has_fresh_owner(&self) -> bool {
-        self.fresh_owner
+        self.attempt == 0
     }
 
     /// The key.

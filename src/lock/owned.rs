@@ -101,7 +101,11 @@ impl OwnedLock {
                  or LockSpec::global for a job's own lock",
             ));
         }
-        Self::acquire_in_route(backend, spec, "").await
+        // Not through `acquire_in_route`: one future less to move per call.
+        let backend = backend.into();
+        let req = spec.to_request_in("")?;
+        let lock = acquire_guarded(&backend, &req).await?;
+        Ok(Self::taken(backend, lock, spec))
     }
 
     /// [`acquire`](OwnedLock::acquire) a lock of the route pattern `route`
@@ -115,11 +119,17 @@ impl OwnedLock {
         let backend = backend.into();
         let req = spec.to_request_in(route)?;
         let lock = acquire_guarded(&backend, &req).await?;
+        Ok(Self::taken(backend, lock, spec))
+    }
+
+    /// The handle of `lock`, just taken for `spec` (whose watchdog setting
+    /// applies, default off).
+    fn taken(backend: SharedBackend, lock: HeldLock, spec: &LockSpec) -> Self {
         let watch = spec
             .get_watchdog()
             .unwrap_or(false)
             .then(|| lock.watch(&backend));
-        Ok(OwnedLock::from_parts(backend, lock, watch))
+        OwnedLock::from_parts(backend, lock, watch)
     }
 
     /// Take over a lock from a [`LockToken`] made by

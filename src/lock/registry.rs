@@ -46,17 +46,18 @@ struct Registry {
 struct RegistryState {
     // Inline for the common single lock: no allocation.
     slots: SmallVec<[Slot; 1]>,
-    // Keys this request released (by hand or with the response), so that a
-    // later call on them says so (`LOCK_ALREADY_RELEASED`).
+    // Keys this request released by hand, so that a later call on them says
+    // so (`LOCK_ALREADY_RELEASED`). Once the registry is closed (its response
+    // released the locks) every call says so, without a list.
     released: SmallVec<[LockKey; 1]>,
     closed: bool,
 }
 
 impl RegistryState {
-    /// The error for `key`, which no slot holds: released by this request,
-    /// or never held by it.
+    /// The error for `key`, which no slot holds: released by this request
+    /// (by hand, or with its response), or never held by it.
     fn missing(&self, key: &str) -> LockError {
-        if self.released.iter().any(|k| k.key() == key) {
+        if self.closed || self.released.iter().any(|k| k.key() == key) {
             LockError::AlreadyReleased
         } else {
             LockError::NotFound
@@ -329,9 +330,7 @@ impl Locks {
             let mut i = 0;
             while i < state.slots.len() {
                 if all || state.slots[i].auto_release {
-                    let lock = state.slots.remove(i).retire();
-                    state.released.push(lock.key.clone());
-                    locks.push(lock);
+                    locks.push(state.slots.remove(i).retire());
                 } else {
                     i += 1;
                 }

@@ -548,9 +548,9 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
     lock.release().await.unwrap();
 }
 
-/// (16.14) Once the response has released a request's locks, calls on them
-/// say so (`LOCK_ALREADY_RELEASED`), as the error table promises; a key the
-/// request never held is `LOCK_NOT_FOUND`.
+/// (16.14) Once the response has released a request's locks, calls on its
+/// `Locks` say so (`LOCK_ALREADY_RELEASED`), as the error table promises
+/// ("`Locks` used after the response released its locks").
 pub async fn calls_after_the_response_say_already_released(h: Harness) {
     let (tx, rx) = tokio::sync::oneshot::channel::<Locks>();
     let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
@@ -579,7 +579,10 @@ pub async fn calls_after_the_response_say_already_released(h: Harness) {
         locks.status("k").await.unwrap_err(),
         LockError::AlreadyReleased
     );
-    assert_eq!(locks.release("never").await, Err(LockError::NotFound));
+    assert_eq!(
+        locks.release("never").await,
+        Err(LockError::AlreadyReleased)
+    );
     assert_eq!(
         locks.acquire(spec("more", 1_000)).await.unwrap_err(),
         LockError::AlreadyReleased

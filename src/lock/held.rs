@@ -10,6 +10,22 @@ use crate::watchdog::{LostSignal, WatchHandle};
 
 /// A lock that is held: its key, owner token, fencing token and expiry, and
 /// a signal that fires if it is lost.
+///
+/// Pass the fencing token along with every write the lock protects, and have
+/// the store refuse a write whose fence is lower than one it has seen: a
+/// holder that lost its lock without noticing (a pause longer than the TTL)
+/// then cannot overwrite the next holder's work.
+///
+/// ```
+/// use tower_lock::Locks;
+///
+/// async fn pay(locks: Locks) -> String {
+///     let order = locks.first().expect("the layer took it");
+///     // e.g. UPDATE orders SET paid = true, fence = $1 WHERE id = $2 AND fence <= $1
+///     format!("paid under fence {}", order.fence())
+/// }
+/// # let _ = pay;
+/// ```
 pub struct HeldLock {
     pub(super) key: LockKey,
     pub(super) owner: Arc<str>,

@@ -18,6 +18,28 @@ use crate::time::unix_ms;
 /// tombstones of released locks); an [`OwnedLock`] itself cannot be released
 /// twice, and [`Locks::release`] answers [`LockError::AlreadyReleased`].
 ///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{LockSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = SharedBackend::new(MemoryBackend::new());
+/// let spec = LockSpec::new("export:7", Duration::from_secs(60)).global();
+/// let lock = OwnedLock::acquire(&backend, &spec).await?;
+/// let fence = lock.fence();
+///
+/// // Into the job queue (the lock stays held)...
+/// let job = serde_json::to_string(&lock.into_token())?;
+/// // ... and out of it, in a worker of any process on the same backend.
+/// let token: LockToken = serde_json::from_str(&job)?;
+/// let lock = OwnedLock::restore(&backend, &token).await?;
+/// assert_eq!(lock.fence(), fence);
+/// lock.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// [`OwnedLock`]: crate::OwnedLock
 /// [`OwnedLock::into_token`]: crate::OwnedLock::into_token
 /// [`OwnedLock::restore`]: crate::OwnedLock::restore

@@ -197,6 +197,21 @@ fn new_attempt_id() -> u64 {
     (hi ^ lo).max(1)
 }
 
+/// Whether two owner tokens are the same, in time that does not depend on
+/// where they differ: an owner token is the credential to release a lock,
+/// and an early-exit comparison would let a client that can time releases
+/// (through the admin API) guess a token byte by byte. Only the length, which
+/// is not secret (generated tokens all have 36 bytes), ends it early.
+pub(crate) fn owners_match(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    // Every byte is looked at, whatever the first difference: an OR of the
+    // XORs has no early exit.
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Check an owner token: 1 to [`MAX_OWNER_BYTES`] bytes of visible ASCII.
 pub(crate) fn validate_owner(owner: &str) -> Result<(), LockError> {
     if owner.is_empty() {
@@ -351,6 +366,15 @@ mod tests {
             ok("abc", MAX_TTL + Duration::from_secs(1)),
             Err(LockError::InvalidTtl(_))
         ));
+    }
+
+    #[test]
+    fn owners_match_exactly() {
+        assert!(owners_match("worker-1", "worker-1"));
+        assert!(!owners_match("worker-1", "worker-2"));
+        assert!(!owners_match("worker-1", "worker-12"));
+        assert!(!owners_match("", "x"));
+        assert!(owners_match("", ""));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::{HeldLock, LockToken};
 use crate::backend::{Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::Scope;
-use crate::spec::LockSpec;
+use crate::spec::{LockSpec, owners_match};
 use crate::watchdog::WatchHandle;
 
 /// A lock owned outside any request: from
@@ -154,7 +154,7 @@ impl OwnedLock {
         crate::spec::validate_owner(&token.owner)?;
         let sent = tokio::time::Instant::now();
         let status = backend.status(&key).await?.ok_or(LockError::NotFound)?;
-        if status.owner != token.owner || status.fence != token.fence {
+        if status.fence != token.fence || !owners_match(&status.owner, &token.owner) {
             return Err(LockError::OwnershipMismatch);
         }
         let ttl = token

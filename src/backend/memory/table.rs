@@ -15,7 +15,7 @@ use super::queue::{Waiter, nudge_head};
 use crate::backend::{Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::AcquireRequest;
+use crate::spec::{AcquireRequest, owners_match};
 
 /// Shards of the table: operations on different shards never contend.
 pub(super) const SHARDS: usize = 64;
@@ -125,7 +125,7 @@ impl Entry {
     /// token and same attempt. Another request naming the same owner is
     /// not the holder.
     pub(super) fn held_by(&self, req: &AcquireRequest) -> bool {
-        self.attempt == req.attempt() && *self.owner == *req.owner()
+        self.attempt == req.attempt() && owners_match(&self.owner, req.owner())
     }
 
     /// Queued acquirers still waiting.
@@ -262,7 +262,7 @@ impl Inner {
     /// Release on behalf of a waiter that was handed the lock but is gone.
     pub(super) fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
         self.free_if(key, |e, _| {
-            if *e.owner == *owner && e.fence == fence {
+            if e.fence == fence && owners_match(&e.owner, owner) {
                 Ok(())
             } else {
                 Err(())
@@ -275,7 +275,7 @@ impl Inner {
             if expired {
                 // Not held by anyone: free it for waiters right away.
                 Ok(Err(LockError::NotFound))
-            } else if *e.owner != *owner {
+            } else if !owners_match(&e.owner, owner) {
                 Err(Err(LockError::OwnershipMismatch))
             } else {
                 Ok(Ok(()))
@@ -297,7 +297,7 @@ impl Inner {
         if entry.expires <= now {
             return Err(LockError::NotFound);
         }
-        if *entry.owner != *owner {
+        if !owners_match(&entry.owner, owner) {
             return Err(LockError::OwnershipMismatch);
         }
         let before = entry.expires;

@@ -5,7 +5,7 @@
 //! Handlers receive their locks through one extractor type ([`Locks`]), and
 //! owned handles ([`OwnedLock`]) move into background jobs; neither should
 //! carry the backend as a type parameter, and apps pick a backend from their
-//! configuration at run time (`--redis URL` or in-memory). So the layer keeps
+//! configuration at run time (`--redis URL`, `--postgres URL` or in-memory). So the layer keeps
 //! an `Arc<dyn LockBackend>`. The price is one small allocation per call,
 //! which is noise next to a network round trip and still allows millions of
 //! in-memory cycles per second.
@@ -26,6 +26,9 @@ use crate::key::LockKey;
 use crate::spec::AcquireRequest;
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -109,7 +112,7 @@ impl LockStatus {
     }
 }
 
-/// A store that can hold locks: in memory, Redis, and (later) others.
+/// A store that can hold locks: in memory, Redis, PostgreSQL, and others.
 ///
 /// Contract shared by every implementation (the behavioural test suite runs
 /// the same tests against each):
@@ -246,7 +249,7 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 }
 
 /// Drive `futures` concurrently; their outputs in order.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     use std::task::Poll;
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();

@@ -15,6 +15,9 @@ pub enum BackendKind {
     /// A real server: releases from `Drop` run in a task, time is real.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis,
+    /// A real PostgreSQL server: as `Redis`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
 }
 
 /// A backend under test.
@@ -23,7 +26,7 @@ pub struct Harness {
     pub backend: SharedBackend,
     kind: BackendKind,
     paused: bool,
-    /// Whatever must live as long as the backend (the Redis server process).
+    /// Whatever must live as long as the backend (the server process).
     _keep: Option<Box<dyn Any + Send>>,
 }
 
@@ -105,6 +108,24 @@ pub async fn redis_backend() -> Harness {
     Harness::new(
         Arc::new(backend),
         BackendKind::Redis,
+        Some(Box::new(server)),
+    )
+}
+
+/// A PostgreSQL backend on a private server started for this test, its
+/// schema migrated.
+#[cfg(feature = "postgres")]
+pub async fn postgres_backend() -> Harness {
+    use crate::common::pg_server::PgServer;
+    use tower_lock::backend::postgres::PostgresBackend;
+
+    let server = PgServer::start();
+    let backend =
+        PostgresBackend::from_url(&server.url()).expect("PostgreSQL backend for the test server");
+    backend.migrate().await.expect("migrate the test server");
+    Harness::new(
+        Arc::new(backend),
+        BackendKind::Postgres,
         Some(Box::new(server)),
     )
 }

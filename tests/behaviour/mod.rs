@@ -81,6 +81,11 @@ for_each_backend! {
             crate::suite::harness::redis_backend(),
             crate::suite::harness::redis_backend(),
             (),
+        #[cfg(feature = "postgres")]
+        postgres =>
+            crate::suite::harness::postgres_backend(),
+            crate::suite::harness::postgres_backend(),
+            (),
     }
     tests {
         real_time: [

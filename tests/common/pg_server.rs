@@ -135,7 +135,10 @@ impl PgServer {
             .arg("-k")
             .arg(self.dir.join("sock"))
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            // No fsync (speed), but synchronous commits: a commit reaches the
+            // OS before it is acknowledged, so it survives a SIGKILL of the
+            // server as the fault tests need.
+            .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200"])
             .current_dir(&self.dir)

@@ -7,7 +7,7 @@
 //! pool for good (`Object::take`: the pool opens others in their place),
 //! prepares its statements on each once, sets `statement_timeout` to the op
 //! timeout (the connection is never handed back, so the setting stays
-//! ours), and spreads operations over them round-robin. Several connections
+//! ours), and gives each operation the one with the fewest operations under way. Several connections
 //! let the server use more than one core for independent keys. The pool is
 //! used again only to replace a connection that broke or timed out.
 //!
@@ -39,6 +39,8 @@ pub(super) struct Live {
 
 struct Slot {
     current: Mutex<Option<(u64, Arc<Live>)>>,
+    /// Operations under way on this slot.
+    in_flight: AtomicUsize,
     /// Single flight for replacing the connection.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -47,7 +49,6 @@ pub(super) struct Conns {
     pool: Pool,
     names: Names,
     slots: Box<[Slot]>,
-    next: AtomicUsize,
     generation: AtomicU64,
 }
 
@@ -59,10 +60,10 @@ impl Conns {
             slots: (0..connections.max(1))
                 .map(|_| Slot {
                     current: Mutex::new(None),
+                    in_flight: AtomicUsize::new(0),
                     connecting: tokio::sync::Mutex::new(()),
                 })
                 .collect(),
-            next: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
         }
     }
@@ -79,9 +80,23 @@ impl Conns {
         self.slots.len()
     }
 
+    /// The slot with the fewest operations under way, the first on a tie:
+    /// a lone caller stays on one connection (one warm server process),
+    /// concurrent ones spread over all.
     fn pick(&self) -> &Slot {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        &self.slots[i]
+        let mut best = &self.slots[0];
+        let mut least = best.in_flight.load(Ordering::Relaxed);
+        for slot in &self.slots[1..] {
+            if least == 0 {
+                break;
+            }
+            let n = slot.in_flight.load(Ordering::Relaxed);
+            if n < least {
+                best = slot;
+                least = n;
+            }
+        }
+        best
     }
 
     /// A live connection of `slot`, connecting it first if needed.
@@ -124,8 +139,13 @@ impl Conns {
         let set_up = async {
             // Whole milliseconds, at least 1 (0 would mean "no limit").
             let ms = op_timeout.as_millis().clamp(1, i32::MAX as u128);
+            // Generic plans: the statements are the same every time, and a
+            // custom plan (PostgreSQL's choice while it finds the generic
+            // one dearer) would re-plan every call.
             client
-                .batch_execute(&format!("SET statement_timeout = {ms}"))
+                .batch_execute(&format!(
+                    "SET statement_timeout = {ms}; SET plan_cache_mode = force_generic_plan"
+                ))
                 .await?;
             Statements::prepare(&client, &self.names).await
         };
@@ -150,6 +170,8 @@ impl Conns {
         op_timeout: Duration,
     ) -> Result<Row, LockError> {
         let slot = self.pick();
+        slot.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _done = InFlight(slot);
         let (generation, live) = self.get(slot, end, op_timeout).await?;
         let statement = live.statements.get(which);
         match timeout_at(end, live.client.query_one(statement, params)).await {
@@ -180,6 +202,15 @@ impl Conns {
             Ok(Err(e)) => Err(pool_error(e)),
             Err(_) => Err(timed_out("connecting to PostgreSQL")),
         }
+    }
+}
+
+/// Counts an operation on its slot until dropped (also when cancelled).
+struct InFlight<'a>(&'a Slot);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

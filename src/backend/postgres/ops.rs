@@ -62,13 +62,46 @@ impl Statements {
 fn texts(names: &Names) -> [String; COUNT] {
     let f = |name: &str| names.object(&format!("_{name}"));
     let us = f("us");
+    // The fast paths as plain statements in front of the function, which
+    // runs only when the fast path did nothing (a one-time filter skips it
+    // otherwise), still within the same statement: one round trip either
+    // way. Measured on one connection (best p50 of 3 interleaved rounds,
+    // acquire + release): raw lease loop 67 µs, these 92 µs, the functions
+    // called alone 139 µs: PL/pgSQL costs more than the CTE.
     [
         format!(
-            "SELECT code, fence, acquired_us, now_us, remaining_us, created \
-             FROM {}($1, $2, $3, $4, $5, $6, $7)",
-            f("acquire")
+            "WITH fast AS ( \
+               INSERT INTO {table} AS l (key, owner, attempt, fence, acquired_at, expires_at) \
+               VALUES ($1::text, $2::text, $3::bigint, nextval('{fence}'), now(), \
+                       now() + $4::bigint * interval '1 millisecond') \
+               ON CONFLICT (key) DO UPDATE SET \
+                 owner = excluded.owner, attempt = excluded.attempt, fence = excluded.fence, \
+                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, \
+                 queued = false, granted_to = NULL \
+               WHERE l.expires_at <= now() AND NOT l.queued \
+               RETURNING l.fence) \
+             SELECT 1, fence, {us}(now()), {us}(now()), NULL::bigint, false FROM fast \
+             UNION ALL \
+             SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
+             FROM {acquire}($1, $2, $3, $4, $5::bigint, $6::text, $7::bigint) AS a \
+             WHERE NOT EXISTS (SELECT 1 FROM fast)",
+            table = names.object(""),
+            // nextval() takes the sequence's name as text.
+            fence = names.object("_fence"),
+            acquire = f("acquire"),
         ),
-        format!("SELECT {}($1, $2)", f("release")),
+        format!(
+            "WITH fast AS ( \
+               DELETE FROM {table} AS l \
+               WHERE l.key = $1::text AND l.owner = $2::text AND l.expires_at > now() \
+                 AND NOT l.queued \
+               RETURNING 1) \
+             SELECT 1 FROM fast \
+             UNION ALL \
+             SELECT {release}($1, $2) WHERE NOT EXISTS (SELECT 1 FROM fast)",
+            table = names.object(""),
+            release = f("release"),
+        ),
         format!(
             "SELECT code, fence, acquired_us, now_us FROM {}($1, $2, $3)",
             f("extend")

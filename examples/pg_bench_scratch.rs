@@ -40,6 +40,7 @@ use tower_lock::{AcquireRequest, LockBackend, LockKey, new_owner_token};
 static CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
 const TTL: Duration = Duration::from_secs(30);
 const WARMUP: usize = 200;
+const WARMUP_WORKER: usize = 1 << 20;
 
 struct Tally {
     ops: usize,
@@ -80,8 +81,10 @@ where
     Fut: std::future::Future<Output = bool> + Send,
 {
     let cycle = Arc::new(cycle);
+    // Warm-up as a worker of its own (`WARMUP_WORKER`), kept out of the
+    // per-worker statistics.
     for i in 0..WARMUP {
-        cycle(0, usize::MAX / 2 + i).await;
+        cycle(WARMUP_WORKER, i).await;
     }
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
@@ -304,7 +307,7 @@ async fn adv_loop(url: &str, name: &str, workers: usize, seconds: f64) {
     }
     let pool = Arc::new(pool);
     let t = run(workers, seconds, move |w, i| {
-        let c = pool[w].clone();
+        let c = pool[w % pool.len()].clone();
         let k = ((w as i64) << 40) + i as i64;
         async move {
             let (client, lock, unlock) = &*c;
@@ -333,30 +336,44 @@ async fn contended(b: &PostgresBackend, seconds: f64) {
     let last = Arc::new(AtomicUsize::new(usize::MAX));
     let same = Arc::new(AtomicUsize::new(0));
     let held_us = Arc::new(AtomicUsize::new(0));
+    let waits = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
     let hot = LockKey::global(format!("hot:{}", uuid::Uuid::new_v4().simple())).unwrap();
     let b2 = b.clone();
-    let (h, m, l, s, hu) = (
+    let (h, m, l, s, hu, ws) = (
         holders.clone(),
         max_holders.clone(),
         last.clone(),
         same.clone(),
         held_us.clone(),
+        waits.clone(),
     );
     let t = run(16, seconds, move |w, _| {
         let b = b2.clone();
         let hot = hot.clone();
-        let (h, m, l, s, hu) = (h.clone(), m.clone(), l.clone(), s.clone(), hu.clone());
+        let (h, m, l, s, hu, ws) = (
+            h.clone(),
+            m.clone(),
+            l.clone(),
+            s.clone(),
+            hu.clone(),
+            ws.clone(),
+        );
         async move {
             let owner = new_owner_token();
             let r = AcquireRequest::new(hot.clone(), owner.as_str(), TTL, Duration::from_secs(10))
                 .unwrap();
+            let t0 = Instant::now();
             if b.acquire(&r).await.is_err() {
                 return false;
             }
+            let waited = t0.elapsed().as_micros() as u64;
             let n = h.fetch_add(1, Ordering::SeqCst) + 1;
             m.fetch_max(n, Ordering::SeqCst);
-            if l.swap(w, Ordering::SeqCst) == w {
-                s.fetch_add(1, Ordering::SeqCst);
+            if w != WARMUP_WORKER {
+                ws.lock().unwrap().push(waited);
+                if l.swap(w, Ordering::SeqCst) == w {
+                    s.fetch_add(1, Ordering::SeqCst);
+                }
             }
             let t0 = Instant::now();
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -367,6 +384,9 @@ async fn contended(b: &PostgresBackend, seconds: f64) {
     })
     .await;
     let ops = t.ops.max(1);
+    let mut waits = waits.lock().unwrap().clone();
+    waits.sort_unstable();
+    let acquisitions = waits.len().max(2);
     let util = held_us.load(Ordering::SeqCst) as f64 / (seconds * 1e6);
     report(
         "contended16",
@@ -375,9 +395,13 @@ async fn contended(b: &PostgresBackend, seconds: f64) {
         json!({
             "peer": "tower-lock postgres",
             "max_concurrent_holders": max_holders.load(Ordering::SeqCst),
-            "same_worker_reacquire_pct": (1000.0 * same.load(Ordering::SeqCst) as f64 / ops as f64).round() / 10.0,
+            "same_worker_reacquire_pct": (1000.0 * same.load(Ordering::SeqCst) as f64 / (acquisitions - 1) as f64).round() / 10.0,
+            "wait_p50_us": pct(&waits, 0.5),
+            "wait_p99_us": pct(&waits, 0.99),
+            "wait_max_us": waits.last().copied().unwrap_or(0),
+            "handoffs_counted": ops,
             "utilisation": (util * 1000.0).round() / 1000.0,
-            "note": "p50/p99 = whole cycle (wait + 1 ms hold + release)",
+            "note": "p50/p99 = whole cycle (wait + 1 ms hold + release); utilisation = time held / window",
         }),
     );
 }

@@ -1034,3 +1034,90 @@ async fn terminated_connections_are_replaced() {
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
 }
+
+// ---------------------------------------------------------------------- TLS
+
+/// `sslmode=require` with feature `postgres-tls`: every connection of the
+/// backend (operations and LISTEN) speaks TLS, verified against the test's
+/// own CA; without TLS on the client, a server that requires it refuses.
+#[cfg(feature = "postgres-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_with_postgres_tls() {
+    let server = PgServer::start();
+    let data = server.data_dir();
+    let (cert, key_file) = (data.join("server.crt"), data.join("server.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key_file)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian: apt-get install -y openssl)");
+    assert!(made.status.success(), "{made:?}");
+    // The server reads its key only when it is private to its user.
+    let owner = sql(&server, "SELECT current_setting('data_directory')");
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "chmod 600 '{k}' && chown --reference='{d}' '{k}' '{c}'",
+            k = key_file.display(),
+            c = cert.display(),
+            d = owner
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    sql(&server, "ALTER SYSTEM SET ssl = on");
+    sql(&server, "SELECT pg_reload_conf()");
+    // TCP connections must use TLS from now on.
+    let hba = data.join("pg_hba.conf");
+    let rest = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!(
+            "hostnossl all all 127.0.0.1/32 reject\nhostssl all all 127.0.0.1/32 trust\n{rest}"
+        ),
+    )
+    .unwrap();
+    sql(&server, "SELECT pg_reload_conf()");
+
+    let ca = native_tls::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap();
+    let tls = native_tls::TlsConnector::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let url = format!("{}?sslmode=require", server.url());
+    let b = PostgresBackend::from_url_with_tls(&url, tls).unwrap();
+    b.migrate().await.unwrap();
+    b.acquire(&req("tls", "a", ms(300), Duration::ZERO))
+        .await
+        .unwrap();
+    // Waits (LISTEN over TLS), then takes the lock at the holder's expiry.
+    let lease = b.acquire(&req("tls", "b", SEC, 5 * SEC)).await.unwrap();
+    assert!(lease.fence > 1);
+    let w = spawn_acquire(&b, req("tls", "c", SEC, 5 * SEC));
+    queued(&server, "tls", 1).await;
+    b.release(&key("tls"), "b").await.unwrap();
+    granted(w).await;
+    // Only psql is on a socket without TLS: the backend's connections are
+    // TCP, so they are all encrypted (the hba rules above reject the rest).
+    let plain = count(
+        &server,
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.backend_type = 'client backend' AND NOT s.ssl AND a.pid <> pg_backend_pid()",
+    );
+    assert_eq!(plain, 0);
+
+    // The system's roots do not know the test CA: refused, fails closed.
+    let unknown_ca = PostgresBackend::from_url(&url).unwrap();
+    let err = unknown_ca
+        .acquire(&req("tls2", "a", SEC, Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::BackendUnavailable(_)), "{err:?}");
+}

@@ -19,6 +19,11 @@
 //!   (`raw-parallel32-pipelined`: 32 tasks over 2 pipelined connections).
 //! - `adv-serial`, `adv-parallel32`: `pg_try_advisory_lock` /
 //!   `pg_advisory_unlock` (session-bound: a connection per task).
+//! - in `alternate` only (raw and backend in interleaved slices, 3 rounds):
+//!   `fn-serial` (the backend's functions called directly), `cte-serial` and
+//!   `cte7-serial` (its statements, with 2 and with all 7 parameters),
+//!   `plain-serial` (its fast-path INSERT/DELETE alone): where the time of
+//!   `serial` goes. `PGX_SETUP=sql` runs `sql` first on those connections.
 //! - `held`: `serial` with 10^3..10^6 other locks held (rows inserted by SQL).
 //! - `churn`: N distinct keys locked and released by 32 tasks, then the
 //!   table's row count.
@@ -236,8 +241,52 @@ const PLAIN_ACQUIRE: &str = "INSERT INTO tower_lock.locks AS l (key, owner, atte
 const PLAIN_RELEASE: &str = "DELETE FROM tower_lock.locks AS l WHERE l.key = $1::text AND l.owner = $2::text \
    AND l.expires_at > now() AND NOT l.queued RETURNING 1";
 
+const CTE7_ACQUIRE: &str = "WITH fast AS ( \
+   INSERT INTO tower_lock.locks AS l (key, owner, attempt, fence, acquired_at, expires_at) \
+   VALUES ($1::text, $2::text, $3::bigint, nextval('\"tower_lock\".\"locks_fence\"'), now(), \
+           now() + $4::bigint * interval '1 millisecond') \
+   ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, attempt = excluded.attempt, fence = excluded.fence, \
+     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, queued = false, granted_to = NULL \
+   WHERE l.expires_at <= now() AND NOT l.queued RETURNING l.fence) \
+ SELECT 1, fence, tower_lock.locks_us(now()), tower_lock.locks_us(now()), NULL::bigint, false FROM fast UNION ALL \
+ SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
+ FROM tower_lock.locks_acquire($1, $2, $3, $4, $5::bigint, $6::text, $7::bigint) AS a \
+ WHERE NOT EXISTS (SELECT 1 FROM fast)";
+
+async fn cte7_loop(url: &str, name: &str, seconds: f64) {
+    let c = raw_conn_with(url, CTE7_ACQUIRE, CTE_RELEASE).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let t = run(1, seconds, move |w, i| {
+        let c = c.clone();
+        let k = format!("g:{tag}:{w}:{i}");
+        async move {
+            let owner = new_owner_token();
+            let none: Option<&str> = None;
+            let nt: Option<i64> = None;
+            let got = c
+                .client
+                .query_one(
+                    &c.acquire,
+                    &[&k, &owner, &7i64, &30000i64, &0i64, &none, &nt],
+                )
+                .await
+                .is_ok_and(|r| r.get::<_, i32>(0) == 1);
+            got && c
+                .client
+                .query_one(&c.release, &[&k, &owner])
+                .await
+                .is_ok_and(|r| r.get::<_, i32>(0) == 1)
+        }
+    })
+    .await;
+    report(name, seconds, t, json!({"connections": 1}));
+}
+
 async fn sql_loop(url: &str, name: &str, acquire: &str, release: &str, seconds: f64) {
     let c = raw_conn_with(url, acquire, release).await;
+    if let Ok(setup) = std::env::var("PGX_SETUP") {
+        c.client.batch_execute(&setup).await.unwrap();
+    }
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let t = run(1, seconds, move |w, i| {
         let c = c.clone();
@@ -523,6 +572,7 @@ async fn main() {
                 s,
             )
             .await;
+            cte7_loop(&url, &format!("cte7-serial#{round}"), s).await;
             backend_loop(&b, &format!("serial#{round}"), 1, s).await;
             raw_loop(&url, &format!("raw-parallel32#{round}"), 32, 32, s).await;
             raw_loop(&url, &format!("raw-parallel32-pipelined#{round}"), 32, 2, s).await;

@@ -6,8 +6,11 @@
 -- holds that key's lock row (INSERT .. ON CONFLICT or SELECT .. FOR UPDATE),
 -- so a key's queue changes one transaction at a time.
 
+-- STABLE, not IMMUTABLE: extract() from a timestamptz is stable, and a SQL
+-- function declared less volatile than its body is never inlined; called
+-- instead of inlined, it cost ~25 µs a call (measured: 60 µs of an acquire).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_us"(t timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigint $$;
 
 -- Hand the (free or expired) lock `p_key` to the oldest waiter whose max

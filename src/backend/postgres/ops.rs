@@ -65,9 +65,9 @@ fn texts(names: &Names) -> [String; COUNT] {
     // The fast paths as plain statements in front of the function, which
     // runs only when the fast path did nothing (a one-time filter skips it
     // otherwise), still within the same statement: one round trip either
-    // way. Measured on one connection (best p50 of 3 interleaved rounds,
-    // acquire + release): raw lease loop 67 µs, these 92 µs, the functions
-    // called alone 139 µs: PL/pgSQL costs more than the CTE.
+    // way. Measured on one connection (p50 of acquire + release, three
+    // interleaved rounds): raw lease loop 68 µs, these 103 µs, the
+    // functions called alone 105-118 µs.
     [
         format!(
             "WITH fast AS ( \

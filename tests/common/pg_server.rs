@@ -140,7 +140,7 @@ impl PgServer {
             // server as the fault tests need.
             .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=200"])
+            .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

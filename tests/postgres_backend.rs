@@ -1008,23 +1008,24 @@ async fn terminated_connections_are_replaced() {
     // again and is still handed the lock.
     let w = spawn_acquire(&b, req("k", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k", 1).await;
-    let listening = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' \
-                     OR query = '' AND backend_type = 'client backend'";
-    let _ = count(&server, listening);
-    assert!(
-        count(
-            &server,
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE query LIKE 'LISTEN%' OR (query = '' AND backend_type = 'client backend')"
-        ) >= 1
+    let before = sql(&server, "SELECT now()");
+    // The LISTEN connection: its last statement is the LISTEN, or the empty
+    // keep-alive query.
+    let killed = count(
+        &server,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND (query LIKE 'LISTEN %' OR query = '')",
     );
-    // Wait until it listens again before releasing.
+    assert_eq!(killed, 1);
+    // Wait until a new connection listens again before releasing.
     let deadline = Instant::now() + 5 * SEC;
-    while count(&server, "SELECT count(*) FROM pg_listening_channels()") == 0
-        && count(
-            &server,
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'",
-        ) == 0
+    while count(
+        &server,
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
+             AND (query LIKE 'LISTEN %' OR query = '') AND backend_start > '{before}'"
+        ),
+    ) == 0
     {
         assert!(Instant::now() < deadline, "never listened again");
         tokio::time::sleep(ms(2)).await;

@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --release --example bank -- --listen 127.0.0.1:3000
 //! cargo run --release --example bank -- --listen 127.0.0.1:3001 --redis redis://127.0.0.1:6379
+//! cargo run --release --features postgres --example bank -- --postgres postgres://app:pw@127.0.0.1/app
 //! ```
 //!
 //! - `POST /accounts/{id}/deposit?amount=N[&hold_ms=M][&wait_ms=W][&ttl_ms=T]`
@@ -27,8 +28,11 @@
 //! body `{"error": {"code": "...", "message": "..."}}`.
 //!
 //! Balances and locks live in memory, or with `--redis URL` both live in
-//! that Redis (balances under `bank:balance:{id}`), so several bank
-//! processes can serve the same accounts.
+//! that Redis (balances under `bank:balance:{id}`), or with `--postgres URL`
+//! both live in that PostgreSQL database (feature `postgres`; locks in
+//! `tower_lock.locks`, balances in `bank_balances`, both created at start-up
+//! or as soon as the database answers), so several bank processes can serve
+//! the same accounts.
 //!
 //! Prints `listening on ADDR` (the bound address) once it accepts requests.
 
@@ -48,10 +52,12 @@ use serde_json::json;
 use tower_lock::admin::Admin;
 use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
 
-const USAGE: &str = "usage: bank [--listen ADDR] [--redis URL] [--admin-token T]
+const USAGE: &str = "usage: bank [--listen ADDR] [--redis URL | --postgres URL] [--admin-token T]
 
   --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
   --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
+  --postgres URL      keep locks and balances in this PostgreSQL database
+                      (e.g. postgres://user:password@127.0.0.1/bank; needs feature `postgres`)
   --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
   -h, --help          show this help";
 
@@ -60,7 +66,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// Upper bound on one balance read or write, so a hung store answers 503
 /// instead of keeping the request (and the account's lock) forever.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[tokio::main]
@@ -97,6 +103,7 @@ async fn main() -> ExitCode {
 struct Args {
     listen: String,
     redis: Option<String>,
+    postgres: Option<String>,
     admin_token: Option<String>,
 }
 
@@ -105,6 +112,7 @@ impl Args {
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         let mut listen = None;
         let mut redis = None;
+        let mut postgres = None;
         let mut admin_token = None;
         while let Some(arg) = args.next() {
             // Accept both `--flag value` and `--flag=value`.
@@ -116,6 +124,7 @@ impl Args {
                 "-h" | "--help" => return Ok(None),
                 "--listen" => &mut listen,
                 "--redis" => &mut redis,
+                "--postgres" => &mut postgres,
                 "--admin-token" => &mut admin_token,
                 _ => return Err(format!("unknown argument `{arg}`")),
             };
@@ -127,21 +136,26 @@ impl Args {
                 return Err(format!("{flag} given twice"));
             }
         }
+        if redis.is_some() && postgres.is_some() {
+            return Err("give --redis or --postgres, not both".to_owned());
+        }
         Ok(Some(Args {
             listen: listen.unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             redis,
+            postgres,
             admin_token,
         }))
     }
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let bank = match &args.redis {
-        None => Bank {
+    let bank = match (&args.redis, &args.postgres) {
+        (Some(url), _) => redis_bank(url).await?,
+        (None, Some(url)) => postgres_bank(url).await?,
+        (None, None) => Bank {
             locks: SharedBackend::new(MemoryBackend::new()),
             balances: Balances::Memory(Mutex::default()),
         },
-        Some(url) => redis_bank(url).await?,
     };
     let app = router(Arc::new(bank), args.admin_token.as_deref());
 
@@ -361,6 +375,8 @@ enum Balances {
     Memory(Mutex<HashMap<String, i64>>),
     #[cfg(feature = "redis")]
     Redis(deadpool_redis::Pool),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres_store::Store),
 }
 
 impl Balances {
@@ -375,6 +391,8 @@ impl Balances {
                     .await
                     .map(|b| b.unwrap_or(0))
             }
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.get(id).await,
         }
     }
 
@@ -390,6 +408,8 @@ impl Balances {
                 cmd.arg(redis_balance_key(id)).arg(balance);
                 redis_query::<()>(pool, cmd).await
             }
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.set(id, balance).await,
         }
     }
 }
@@ -464,6 +484,128 @@ fn redis_lock_backend(url: &str) -> Result<SharedBackend, String> {
     let backend =
         tower_lock::RedisBackend::from_url(url).map_err(|e| format!("bad --redis URL: {e}"))?;
     Ok(SharedBackend::new(backend))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_bank(_url: &str) -> Result<Bank, String> {
+    Err("--postgres needs tower-lock's `postgres` feature".to_owned())
+}
+
+/// Locks and balances in the PostgreSQL database at `url`.
+#[cfg(feature = "postgres")]
+async fn postgres_bank(url: &str) -> Result<Bank, String> {
+    let locks = tower_lock::PostgresBackend::from_url(url)
+        .map_err(|e| format!("bad --postgres URL: {e}"))?;
+    // Balances get a pool of their own, so lock waiters can never starve the
+    // holder's balance read/write of connections.
+    let store = postgres_store::Store::new(url)?;
+    // The database may come up later: warn, serve (503 until it answers),
+    // and create the tables as soon as it does.
+    if store.set_up(&locks).await.is_err() {
+        eprintln!("bank: warning: PostgreSQL at the --postgres URL does not answer yet");
+        let (store, locks) = (store.clone(), locks.clone());
+        tokio::spawn(async move {
+            while store.set_up(&locks).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+    Ok(Bank {
+        locks: SharedBackend::new(locks),
+        balances: Balances::Postgres(store),
+    })
+}
+
+/// Balances in PostgreSQL: `bank_balances(id text primary key, balance bigint)`.
+#[cfg(feature = "postgres")]
+mod postgres_store {
+    use deadpool_postgres::{Manager, Pool};
+
+    use super::{ApiError, STORE_TIMEOUT};
+    use axum::http::StatusCode;
+
+    #[derive(Clone)]
+    pub(crate) struct Store {
+        pool: Pool,
+    }
+
+    impl Store {
+        pub(crate) fn new(url: &str) -> Result<Store, String> {
+            let config: tokio_postgres::Config = url
+                .parse()
+                .map_err(|e| format!("bad --postgres URL: {e}"))?;
+            let manager = Manager::new(config, tokio_postgres::NoTls);
+            let pool = Pool::builder(manager)
+                .max_size(16)
+                .build()
+                .map_err(|e| format!("bad --postgres URL: {e}"))?;
+            Ok(Store { pool })
+        }
+
+        /// The lock schema and the balances table, if the database answers.
+        pub(crate) async fn set_up(
+            &self,
+            locks: &tower_lock::PostgresBackend,
+        ) -> Result<(), String> {
+            locks.migrate().await.map_err(|e| e.to_string())?;
+            self.run(async |c: &tokio_postgres::Client| {
+                c.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS bank_balances \
+                     (id text PRIMARY KEY, balance bigint NOT NULL)",
+                )
+                .await
+            })
+            .await
+            .map_err(|e| e.message)
+        }
+
+        pub(crate) async fn get(&self, id: &str) -> Result<i64, ApiError> {
+            let row = self
+                .run(async |c: &tokio_postgres::Client| {
+                    c.query_opt("SELECT balance FROM bank_balances WHERE id = $1", &[&id])
+                        .await
+                })
+                .await?;
+            Ok(row.map_or(0, |r| r.get(0)))
+        }
+
+        pub(crate) async fn set(&self, id: &str, balance: i64) -> Result<(), ApiError> {
+            self.run(async |c: &tokio_postgres::Client| {
+                c.execute(
+                    "INSERT INTO bank_balances (id, balance) VALUES ($1, $2) \
+                     ON CONFLICT (id) DO UPDATE SET balance = excluded.balance",
+                    &[&id, &balance],
+                )
+                .await
+            })
+            .await
+            .map(|_| ())
+        }
+
+        /// Run `f` on a pooled connection within [`STORE_TIMEOUT`].
+        async fn run<T>(
+            &self,
+            f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>,
+        ) -> Result<T, ApiError> {
+            let attempt = async {
+                let conn = self.pool.get().await.map_err(|e| e.to_string())?;
+                f(&conn).await.map_err(|e| e.to_string())
+            };
+            let result = match tokio::time::timeout(STORE_TIMEOUT, attempt).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("no answer within {STORE_TIMEOUT:?}")),
+            };
+            result.map_err(|detail| {
+                // Details go to the log, not to clients.
+                tracing::warn!(error = %detail, "balance store error");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "STORE_UNAVAILABLE",
+                    "the balance store is unavailable",
+                )
+            })
+        }
+    }
 }
 
 /// A JSON error: `{"error": {"code": ..., "message": ...}}`, the same shape

@@ -5,13 +5,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # What the tests need: redis-server (the Redis tests start private servers
-# from it), and for feature `tls` OpenSSL to build native-tls and the openssl
-# CLI that makes the TLS test's certificate.
+# from it), PostgreSQL's server binaries (the PostgreSQL tests initdb and start
+# private servers, as the `postgres` user when root; Debian's `postgresql`
+# package provides both), and for features `tls`/`postgres-tls` OpenSSL to
+# build native-tls and the openssl CLI that makes the TLS tests' certificates.
 missing=()
 # A C compiler and linker (rustc links with `cc`; the native-tls build uses
 # it too). Rust itself (cargo) must be there already.
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+have_initdb() {
+  [ -n "${TOWER_LOCK_PG_BINDIR:-}" ] && [ -x "$TOWER_LOCK_PG_BINDIR/initdb" ] && return 0
+  command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir)/initdb" ] && return 0
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
+}
+have_initdb || missing+=(postgresql)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)

@@ -47,8 +47,11 @@
 //!   single-instance apps.
 //! - `RedisBackend` (feature `redis`, on by default): shared by every
 //!   instance of the app through one Redis, on `deadpool-redis`.
+//! - `PostgresBackend` (feature `postgres`, off by default): shared through
+//!   the PostgreSQL database the app already has, on `tokio-postgres` and
+//!   `deadpool-postgres`.
 //!
-//! Both implement [`LockBackend`]; the same behavioural test suite runs
+//! All implement [`LockBackend`]; the same behavioural test suite runs
 //! against each.
 //!
 //! # Errors
@@ -92,6 +95,8 @@ mod time;
 mod watchdog;
 
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+pub use backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
 pub use backend::{LockBackend, LockStatus, SharedBackend};

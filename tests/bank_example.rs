@@ -7,7 +7,8 @@
 //! or older than the sources. `BANK_BIN=/path/to/bank` overrides it.
 //!
 //! Most tests use the in-memory backend; `three_processes_share_one_redis`
-//! runs three banks on one private redis-server.
+//! runs three banks on one private redis-server, and the `*_postgres` tests
+//! (feature `postgres`) the same on one private PostgreSQL.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -24,7 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod common;
 
 /// Upper bound for any one test, so a wedged server fails instead of hanging.
@@ -540,6 +541,199 @@ async fn killed_holder_process_frees_the_lock_at_its_ttl() {
     .await;
 }
 
+/// Three bank processes on one PostgreSQL database take 300 concurrent
+/// deposits spread over all three, some waiting and some not: every `200`
+/// is counted exactly once in the final balance, every fence is distinct,
+/// and every refusal is a `429` with `Retry-After`.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_postgres() {
+    within_timeout(async {
+        let pg = common::pg_server::PgServer::start();
+        let url = pg.url();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--postgres", &url]))
+            .collect();
+        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+
+        let mut deposits = JoinSet::new();
+        for i in 0..300u64 {
+            let http = clients[i as usize % 3].clone();
+            let amount = i + 1;
+            let wait_ms = [0, 20, 200, 5_000][i as usize % 4];
+            deposits.spawn(async move {
+                let path =
+                    format!("/accounts/shared/deposit?amount={amount}&hold_ms=1&wait_ms={wait_ms}");
+                (amount, http.post(&path).await)
+            });
+        }
+        let (mut sum, mut accepted, mut refused) = (0u64, 0, 0);
+        let mut fences = Vec::new();
+        while let Some(done) = deposits.join_next().await {
+            let (amount, reply) = done.unwrap();
+            match reply.status {
+                StatusCode::OK => {
+                    sum += amount;
+                    accepted += 1;
+                    fences.push(reply.uint("fence"));
+                }
+                StatusCode::TOO_MANY_REQUESTS => {
+                    let retry_after: u64 = reply.headers[header::RETRY_AFTER]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .expect("Retry-After in whole seconds");
+                    assert!(retry_after >= 1);
+                    refused += 1;
+                }
+                other => panic!("{}: unexpected {other}: {}", reply.what, reply.json),
+            }
+        }
+        eprintln!("postgres: {accepted} deposits accepted, {refused} refused");
+        assert!(accepted > 0);
+        for http in &clients {
+            assert_eq!(
+                http.get("/accounts/shared").await.uint("balance"),
+                sum,
+                "the balance differs from the sum of accepted deposits: updates were lost"
+            );
+        }
+        assert_eq!(
+            pg.psql("SELECT balance FROM bank_balances WHERE id = 'shared'"),
+            sum.to_string(),
+            "the balance lives in the database"
+        );
+        fences.sort_unstable();
+        fences.dedup();
+        assert_eq!(fences.len(), accepted, "two deposits got the same fence");
+        // Released locks leave no rows behind.
+        assert_eq!(pg.psql("SELECT count(*) FROM tower_lock.locks"), "0");
+    })
+    .await;
+}
+
+/// PostgreSQL goes away under a running bank: requests fail closed with
+/// `503 LOCK_BACKEND_UNAVAILABLE` (never waiting out their max wait, never
+/// running the handler unlocked), and the first request after the server is
+/// back succeeds, on the balance it had (the data survives a restart).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_is_503_and_the_first_request_after_it_succeeds() {
+    within_timeout(async {
+        let mut pg = common::pg_server::PgServer::start();
+        let bank = Bank::start_with(&["--postgres", &pg.url()]);
+        let http = bank.http();
+        http.post("/accounts/out/deposit?amount=1")
+            .await
+            .assert_json(StatusCode::OK);
+
+        pg.kill();
+        let started = Instant::now();
+        let down = http
+            .post("/accounts/out/deposit?amount=1&wait_ms=10000")
+            .await;
+        let took = started.elapsed();
+        down.assert_json(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.error_code(), "LOCK_BACKEND_UNAVAILABLE");
+        assert!(down.headers.contains_key(header::RETRY_AFTER));
+        eprintln!("PostgreSQL down: 503 after {took:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "waited {took:?}: an unreachable backend must not eat the max wait"
+        );
+
+        pg.restart();
+        let started = Instant::now();
+        let first = http.post("/accounts/out/deposit?amount=1").await;
+        first.assert_json(StatusCode::OK);
+        eprintln!(
+            "first request after the PostgreSQL restart: 200 in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(first.int("balance"), 2, "the balance survived the restart");
+    })
+    .await;
+}
+
+/// A bank that starts while PostgreSQL is down serves 503 and works as soon
+/// as the database is there (it creates its tables then).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bank_started_before_postgres_works_once_it_is_up() {
+    within_timeout(async {
+        let mut pg = common::pg_server::PgServer::start();
+        let url = pg.url();
+        pg.kill();
+        let bank = Bank::start_with(&["--postgres", &url]);
+        let http = bank.http();
+        let down = http.post("/accounts/late/deposit?amount=1").await;
+        down.assert_json(StatusCode::SERVICE_UNAVAILABLE);
+        pg.restart();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let reply = http.post("/accounts/late/deposit?amount=1").await;
+            if reply.status == StatusCode::OK {
+                assert_eq!(reply.int("balance"), 1);
+                break;
+            }
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(Instant::now() < deadline, "never recovered: {}", reply.json);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// The process holding a lock is SIGKILLed: it never releases, and a waiter
+/// in another process gets the lock when the holder's TTL runs out (on the
+/// database's clock), not later than TTL + a small margin.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_at_its_ttl_postgres() {
+    within_timeout(async {
+        let pg = common::pg_server::PgServer::start();
+        let url = pg.url();
+        let holder_bank = Bank::start_with(&["--postgres", &url]);
+        let waiter_bank = Bank::start_with(&["--postgres", &url, "--admin-token", ADMIN_TOKEN]);
+        let waiter = waiter_bank.http();
+
+        let holder = tokio::spawn({
+            let http = holder_bank.http();
+            async move {
+                let req = Request::post(format!(
+                    "{}/accounts/dead/deposit?amount=100&hold_ms=30000&ttl_ms=1000",
+                    http.base
+                ))
+                .body(Empty::new())
+                .unwrap();
+                http.client.request(req).await.is_err()
+            }
+        });
+        wait_until_locked(&waiter, "account:dead").await;
+        drop(holder_bank); // SIGKILL, mid-handler
+        assert!(holder.await.unwrap(), "the killed holder answered");
+
+        let status = waiter
+            .send_with(Method::GET, "/admin/locks/account:dead", &[AUTH])
+            .await;
+        let started = Instant::now();
+        let remaining = Duration::from_millis(status.uint("ttl_remaining_ms"));
+        let res = waiter
+            .post("/accounts/dead/deposit?amount=5&wait_ms=10000")
+            .await;
+        res.assert_json(StatusCode::OK);
+        // Includes the deposit itself (two balance queries) and HTTP.
+        let after_expiry = started.elapsed().saturating_sub(remaining);
+        eprintln!(
+            "holder killed (postgres): the waiter's deposit answered {after_expiry:?} after the TTL ended"
+        );
+        assert!(after_expiry < Duration::from_secs(1), "{after_expiry:?}");
+        // The dead holder never wrote.
+        assert_eq!(res.int("balance"), 5);
+    })
+    .await;
+}
+
 const ADMIN_TOKEN: &str = "t0ken";
 const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
 
@@ -777,6 +971,18 @@ fn build_example(profile_dir: &Path) {
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--example", "bank", "--manifest-path"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    // The backends this test binary was built to drive.
+    let features: Vec<&str> = [
+        ("postgres", cfg!(feature = "postgres")),
+        ("postgres-tls", cfg!(feature = "postgres-tls")),
+        ("tls", cfg!(feature = "tls")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
         Some("release") => {

@@ -58,7 +58,7 @@
 //! Handlers receive their locks through one extractor type ([`Locks`]), and
 //! owned handles ([`OwnedLock`]) move into background jobs; neither should
 //! carry the backend as a type parameter, and apps pick a backend from their
-//! configuration at run time (`--redis URL` or in-memory). So the layer keeps
+//! configuration at run time (`--redis URL`, `--postgres URL` or in-memory). So the layer keeps
 //! an `Arc<dyn LockBackend>`. The price is one small allocation per call,
 //! which is noise next to a network round trip and still allows millions of
 //! in-memory cycles per second.
@@ -77,6 +77,9 @@ pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
 pub use shared::SharedBackend;
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -161,7 +164,7 @@ impl LockStatus {
     }
 }
 
-/// A store that can hold locks: in memory, Redis, and (later) others.
+/// A store that can hold locks: in memory, Redis, PostgreSQL, and others.
 ///
 /// Contract shared by every implementation (the behavioural test suite runs
 /// the same tests against each):
@@ -298,7 +301,7 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 }
 
 /// Drive `futures` concurrently; their outputs in order.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     use std::task::Poll;
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();

@@ -19,6 +19,9 @@ pub enum BackendKind {
     /// A real server: releases from `Drop` run in a task, time is real.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis,
+    /// A real PostgreSQL server: as `Redis`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
 }
 
 /// A backend under test.
@@ -29,7 +32,7 @@ pub struct Harness {
     paused: bool,
     /// Another handle on the same store, as a second process would have.
     another: Arc<dyn Fn() -> SharedBackend + Send + Sync>,
-    /// Whatever must live as long as the backend (the Redis server process).
+    /// Whatever must live as long as the backend (the server process).
     _keep: Option<Box<dyn Any + Send>>,
 }
 
@@ -222,6 +225,30 @@ pub async fn redis_backend() -> Harness {
     Harness::new(
         SharedBackend::new(backend),
         BackendKind::Redis,
+        Arc::new(another),
+        Some(Box::new(server)),
+    )
+}
+
+/// A PostgreSQL backend on a private server started for this test, its
+/// schema migrated.
+#[cfg(feature = "postgres")]
+pub async fn postgres_backend() -> Harness {
+    use crate::common::pg_server::PgServer;
+    use tower_lock::backend::postgres::PostgresBackend;
+
+    let server = PgServer::start();
+    let url = server.url();
+    let backend = PostgresBackend::from_url(&url).expect("PostgreSQL backend for the test server");
+    backend.migrate().await.expect("migrate the test server");
+    let another = move || -> SharedBackend {
+        SharedBackend::new(
+            PostgresBackend::from_url(&url).expect("PostgreSQL backend for the test server"),
+        )
+    };
+    Harness::new(
+        SharedBackend::new(backend),
+        BackendKind::Postgres,
         Arc::new(another),
         Some(Box::new(server)),
     )

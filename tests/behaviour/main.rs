@@ -1,17 +1,17 @@
 //! Behavioural test suite of tower-lock.
 //!
-//! Every behaviour is written once, generic over the backend, in
-//! `tests/behaviour/` and instantiated per backend by `for_each_backend!` (see
-//! `tests/behaviour/mod.rs`): `memory::*` runs against [`MemoryBackend`]
-//! (virtual time where TTLs matter), `redis::*` against a private Redis server.
+//! Every behaviour is written once, generic over the backend, as an
+//! `async fn(Harness)` in one of the files beside this one (`middleware`,
+//! `queue`, `semantics`, `lifecycle`), and instantiated per backend by
+//! `for_each_backend!` below: `memory::*` runs against [`MemoryBackend`]
+//! (virtual time where TTLs matter), `redis::*` against a private Redis
+//! server, `postgres::*` against a private PostgreSQL server.
 //!
 //! [`MemoryBackend`]: tower_lock::MemoryBackend
-//!
-//! Each behaviour is an `async fn(Harness)` in one of the files beside this
-//! one (`middleware`, `queue`, `semantics`, `lifecycle`), listed once below.
 
-// Shared test support; `common::redis_server::RedisServer` starts the private
-// Redis of `harness::redis_backend`.
+// Shared test support; `common::redis_server::RedisServer` and
+// `common::pg_server::PgServer` start the private servers of
+// `harness::{redis_backend, postgres_backend}`.
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -96,6 +96,11 @@ for_each_backend! {
         redis =>
             crate::harness::redis_backend(),
             crate::harness::redis_backend(),
+            (),
+        #[cfg(feature = "postgres")]
+        postgres =>
+            crate::harness::postgres_backend(),
+            crate::harness::postgres_backend(),
             (),
     }
     tests {

@@ -2,5 +2,6 @@
 #![allow(dead_code, unused_imports, unused_macros)]
 
 pub mod logs;
+pub mod pg_server;
 pub mod proxy;
 pub mod redis_server;

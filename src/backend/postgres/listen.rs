@@ -1,0 +1,364 @@
+//! Wake-ups for waiters: one `LISTEN` connection per backend (shared by its
+//! clones), on one channel of its own.
+//!
+//! A waiter registers under a ticket (a number unique to this backend) and
+//! joins the key's queue with that ticket and this backend's channel. When
+//! a release hands it the lock, the server function `NOTIFY`s the channel
+//! with `"<ticket> <fence> <acquired µs>"` (delivered when that transaction
+//! commits, so a waiter never sees a hand-off that rolled back), and the
+//! reader task completes that waiter's oneshot: the waiter returns the lease
+//! without another round trip. Nothing else is sent to the channel.
+//!
+//! Pooled connections cannot listen (a pool hands them to others, and a
+//! transaction-mode pooler like PgBouncer does not keep a session at all),
+//! so this connection is opened from the backend's own connection settings,
+//! on demand (the first time a waiter finds a lock busy), and replaced after
+//! it dies. When it dies (server killed or restarted, connection
+//! terminated, keep-alive unanswered) every registered waiter's oneshot is
+//! dropped, which tells it to re-check at once and listen again: a hand-off
+//! notified while nobody listened is then found by that re-check, since an
+//! acquire is idempotent for the attempt the lock was handed to.
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, timeout, timeout_at};
+use tokio_postgres::{AsyncMessage, Client, Connection};
+
+use super::Tls;
+use super::error::{pg_error, timed_out};
+use crate::error::LockError;
+
+/// How often an idle listening connection proves it is alive. Catches
+/// half-open connections that never report an error.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// The lock was handed to a waiter.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grant {
+    pub(super) fence: u64,
+    pub(super) acquired_us: i64,
+}
+
+pub(super) struct Listener {
+    config: tokio_postgres::Config,
+    tls: Tls,
+    channel: String,
+    dispatch: Arc<Dispatch>,
+    connecting: tokio::sync::Mutex<()>,
+    next_ticket: AtomicI64,
+}
+
+#[derive(Default)]
+struct Dispatch {
+    inner: Mutex<DispatchInner>,
+}
+
+#[derive(Default)]
+struct DispatchInner {
+    /// The generation of the live connection, if any.
+    up: Option<u64>,
+    generation: u64,
+    waiters: HashMap<i64, oneshot::Sender<Grant>>,
+    reader: Option<AbortHandle>,
+}
+
+impl Dispatch {
+    fn lock(&self) -> MutexGuard<'_, DispatchInner> {
+        // Every critical section leaves the map consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn deliver(&self, payload: &str) {
+        let Some((ticket, grant)) = parse_grant(payload) else {
+            return;
+        };
+        let waiter = self.lock().waiters.remove(&ticket);
+        if let Some(tx) = waiter {
+            // A waiter gone meanwhile leaves the queue with a call that also
+            // passes on a lock handed to it.
+            let _ = tx.send(grant);
+        }
+    }
+
+    /// The connection of `generation` died: wake every waiter to re-check.
+    fn down(&self, generation: u64) {
+        let dropped = {
+            let mut inner = self.lock();
+            if inner.up != Some(generation) {
+                return;
+            }
+            inner.up = None;
+            inner.reader = None;
+            std::mem::take(&mut inner.waiters)
+        };
+        drop(dropped);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let reader = self.dispatch.lock().reader.take();
+        if let Some(reader) = reader {
+            reader.abort();
+        }
+    }
+}
+
+impl Listener {
+    pub(super) fn new(config: tokio_postgres::Config, tls: Tls) -> Self {
+        Listener {
+            config,
+            tls,
+            // Lowercase, unquoted-safe, 43 bytes (< 63).
+            channel: format!("tower_lock_{}", uuid::Uuid::new_v4().simple()),
+            dispatch: Arc::default(),
+            connecting: tokio::sync::Mutex::new(()),
+            next_ticket: AtomicI64::new(1),
+        }
+    }
+
+    /// This backend's channel, as stored with its queue entries.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// A fresh ticket.
+    pub(super) fn next_ticket(&self) -> i64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Register `ticket` if the connection is listening (so any hand-off
+    /// notified from now on reaches it); `None` if it is not.
+    pub(super) fn register(&self, ticket: i64) -> Option<oneshot::Receiver<Grant>> {
+        let mut inner = self.dispatch.lock();
+        inner.up?;
+        let (tx, rx) = oneshot::channel();
+        inner.waiters.insert(ticket, tx);
+        Some(rx)
+    }
+
+    pub(super) fn unregister(&self, ticket: i64) {
+        let removed = self.dispatch.lock().waiters.remove(&ticket);
+        drop(removed);
+    }
+
+    /// Register `ticket`, listening first if needed, by `end`.
+    pub(super) async fn subscribe(
+        &self,
+        ticket: i64,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<oneshot::Receiver<Grant>, LockError> {
+        // Two rounds cover a connection that dies right after being made.
+        for _ in 0..2 {
+            if let Some(rx) = self.register(ticket) {
+                return Ok(rx);
+            }
+            // Boxed: rare, and large.
+            Box::pin(self.connect(end, op_timeout)).await?;
+        }
+        self.register(ticket).ok_or_else(|| {
+            LockError::BackendUnavailable("PostgreSQL LISTEN connection lost".into())
+        })
+    }
+
+    async fn connect(&self, end: Instant, op_timeout: Duration) -> Result<(), LockError> {
+        let _single_flight = timeout_at(end, self.connecting.lock())
+            .await
+            .map_err(|_| timed_out("waiting for the PostgreSQL LISTEN connection"))?;
+        if self.dispatch.lock().up.is_some() {
+            return Ok(());
+        }
+        match &self.tls {
+            Tls::None => {
+                let connecting = self.config.connect(tokio_postgres::NoTls);
+                self.start(connecting, end, op_timeout).await
+            }
+            #[cfg(feature = "postgres-tls")]
+            Tls::Native(connector) => {
+                let connecting = self.config.connect(connector.clone());
+                self.start(connecting, end, op_timeout).await
+            }
+        }
+    }
+
+    async fn start<S, T>(
+        &self,
+        connecting: impl Future<Output = Result<(Client, Connection<S, T>), tokio_postgres::Error>>,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<(), LockError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (client, connection) = match timeout_at(end, connecting).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Err(pg_error(&e)),
+            Err(_) => return Err(timed_out("connecting to PostgreSQL to LISTEN")),
+        };
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let old_reader = {
+            let mut inner = self.dispatch.lock();
+            inner.generation += 1;
+            let generation = inner.generation;
+            let reader = tokio::spawn(run(
+                Arc::clone(&self.dispatch),
+                generation,
+                client,
+                connection,
+                format!("LISTEN {}", self.channel),
+                op_timeout,
+                ready_tx,
+            ));
+            inner.reader.replace(reader.abort_handle())
+        };
+        if let Some(old) = old_reader {
+            old.abort();
+        }
+        match timeout_at(end, ready_rx).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(LockError::BackendUnavailable(
+                "PostgreSQL LISTEN connection closed while starting".into(),
+            )),
+            Err(_) => {
+                if let Some(reader) = self.dispatch.lock().reader.take() {
+                    reader.abort();
+                }
+                Err(timed_out("waiting for PostgreSQL to LISTEN"))
+            }
+        }
+    }
+}
+
+/// Drive the connection: `LISTEN`, then deliver notifications and prove the
+/// connection alive every [`KEEPALIVE`], until it dies (or is aborted).
+async fn run<S, T>(
+    dispatch: Arc<Dispatch>,
+    generation: u64,
+    client: Client,
+    mut connection: Connection<S, T>,
+    listen: String,
+    op_timeout: Duration,
+    ready: oneshot::Sender<Result<(), LockError>>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    // Whatever ends this task (death, abort), the waiters are told.
+    let _cleanup = Cleanup {
+        dispatch: Arc::clone(&dispatch),
+        generation,
+    };
+    // The client's queries are answered through the connection, which only
+    // this task polls: each query runs beside the polling below.
+    let mut listening = Box::pin(client.batch_execute(&listen));
+    loop {
+        tokio::select! {
+            biased;
+            msg = poll_fn(|cx| connection.poll_message(cx)) => match msg {
+                Some(Ok(AsyncMessage::Notification(n))) => dispatch.deliver(n.payload()),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    let _ = ready.send(Err(pg_error(&e)));
+                    return;
+                }
+                None => return,
+            },
+            listened = &mut listening => {
+                match listened {
+                    Ok(()) => {
+                        dispatch.lock().up = Some(generation);
+                        let _ = ready.send(Ok(()));
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(pg_error(&e)));
+                        return;
+                    }
+                }
+                break;
+            }
+        }
+    }
+    drop(listening);
+    let mut alive = Box::pin(keep_alive(&client, op_timeout));
+    loop {
+        tokio::select! {
+            biased;
+            msg = poll_fn(|cx| connection.poll_message(cx)) => match msg {
+                Some(Ok(AsyncMessage::Notification(n))) => dispatch.deliver(n.payload()),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            },
+            () = &mut alive => return,
+        }
+    }
+}
+
+struct Cleanup {
+    dispatch: Arc<Dispatch>,
+    generation: u64,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.dispatch.down(self.generation);
+    }
+}
+
+/// Returns when the connection stops answering.
+async fn keep_alive(client: &Client, op_timeout: Duration) {
+    loop {
+        tokio::time::sleep(KEEPALIVE).await;
+        let pong = timeout(op_timeout, client.simple_query("")).await;
+        if !matches!(pong, Ok(Ok(_))) {
+            return;
+        }
+    }
+}
+
+/// `"<ticket> <fence> <acquired µs>"`.
+fn parse_grant(payload: &str) -> Option<(i64, Grant)> {
+    let mut parts = payload.split(' ');
+    let ticket = parts.next()?.parse().ok()?;
+    let fence = parts.next()?.parse().ok()?;
+    let acquired_us = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((ticket, Grant { fence, acquired_us }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_parse_strictly() {
+        let (t, g) = parse_grant("7 42 1700000000123456").unwrap();
+        assert_eq!((t, g.fence, g.acquired_us), (7, 42, 1_700_000_000_123_456));
+        assert!(parse_grant("7 42").is_none());
+        assert!(parse_grant("7 42 1 x").is_none());
+        assert!(parse_grant("a 42 1").is_none());
+        assert!(parse_grant("7 -1 1").is_none());
+    }
+
+    #[test]
+    fn channel_is_a_plain_identifier() {
+        let l = Listener::new(tokio_postgres::Config::new(), Tls::None);
+        assert!(l.channel().len() < 63);
+        assert!(
+            l.channel()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        );
+    }
+}

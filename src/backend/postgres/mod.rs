@@ -1,0 +1,623 @@
+//! [`PostgresBackend`]: locks shared by every instance of a service through
+//! the PostgreSQL database it already has (feature `postgres`).
+//!
+//! # Guarantees
+//!
+//! - **One round trip per operation**: acquire, release, extend, force
+//!   release and status are each one prepared call of a server-side
+//!   function (PL/pgSQL), atomic in its own implicit transaction; nothing is
+//!   read by the app and written back.
+//! - **Database time only**: acquisition and expiry times are the server's
+//!   `now()`, never the app's clock. An expired lock is taken over by the
+//!   next acquirer in the same statement (`INSERT … ON CONFLICT … DO UPDATE
+//!   … WHERE expires_at <= now()`): no cleanup job is needed for
+//!   correctness.
+//! - **Fencing tokens** come from one sequence for the whole table: they
+//!   strictly increase for every key across release, expiry, restarts and
+//!   every instance, and nothing per key outlives its lock (a released
+//!   lock's row is deleted).
+//! - **Fair, direct hand-off**: waiters queue in a table, first come first
+//!   served, one entry per acquire call. A release hands the lock straight
+//!   to the oldest live waiter (new fence, the waiter's TTL from the
+//!   hand-off) and wakes only that waiter through `NOTIFY` on its backend's
+//!   channel; the notification carries the lease, so the waiter returns
+//!   without another round trip. Newcomers never barge ahead of live queued
+//!   waiters, also after a holder's expiry.
+//! - **No polling**: a waiter sleeps until it is handed the lock, or until
+//!   the holder's TTL runs out (a crashed holder never notifies), or its own
+//!   max wait ends. A jittered, capped re-check is only a safety net.
+//! - **Fails closed, never hangs**: every call is bounded by the op timeout
+//!   on the client (connecting and preparing included) and by
+//!   `statement_timeout` on the server; `acquire` by its max wait plus the
+//!   op timeout. Anything that prevents an answer is
+//!   [`LockError::BackendUnavailable`]. A waiter learns at once that the
+//!   server died (its `LISTEN` connection closes).
+//! - **Bounded storage**: released locks are deleted, expired ones are
+//!   taken over by their next acquirer or removed by a bounded sweep (every
+//!   1,024 operations of a backend, one step over 64 heap blocks of each
+//!   table, as a TID range scan: its cost does not grow with the table), so
+//!   the table holds about as many rows as there are live locks.
+//!   [`PostgresBackend::prune`] runs a whole pass on demand.
+//!
+//! # Schema
+//!
+//! [`PostgresBackend::migrate`] creates (idempotently, in one transaction)
+//! the schema `tower_lock` (see [`schema`](PostgresBackend::schema))
+//! with:
+//!
+//! | object | what |
+//! |---|---|
+//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`, reserved) |
+//! | table `locks_waiters` | one row per queued acquire call: `key`, `place`, `channel`, `ticket`, `owner`, `attempt`, `ttl_ms`, `deadline` |
+//! | sequences `locks_fence`, `locks_queue` | fencing tokens; queue order |
+//! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_force_release`, `locks_leave`, `locks_hand_off`, `locks_sweep`, `locks_us` | the operations |
+//!
+//! (`locks` is the table name, see [`table`](PostgresBackend::table).)
+//! [`PostgresBackend::schema_sql`] returns the same SQL for teams that run
+//! their own migrations.
+//!
+//! # Connections
+//!
+//! Operations run on a few connections taken out of the pool for good (two
+//! by default, see [`connections`](PostgresBackend::connections)):
+//! each pipelines concurrent operations, has the statements prepared and
+//! `statement_timeout` set to the op timeout. Waiting needs one more
+//! connection per backend (and its clones) that runs `LISTEN` on a channel
+//! of its own, `tower_lock_<uuid>`; it is opened from the backend's own
+//! connection settings the first time a waiter has to wait.
+//!
+//! # Limits
+//!
+//! - The locks are as safe as the primary they are written to. With
+//!   asynchronous replication a failover can lose a lock (and fences) that
+//!   was just taken: two holders can then overlap, as with Redis. With
+//!   synchronous replication (`synchronous_commit = on` or `remote_apply`
+//!   and a synchronous standby) an acknowledged acquire survives a
+//!   failover. The sequence is WAL-logged: fences keep increasing across
+//!   restarts and failovers that keep the data.
+//! - A transaction-mode connection pooler (PgBouncer `pool_mode =
+//!   transaction`) cannot carry `LISTEN`: point the waiting connection (the
+//!   URL given to [`from_pool`](PostgresBackend::from_pool)) at the server
+//!   or a session-mode pool. The operations themselves are single
+//!   statements and work through it when it supports prepared statements
+//!   (PgBouncer 1.21 and later with `max_prepared_statements`).
+//! - A waiter whose process dies stays in the queue until its own max wait
+//!   ends; if the lock is handed to it before then, the lock stays unused
+//!   until that hand-off's TTL ends (as with Redis).
+//! - Nothing is retried after it was sent: a connection that breaks
+//!   mid-call makes that call unavailable (the layer releases what the call
+//!   may have taken, as after any lost reply).
+
+mod conn;
+mod error;
+mod listen;
+mod ops;
+mod schema;
+mod wait;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+
+use self::conn::Conns;
+use self::error::config_error;
+use self::listen::Listener;
+use self::schema::{Names, check_name};
+use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+/// The longest stored key, in bytes: longer encodings are hashed (a B-tree
+/// entry must stay well under PostgreSQL's 2,704-byte limit).
+const MAX_STORED_KEY: usize = 512;
+/// Operations of one backend between two background sweep steps.
+const SWEEP_EVERY: u64 = 1024;
+/// Heap blocks of each table one sweep step looks at.
+const SWEEP_BLOCKS: i64 = 64;
+/// Connections of a pool made from a URL.
+const POOL_SIZE: usize = 16;
+
+/// How the backend's own connections (its pool from a URL, and the `LISTEN`
+/// connection) speak TLS.
+#[derive(Clone)]
+pub(super) enum Tls {
+    /// Plain TCP or a Unix socket.
+    None,
+    /// TLS through the system's OpenSSL (feature `postgres-tls`).
+    #[cfg(feature = "postgres-tls")]
+    Native(postgres_native_tls::MakeTlsConnector),
+}
+
+/// Locks in PostgreSQL, through a [`deadpool_postgres`] pool. Cheap to clone
+/// (clones share connections and waiters).
+///
+/// See the [module documentation](self) for guarantees, schema and limits.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_lock::backend::postgres::PostgresBackend;
+/// use tower_lock::backend::{AcquireRequest, LockBackend, LockKey};
+///
+/// # async fn demo() -> Result<(), tower_lock::LockError> {
+/// let backend = PostgresBackend::from_url("postgres://app:secret@127.0.0.1/app")?
+///     .op_timeout(Duration::from_secs(1));
+/// backend.migrate().await?; // idempotent: creates tower_lock.locks & co.
+///
+/// let key = LockKey::global("nightly-report")?;
+/// let req = AcquireRequest::new(key.clone(), "worker-1", Duration::from_secs(30), Duration::from_secs(5))?;
+/// let lease = backend.acquire(&req).await?;
+/// println!("fence {}", lease.fence);
+/// backend.release(&key, "worker-1").await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+    op_timeout: Duration,
+}
+
+struct Shared {
+    conns: Conns,
+    listener: Listener,
+    /// The `LISTEN` connection's settings, kept to rebuild with new names.
+    listen_config: tokio_postgres::Config,
+    tls: Tls,
+    ops: AtomicU64,
+    next_block: AtomicI64,
+    sweeping: AtomicBool,
+}
+
+impl Shared {
+    fn new(
+        pool: Pool,
+        listen_config: tokio_postgres::Config,
+        tls: Tls,
+        names: Names,
+        connections: usize,
+    ) -> Self {
+        Shared {
+            conns: Conns::new(pool, names, connections),
+            listener: Listener::new(listen_config.clone(), tls.clone()),
+            listen_config,
+            tls,
+            ops: AtomicU64::new(0),
+            next_block: AtomicI64::new(0),
+            sweeping: AtomicBool::new(false),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No connection settings: they may hold a password.
+        let names = self.shared.conns.names();
+        f.debug_struct("PostgresBackend")
+            .field("schema", &names.schema)
+            .field("table", &names.table)
+            .field("connections", &self.shared.conns.connections())
+            .field("op_timeout", &self.op_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// The default schema, `tower_lock`.
+    pub const DEFAULT_SCHEMA: &'static str = "tower_lock";
+    /// The default table, `locks`.
+    pub const DEFAULT_TABLE: &'static str = "locks";
+    /// The default bound on one backend call, 2 s.
+    pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
+    /// The default number of connections operations run on, 2.
+    pub const DEFAULT_CONNECTIONS: usize = 2;
+
+    /// A backend with its own pool, from a URL:
+    /// `postgres://[user[:password]@]host[:port][/dbname][?param=value…]`
+    /// or the `key=value` form (`host=/run/postgresql dbname=app`), as
+    /// [`tokio_postgres::Config`] parses them. A password goes in the URL.
+    ///
+    /// With the feature `postgres-tls`, `sslmode=require` (or `prefer`, the
+    /// default) speaks TLS through the system's OpenSSL, verifying the
+    /// server's certificate against the system's roots (see
+    /// [`from_url_with_tls`](PostgresBackend::from_url_with_tls) for your
+    /// own CA); without it, `sslmode=require` fails to connect.
+    ///
+    /// Nothing is connected yet: connection errors show up as
+    /// [`LockError::BackendUnavailable`] from the first calls. Run
+    /// [`migrate`](PostgresBackend::migrate) once before the first lock.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| config_error(&e))?;
+        Self::from_pg_config(config, default_tls()?)
+    }
+
+    /// [`from_url`](PostgresBackend::from_url) with your own TLS settings
+    /// (a private CA, client certificates) for every connection.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    #[cfg(feature = "postgres-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
+    pub fn from_url_with_tls(url: &str, tls: native_tls::TlsConnector) -> Result<Self, LockError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| config_error(&e))?;
+        Self::from_pg_config(
+            config,
+            Tls::Native(postgres_native_tls::MakeTlsConnector::new(tls)),
+        )
+    }
+
+    fn from_pg_config(config: tokio_postgres::Config, tls: Tls) -> Result<Self, LockError> {
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Tls::None => {
+                Manager::from_config(config.clone(), tokio_postgres::NoTls, manager_config)
+            }
+            #[cfg(feature = "postgres-tls")]
+            Tls::Native(connector) => {
+                Manager::from_config(config.clone(), connector.clone(), manager_config)
+            }
+        };
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| config_error(&e))?;
+        Ok(Self::new(pool, config, tls))
+    }
+
+    /// A backend on the application's existing pool.
+    ///
+    /// Operations run on a few connections taken from `pool` for good (the
+    /// pool opens others in their place); `pool` also replaces them when
+    /// they break. Waiting needs a `LISTEN` connection, which a pooled
+    /// connection cannot be (and a transaction-mode pooler cannot carry), so
+    /// `listen_url` says where to open that one: usually the URL the pool
+    /// was made from, or the server's own address when the pool goes
+    /// through PgBouncer. It is opened without TLS, unless the feature
+    /// `postgres-tls` is on (then as [`from_url`](PostgresBackend::from_url)
+    /// does; [`with_listen_tls`](PostgresBackend::with_listen_tls) sets your
+    /// own).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if `listen_url` is invalid.
+    pub fn from_pool(pool: Pool, listen_url: &str) -> Result<Self, LockError> {
+        let config: tokio_postgres::Config = listen_url.parse().map_err(|e| config_error(&e))?;
+        Ok(Self::new(pool, config, default_tls()?))
+    }
+
+    /// [`from_pool`](PostgresBackend::from_pool) with the `LISTEN`
+    /// connection's settings as a [`tokio_postgres::Config`].
+    pub fn from_pool_and_config(pool: Pool, listen_config: tokio_postgres::Config) -> Self {
+        let tls = default_tls().unwrap_or(Tls::None);
+        Self::new(pool, listen_config, tls)
+    }
+
+    fn new(pool: Pool, listen_config: tokio_postgres::Config, tls: Tls) -> Self {
+        PostgresBackend {
+            shared: Arc::new(Shared::new(
+                pool,
+                listen_config,
+                tls,
+                Names::default(),
+                Self::DEFAULT_CONNECTIONS,
+            )),
+            op_timeout: Self::DEFAULT_OP_TIMEOUT,
+        }
+    }
+
+    /// The same backend (pool, settings) with other names or connection
+    /// count: a fresh set of connections and its own `LISTEN` channel.
+    fn rebuilt(&self, names: Names, connections: usize) -> Arc<Shared> {
+        let shared = &self.shared;
+        Arc::new(Shared::new(
+            shared.conns.pool().clone(),
+            shared.listen_config.clone(),
+            shared.tls.clone(),
+            names,
+            connections,
+        ))
+    }
+
+    /// Keep the table, sequences and functions in schema `schema` instead
+    /// of `tower_lock`: 1 to 40 characters of `a-z`, `0-9` and `_`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] for a name outside those rules.
+    pub fn schema(mut self, schema: &str) -> Result<Self, LockError> {
+        check_name(schema, "schema")?;
+        let names = Names {
+            schema: schema.to_owned(),
+            ..self.shared.conns.names().clone()
+        };
+        self.shared = self.rebuilt(names, self.shared.conns.connections());
+        Ok(self)
+    }
+
+    /// Name the table `table` instead of `locks` (its other objects are
+    /// named after it: `<table>_waiters`, `<table>_fence`, …): 1 to 40
+    /// characters of `a-z`, `0-9` and `_`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] for a name outside those rules.
+    pub fn table(mut self, table: &str) -> Result<Self, LockError> {
+        check_name(table, "table")?;
+        let names = Names {
+            table: table.to_owned(),
+            ..self.shared.conns.names().clone()
+        };
+        self.shared = self.rebuilt(names, self.shared.conns.connections());
+        Ok(self)
+    }
+
+    /// Run operations on `connections` connections taken from the pool (1
+    /// to 64, default 2). Each pipelines concurrent operations; more let the
+    /// server work on more independent keys at once.
+    pub fn connections(mut self, connections: usize) -> Self {
+        let names = self.shared.conns.names().clone();
+        self.shared = self.rebuilt(names, connections.clamp(1, 64));
+        self
+    }
+
+    /// Bound every backend call by `op_timeout` (default 2 s), connecting
+    /// and preparing included, at least 1 ms; the server also stops a
+    /// statement after it (`statement_timeout`). `acquire` with a max wait
+    /// returns within max wait + `op_timeout`.
+    pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
+        self.op_timeout = op_timeout.max(Duration::from_millis(1));
+        // Connections made from now on get the new statement_timeout.
+        let names = self.shared.conns.names().clone();
+        self.shared = self.rebuilt(names, self.shared.conns.connections());
+        self
+    }
+
+    /// Open the `LISTEN` connection with these TLS settings.
+    #[cfg(feature = "postgres-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
+    pub fn listen_tls(mut self, tls: native_tls::TlsConnector) -> Self {
+        let shared = &self.shared;
+        self.shared = Arc::new(Shared::new(
+            shared.conns.pool().clone(),
+            shared.listen_config.clone(),
+            Tls::Native(postgres_native_tls::MakeTlsConnector::new(tls)),
+            shared.conns.names().clone(),
+            shared.conns.connections(),
+        ));
+        self
+    }
+
+    /// The schema the tables live in.
+    pub fn get_schema(&self) -> &str {
+        &self.shared.conns.names().schema
+    }
+
+    /// The lock table's name.
+    pub fn get_table(&self) -> &str {
+        &self.shared.conns.names().table
+    }
+
+    /// The bound on one backend call.
+    pub fn get_op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The pool connections come from.
+    pub fn get_pool(&self) -> &Pool {
+        self.shared.conns.pool()
+    }
+
+    /// Create or update the schema, table, sequences and functions (see
+    /// the [module documentation](self)): idempotent, in one transaction,
+    /// safe to run from several instances at once. Run it once at start-up,
+    /// or apply [`schema_sql`](PostgresBackend::schema_sql) with your own
+    /// migrations instead.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if the database cannot be reached
+    /// within 10 s (or the op timeout, if longer) or refuses the SQL (e.g.
+    /// the role may not create a schema).
+    pub async fn migrate(&self) -> Result<(), LockError> {
+        let end = tokio::time::Instant::now() + self.op_timeout.max(Duration::from_secs(10));
+        let client = self.shared.conns.checkout(end).await?;
+        match tokio::time::timeout_at(end, schema::migrate(&client, self.shared.conns.names()))
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => {
+                // Not returned to the pool: it may still be in the transaction.
+                drop(deadpool_postgres::Object::take(client));
+                Err(error::timed_out("migrating the PostgreSQL schema"))
+            }
+        }
+    }
+
+    /// The SQL [`migrate`](PostgresBackend::migrate) runs, with this
+    /// backend's schema and table names: for teams that run their own
+    /// migrations. Idempotent.
+    pub fn schema_sql(&self) -> String {
+        self.shared.conns.names().script()
+    }
+
+    /// Remove every expired lock nobody waits for (handing expired locks
+    /// with live waiters to the first of them) and every waiter entry whose
+    /// max wait ended over a minute ago, in bounded steps over the whole
+    /// tables. Returns the rows removed.
+    ///
+    /// Never needed for correctness (an expired lock is taken over by its
+    /// next acquirer) nor, usually, for size (the backend sweeps a little
+    /// every 1,024 operations); for maintenance jobs and tests.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if a step fails.
+    pub async fn prune(&self) -> Result<u64, LockError> {
+        let mut block = 0;
+        let mut removed = 0u64;
+        loop {
+            let (next, n) = self.sweep_step(block, SWEEP_BLOCKS * 16).await?;
+            removed += u64::try_from(n).unwrap_or(0);
+            if next == 0 {
+                return Ok(removed);
+            }
+            block = next;
+        }
+    }
+
+    /// The stored form of `key` (hashed when long).
+    fn stored_key(&self, key: &LockKey) -> String {
+        key.encoded(MAX_STORED_KEY)
+    }
+
+    /// Count an operation; every [`SWEEP_EVERY`] run one bounded sweep step
+    /// in the background (one at a time per backend).
+    fn after_op(&self) {
+        let n = self.shared.ops.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(SWEEP_EVERY) || self.shared.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.shared.sweeping.store(false, Ordering::Release);
+            return;
+        };
+        let backend = self.clone();
+        runtime.spawn(async move {
+            let from = backend.shared.next_block.load(Ordering::Relaxed);
+            match backend.sweep_step(from, SWEEP_BLOCKS).await {
+                Ok((next, removed)) => {
+                    backend.shared.next_block.store(next, Ordering::Relaxed);
+                    if removed > 0 {
+                        tracing::debug!(removed, "swept expired PostgreSQL locks");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "sweeping PostgreSQL locks failed"),
+            }
+            backend.shared.sweeping.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// TLS for connections the backend makes itself: none, or with the feature
+/// `postgres-tls` the system's OpenSSL with its default roots.
+fn default_tls() -> Result<Tls, LockError> {
+    #[cfg(feature = "postgres-tls")]
+    {
+        let connector = native_tls::TlsConnector::new().map_err(|e| config_error(&e))?;
+        Ok(Tls::Native(postgres_native_tls::MakeTlsConnector::new(
+            connector,
+        )))
+    }
+    #[cfg(not(feature = "postgres-tls"))]
+    {
+        Ok(Tls::None)
+    }
+}
+
+impl LockBackend for PostgresBackend {
+    fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(self.acquire_inner(req))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(self.release_inner(key, owner))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(self.extend_inner(key, owner, ttl))
+    }
+
+    /// All extensions go out together, pipelined on the backend's
+    /// connections, so a watchdog tick costs about one round trip however
+    /// many locks it renews.
+    fn extend_many<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
+        Box::pin(join_all(
+            batch
+                .iter()
+                .map(|r| self.extend_inner(&r.key, &r.owner, r.ttl))
+                .collect(),
+        ))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(self.force_release_inner(key))
+    }
+
+    fn status<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
+        Box::pin(self.status_inner(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_traits<T: Clone + Send + Sync + 'static + LockBackend>() {}
+
+    #[test]
+    fn is_clone_send_sync_backend() {
+        assert_traits::<PostgresBackend>();
+    }
+
+    #[tokio::test]
+    async fn builders_check_names_and_keep_settings() {
+        let b = PostgresBackend::from_url("postgres://u:pw@127.0.0.1:1/db")
+            .unwrap()
+            .op_timeout(Duration::from_millis(300))
+            .schema("app")
+            .unwrap()
+            .table("my_locks")
+            .unwrap()
+            .connections(3);
+        assert_eq!((b.get_schema(), b.get_table()), ("app", "my_locks"));
+        assert_eq!(b.get_op_timeout(), Duration::from_millis(300));
+        assert!(b.schema_sql().contains("\"app\".\"my_locks_waiters\""));
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("pw"), "{shown}");
+        assert!(b.clone().table("Bad-Name").is_err());
+        assert!(b.clone().schema("").is_err());
+        assert!(PostgresBackend::from_url("postgres://[::1").is_err());
+    }
+
+    /// Every call's future is boxed and moved once; connecting (large and
+    /// rare) is boxed separately so it does not bloat them.
+    #[test]
+    fn operation_futures_stay_small() {
+        let backend = PostgresBackend::from_url("postgres://127.0.0.1:1/db").unwrap();
+        let key = LockKey::global("k").unwrap();
+        let req =
+            AcquireRequest::new(key.clone(), "o", Duration::from_secs(1), Duration::ZERO).unwrap();
+        let acquire = std::mem::size_of_val(&backend.acquire_inner(&req));
+        let release = std::mem::size_of_val(&backend.release_inner(&key, "o"));
+        assert!(
+            acquire < 4096 && release < 3072,
+            "{acquire} / {release} bytes"
+        );
+    }
+}

@@ -1,0 +1,42 @@
+-- tower-lock PostgreSQL schema (version 1). `{schema}` and `{table}` are
+-- replaced by the backend's names (defaults: tower_lock, locks).
+-- Idempotent: every statement can run again on an existing schema.
+
+CREATE SCHEMA IF NOT EXISTS "{schema}";
+
+-- Every fencing token of every key comes from this one sequence, so fences
+-- strictly increase per key across release, expiry, server restarts and
+-- every instance, without keeping anything per key once its lock is gone.
+CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_fence" AS bigint;
+
+-- One row per held (or expired, not yet taken over or swept) lock.
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
+  key          text        PRIMARY KEY,  -- LockKey::encoded(): scope, route, key
+  owner        text        NOT NULL,     -- the holder's owner token
+  attempt      bigint      NOT NULL,     -- the holder's AcquireRequest::attempt()
+  fence        bigint      NOT NULL,     -- from {table}_fence
+  acquired_at  timestamptz NOT NULL,     -- database clock
+  expires_at   timestamptz NOT NULL,     -- database clock
+  queued       boolean     NOT NULL DEFAULT false, -- someone queued behind the holder
+  granted_to   text,                     -- '<channel> <ticket>' of the waiter it was handed to
+  metadata     jsonb                     -- reserved for lock metadata
+);
+
+-- Queue order of waiters.
+CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_queue" AS bigint;
+
+-- One row per queued acquire call (a ticket), oldest first per key.
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}_waiters" (
+  key       text        NOT NULL,
+  place     bigint      NOT NULL DEFAULT nextval('"{schema}"."{table}_queue"'),
+  channel   text        NOT NULL,  -- the waiter's backend's LISTEN channel
+  ticket    bigint      NOT NULL,  -- the acquire call, unique within its channel
+  owner     text        NOT NULL,
+  attempt   bigint      NOT NULL,
+  ttl_ms    bigint      NOT NULL,  -- the TTL it asked for, counted from a hand-off
+  deadline  timestamptz NOT NULL,  -- its max wait ends: skipped after that
+  PRIMARY KEY (key, place),
+  UNIQUE (channel, ticket)
+);
+
+COMMENT ON TABLE "{schema}"."{table}" IS 'tower-lock locks, schema version 1';

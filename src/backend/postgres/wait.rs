@@ -1,0 +1,262 @@
+//! Acquiring, with waiting: the loop and its drop guard.
+//!
+//! A busy lock queues the call (a ticket) in the waiters table and sleeps
+//! until, whichever comes first: the release hands it the lock (a
+//! notification on the backend's `LISTEN` connection, which carries the
+//! lease), the holder's TTL runs out (a crashed holder never notifies; the
+//! next call then hands the expired lock to the queue's head), its own max
+//! wait ends, or, as a safety net only, a capped, jittered interval.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use super::PostgresBackend;
+use super::listen::Grant;
+use super::ops::{Attempt, Left, Ticket, ceil_ms, server_time};
+use crate::backend::Lease;
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::{AcquireRequest, MAX_TTL};
+
+/// First and largest interval of the safety-net re-check while waiting.
+const RECHECK_FIRST: Duration = Duration::from_millis(250);
+const RECHECK_MAX: Duration = Duration::from_secs(2);
+
+impl PostgresBackend {
+    pub(super) async fn acquire_inner(&self, req: &AcquireRequest) -> Result<Lease, LockError> {
+        let start = Instant::now();
+        if req.max_wait().is_zero() {
+            return match self.attempt(req, None, self.deadline()).await? {
+                Attempt::Acquired(lease) => Ok(lease),
+                Attempt::Busy { retry_after, .. } => Err(LockError::AcquisitionFailed {
+                    retry_after: Some(retry_after),
+                }),
+            };
+        }
+        // (A wait longer than a year is as good as forever and keeps the
+        // arithmetic far from overflow.)
+        let deadline = start + req.max_wait().min(MAX_TTL);
+        let hard_end = deadline + self.op_timeout;
+        let listener = &self.shared.listener;
+        let mut guard = WaitGuard {
+            backend: self,
+            key: req.key(),
+            owner: req.owner(),
+            ticket: listener.next_ticket(),
+            queued: false,
+        };
+        // Registered before the first attempt when the connection listens,
+        // so that attempt can already join the queue.
+        let mut grant_rx: Option<oneshot::Receiver<Grant>> = listener.register(guard.ticket);
+        let mut recheck = RECHECK_FIRST;
+        // Queue entries this call created. After a hand-off the lock can be
+        // taken back (its TTL ran out before we read the grant, a force
+        // release) and a re-check queues us again; a grant read after that
+        // may be the old one, so from the second entry on a grant is
+        // checked against the lock before it is believed.
+        let mut entries = 0u32;
+        loop {
+            let now = Instant::now();
+            let end = (now + self.op_timeout).min(hard_end);
+            let ticket = guard.ticket();
+            let queue = grant_rx.as_ref().map(|_| {
+                (
+                    ceil_ms(deadline.saturating_duration_since(now)).max(1),
+                    ticket,
+                )
+            });
+            guard.queued |= queue.is_some();
+            let retry_after = match self.attempt(req, queue, end).await? {
+                Attempt::Acquired(lease) => {
+                    // The function took us out of the queue.
+                    guard.queued = false;
+                    return Ok(lease);
+                }
+                Attempt::Busy {
+                    retry_after,
+                    queued_anew,
+                } => {
+                    entries += u32::from(queued_anew);
+                    retry_after
+                }
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return self
+                    .give_up(&mut guard, req, start, retry_after, hard_end)
+                    .await;
+            }
+            let Some(rx) = grant_rx.as_mut() else {
+                // Listen, then try again at once: a release between the
+                // failed attempt and the LISTEN is not missed.
+                let end = (now + self.op_timeout).min(hard_end);
+                grant_rx = Some(
+                    listener
+                        .subscribe(guard.ticket, end, self.op_timeout)
+                        .await?,
+                );
+                continue;
+            };
+            // Wake when handed the lock, when the holder's TTL runs out (it
+            // may have died without releasing), at our own deadline, or, as
+            // a safety net only, after a capped, jittered interval.
+            let holder_expires = now + retry_after + Duration::from_millis(1);
+            let safety_net = now + jitter(recheck);
+            recheck = (recheck * 2).min(RECHECK_MAX);
+            let wake_at = holder_expires.min(safety_net).min(deadline);
+            tokio::select! {
+                biased;
+                granted = rx => match granted {
+                    Ok(grant) if entries <= 1 => {
+                        // The hand-off took us out of the queue.
+                        guard.queued = false;
+                        let at = server_time(grant.acquired_us);
+                        return Ok(Lease::new(grant.fence, at, at, req.ttl()));
+                    }
+                    Ok(_) => {
+                        // Maybe a stale grant: leave the queue, keeping the
+                        // lock only if it is ours now. Never left behind: a
+                        // later hand-off to a finished request would idle
+                        // the lock for a whole TTL.
+                        let end = (Instant::now() + self.op_timeout).min(hard_end);
+                        let left = self
+                            .leave(req.key(), req.owner(), guard.ticket(), true, req.ttl(), end)
+                            .await?;
+                        guard.queued = false;
+                        match left {
+                            Left::Claimed(lease) => return Ok(lease),
+                            Left::NotHeld(_) => {
+                                entries = 0;
+                                grant_rx = listener.register(guard.ticket);
+                            }
+                            Left::Dropped => return Err(super::error::bad_reply("leave")),
+                        }
+                    }
+                    // The connection died: re-check now (the lock may be
+                    // ours already), listening again if still busy.
+                    Err(_) => grant_rx = None,
+                },
+                () = sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    /// The max wait is over: leave the queue, unless the lock was handed to
+    /// us at the last moment, in which case it is ours.
+    async fn give_up(
+        &self,
+        guard: &mut WaitGuard<'_>,
+        req: &AcquireRequest,
+        start: Instant,
+        retry_after: Duration,
+        hard_end: Instant,
+    ) -> Result<Lease, LockError> {
+        if !guard.queued {
+            return Err(LockError::Timeout {
+                waited: start.elapsed(),
+                retry_after: Some(retry_after),
+            });
+        }
+        let end = self.deadline().min(hard_end);
+        let left = self
+            .leave(req.key(), req.owner(), guard.ticket(), true, req.ttl(), end)
+            .await?;
+        guard.queued = false;
+        match left {
+            Left::Claimed(lease) => Ok(lease),
+            Left::NotHeld(holder_remaining) => Err(LockError::Timeout {
+                waited: start.elapsed(),
+                retry_after: Some(holder_remaining),
+            }),
+            Left::Dropped => Err(super::error::bad_reply("leave")),
+        }
+    }
+}
+
+/// A waiter's registration and (once `queued`) its row in the waiters
+/// table. Dropped without being cleared (the acquire future was cancelled,
+/// or it failed), it leaves the queue in the background, passing on the
+/// lock if it was handed over meanwhile: nobody would ever release it
+/// otherwise.
+struct WaitGuard<'a> {
+    backend: &'a PostgresBackend,
+    key: &'a LockKey,
+    owner: &'a str,
+    ticket: i64,
+    queued: bool,
+}
+
+impl<'a> WaitGuard<'a> {
+    fn ticket(&self) -> Ticket<'a> {
+        Ticket {
+            channel: self.backend.shared.listener.channel(),
+            id: self.ticket,
+        }
+    }
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.backend.shared.listener.unregister(self.ticket);
+        if !self.queued {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run it on: the entry is skipped after its
+            // deadline, and a lock handed to it expires at its TTL.
+            return;
+        };
+        let backend = self.backend.clone();
+        let key = self.key.clone();
+        let owner = self.owner.to_owned();
+        let id = self.ticket;
+        runtime.spawn(async move {
+            let end = backend.deadline();
+            let ticket = Ticket {
+                channel: backend.shared.listener.channel(),
+                id,
+            };
+            let outcome = backend
+                .leave(&key, &owner, ticket, false, Duration::ZERO, end)
+                .await;
+            if let Err(e) = outcome {
+                tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+            }
+        });
+    }
+}
+
+/// `d` scaled by a random factor in [0.5, 1).
+fn jitter(d: Duration) -> Duration {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, RandomState};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0x5eed_u64) | 1);
+    }
+    let r = STATE.with(|s| {
+        // xorshift64
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    });
+    let fraction = 0.5 + (r >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+    d.mul_f64(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_range() {
+        for _ in 0..1000 {
+            let j = jitter(Duration::from_millis(100));
+            assert!(j >= Duration::from_millis(50) && j < Duration::from_millis(100));
+        }
+    }
+}

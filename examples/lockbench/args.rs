@@ -4,6 +4,7 @@
 pub(crate) enum BackendArg {
     Memory,
     Redis(String),
+    Postgres(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,6 +84,8 @@ impl Args {
                         BackendArg::Memory
                     } else if v.starts_with("redis://") || v.starts_with("rediss://") {
                         BackendArg::Redis(v)
+                    } else if v.starts_with("postgres://") || v.starts_with("postgresql://") {
+                        BackendArg::Postgres(v)
                     } else {
                         return Err(format!("unknown backend `{v}`"));
                     });
@@ -118,7 +121,10 @@ impl Args {
         if matches!(workload, Workload::RawSerial | Workload::RawParallel32)
             && backend == BackendArg::Memory
         {
-            return Err(format!("{} needs a redis:// backend", workload.name()));
+            return Err(format!(
+                "{} needs a redis:// or postgres:// backend",
+                workload.name()
+            ));
         }
         Ok(Some(Args {
             backend,

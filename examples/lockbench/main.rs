@@ -5,10 +5,11 @@
 //! ```sh
 //! cargo run --release --example lockbench -- --backend memory --workload serial --seconds 5
 //! cargo run --release --example lockbench -- --backend redis://127.0.0.1:6390 --workload contended16 --seconds 5
+//! cargo run --release --features postgres --example lockbench -- --backend postgres://postgres@127.0.0.1:5433/postgres --workload serial --seconds 5
 //! ```
 //!
 //! Prints exactly one JSON line on stdout; progress and errors go to stderr.
-//! Bad flags: usage on stderr, exit status 2. A run that cannot start (Redis
+//! Bad flags: usage on stderr, exit status 2. A run that cannot start (server
 //! unreachable, backend missing from this build): message on stderr, exit 1.
 //!
 //! # Which API
@@ -61,6 +62,16 @@
 //!   PINGs before the warm-up. Redis `contended16` adds `idle_rtt_p50_us`:
 //!   300 PINGs, each right after a 1-ms sleep (the hold), as a handoff's
 //!   release starts from an idle process.
+//! - `raw-serial`, `raw-parallel32` on PostgreSQL: the cheapest correct
+//!   lease loop in SQL, prepared, one connection per task (as pgbench runs
+//!   a prepared script per client): `INSERT … ON CONFLICT (key) DO UPDATE …
+//!   WHERE expires_at < now()` to acquire, `DELETE … WHERE key AND owner` to
+//!   release, on a `lockbench_leases` table; beside it, in alternating
+//!   slices, `pg_try_advisory_lock`/`pg_advisory_unlock` (`advisory_*`:
+//!   session-bound, no TTL, no fence). `serial` and `parallel32` alternate
+//!   with the lease loop as on Redis (`ratio_to_raw`); `held` compares with
+//!   an empty table of the same server; the backend's schema is
+//!   `lockbench`, migrated and emptied first; `rtt_*` from `SELECT 1`.
 //!
 //! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
 //! comparison only: `a` = unlocked route / empty backend, `b` = locked route
@@ -74,6 +85,19 @@ mod timing;
 
 #[cfg(feature = "redis")]
 mod redis;
+
+#[cfg(feature = "postgres")]
+mod postgres;
+
+#[cfg(not(feature = "postgres"))]
+mod postgres {
+    use super::args::Args;
+    use super::report::Report;
+
+    pub(crate) async fn run(_url: &str, _args: &Args, _r: Report) -> Result<Report, String> {
+        Err("built without the `postgres` feature".into())
+    }
+}
 
 #[cfg(not(feature = "redis"))]
 mod redis {
@@ -96,10 +120,10 @@ use self::locks::{Locker, contended, held, parallel, serial};
 use self::report::Report;
 
 pub(crate) const USAGE: &str = "\
-usage: lockbench --backend memory|redis://HOST:PORT --workload W --seconds S [--api owned|backend]
+usage: lockbench --backend memory|redis://HOST:PORT|postgres://… --workload W --seconds S [--api owned|backend]
 
   W: serial | parallel32 | contended16 | http | held | raw-serial | raw-parallel32
-     (raw-* need a redis:// backend)
+     (raw-* need a redis:// or postgres:// backend)
   S: length of the measured window, in seconds (> 0)
   --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
 
@@ -117,6 +141,7 @@ pub(crate) const CONTENDERS: usize = 16;
 pub(crate) const HTTP_CONNECTIONS: usize = 32;
 pub(crate) const HELD_MEMORY: usize = 1_000_000;
 pub(crate) const HELD_REDIS: usize = 100_000;
+pub(crate) const HELD_POSTGRES: usize = 100_000;
 /// Back-to-back PINGs for `rtt_p50_us`.
 pub(crate) const RTT_SAMPLES: usize = 2_000;
 /// PINGs after a `HOLD` sleep each, for contended16's `idle_rtt_p50_us`.
@@ -155,10 +180,13 @@ async fn run(args: Args) -> Result<Report, String> {
     let backend_name = match &args.backend {
         BackendArg::Memory => "memory",
         BackendArg::Redis(_) => "redis",
+        BackendArg::Postgres(_) => "postgres",
     };
     let mut r = Report::new(backend_name, args.workload);
-    if let BackendArg::Redis(url) = &args.backend {
-        return redis::run(url, &args, r).await;
+    match &args.backend {
+        BackendArg::Redis(url) => return redis::run(url, &args, r).await,
+        BackendArg::Postgres(url) => return postgres::run(url, &args, r).await,
+        BackendArg::Memory => {}
     }
     let locker = Locker {
         backend: SharedBackend::new(MemoryBackend::new()),

@@ -501,8 +501,8 @@ async fn postgres_bank(url: &str) -> Result<Bank, String> {
     let store = postgres_store::Store::new(url)?;
     // The database may come up later: warn, serve (503 until it answers),
     // and create the tables as soon as it does.
-    if store.set_up(&locks).await.is_err() {
-        eprintln!("bank: warning: PostgreSQL at the --postgres URL does not answer yet");
+    if let Err(e) = store.set_up(&locks).await {
+        eprintln!("bank: warning: PostgreSQL at the --postgres URL does not answer yet ({e})");
         let (store, locks) = (store.clone(), locks.clone());
         tokio::spawn(async move {
             while store.set_up(&locks).await.is_err() {
@@ -534,6 +534,16 @@ mod postgres_store {
             let config: tokio_postgres::Config = url
                 .parse()
                 .map_err(|e| format!("bad --postgres URL: {e}"))?;
+            // TLS as the lock backend speaks it: with feature `postgres-tls`,
+            // through the system's OpenSSL (`sslmode=require` in the URL to
+            // insist on it), else plain.
+            #[cfg(feature = "postgres-tls")]
+            let manager = {
+                let tls = native_tls::TlsConnector::new()
+                    .map_err(|e| format!("TLS for --postgres: {e}"))?;
+                Manager::new(config, postgres_native_tls::MakeTlsConnector::new(tls))
+            };
+            #[cfg(not(feature = "postgres-tls"))]
             let manager = Manager::new(config, tokio_postgres::NoTls);
             let pool = Pool::builder(manager)
                 .max_size(16)

@@ -239,9 +239,14 @@ impl Bank {
     }
 
     fn start_with(extra: &[&str]) -> Bank {
+        Bank::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Bank {
         let mut child = Command::new(bank_binary())
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -687,6 +692,40 @@ async fn bank_started_before_postgres_works_once_it_is_up() {
 /// The process holding a lock is SIGKILLed: it never releases, and a waiter
 /// in another process gets the lock when the holder's TTL runs out (on the
 /// database's clock), not later than TTL + a small margin.
+/// With feature `postgres-tls`, `--postgres …?sslmode=require` speaks TLS on
+/// every connection, the balance store's and the lock backend's (waiting
+/// included), verified against the roots OpenSSL trusts (here the test's own
+/// CA, through `SSL_CERT_FILE`).
+#[cfg(feature = "postgres-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bank_speaks_tls_to_postgres() {
+    within_timeout(async {
+        let pg = common::pg_server::PgServer::start();
+        let ca = pg.require_tls();
+        let url = format!("{}?sslmode=require", pg.url());
+        let bank = Bank::start_with_env(
+            &["--postgres", &url, "--admin-token", ADMIN_TOKEN],
+            &[("SSL_CERT_FILE", ca.as_os_str())],
+        );
+        let http = bank.http();
+        // A deposit that waits on another holds the LISTEN connection too.
+        let first = spawn_post(&http, "/accounts/tls/deposit?amount=5&hold_ms=300");
+        wait_until_locked(&http, "account:tls").await;
+        let second = http
+            .post("/accounts/tls/deposit?amount=7&wait_ms=5000")
+            .await;
+        second.assert_json(StatusCode::OK);
+        first.await.unwrap().assert_json(StatusCode::OK);
+        assert_eq!(http.get("/accounts/tls").await.int("balance"), 12);
+        assert_eq!(
+            pg.plain_client_connections(),
+            0,
+            "every connection encrypted"
+        );
+    })
+    .await;
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_the_lock_at_its_ttl_postgres() {

@@ -1046,47 +1046,7 @@ async fn terminated_connections_are_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_require_with_postgres_tls() {
     let server = PgServer::start();
-    let data = server.data_dir();
-    let (cert, key_file) = (data.join("server.crt"), data.join("server.key"));
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=127.0.0.1"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key_file)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl (Debian: apt-get install -y openssl)");
-    assert!(made.status.success(), "{made:?}");
-    // The server reads its key only when it is private to its user.
-    let owner = sql(&server, "SELECT current_setting('data_directory')");
-    let status = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "chmod 600 '{k}' && chown --reference='{d}' '{k}' '{c}'",
-            k = key_file.display(),
-            c = cert.display(),
-            d = owner
-        ))
-        .status()
-        .unwrap();
-    assert!(status.success());
-    sql(&server, "ALTER SYSTEM SET ssl = on");
-    sql(&server, "SELECT pg_reload_conf()");
-    // TCP connections must use TLS from now on.
-    let hba = data.join("pg_hba.conf");
-    let rest = std::fs::read_to_string(&hba).unwrap();
-    std::fs::write(
-        &hba,
-        format!(
-            "hostnossl all all 127.0.0.1/32 reject\nhostssl all all 127.0.0.1/32 trust\n{rest}"
-        ),
-    )
-    .unwrap();
-    sql(&server, "SELECT pg_reload_conf()");
+    let cert = server.require_tls();
 
     let ca = native_tls::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap();
     let tls = native_tls::TlsConnector::builder()
@@ -1108,12 +1068,7 @@ async fn sslmode_require_with_postgres_tls() {
     granted(w).await;
     // Only psql is on a socket without TLS: the backend's connections are
     // TCP, so they are all encrypted (the hba rules above reject the rest).
-    let plain = count(
-        &server,
-        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-         WHERE a.backend_type = 'client backend' AND NOT s.ssl AND a.pid <> pg_backend_pid()",
-    );
-    assert_eq!(plain, 0);
+    assert_eq!(server.plain_client_connections(), 0);
 
     // The system's roots do not know the test CA: refused, fails closed.
     let unknown_ca = PostgresBackend::from_url(&url).unwrap();

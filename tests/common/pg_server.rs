@@ -69,6 +69,62 @@ impl PgServer {
         self.dir.join("data")
     }
 
+    /// Turn TLS on with a fresh self-signed certificate for 127.0.0.1, and
+    /// refuse TCP connections without it. Returns the certificate (the CA a
+    /// client must trust). Needs the `openssl` command.
+    pub fn require_tls(&self) -> PathBuf {
+        let data = self.data_dir();
+        let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+        let made = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=127.0.0.1"])
+            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl (Debian: apt-get install -y openssl)");
+        assert!(made.status.success(), "{made:?}");
+        // The server reads its key only when it is private to its user.
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "chmod 600 '{k}' && chown --reference='{d}' '{k}' '{c}'",
+                k = key.display(),
+                c = cert.display(),
+                d = data.display()
+            ))
+            .status()
+            .expect("chmod/chown");
+        assert!(status.success());
+        self.psql("ALTER SYSTEM SET ssl = on");
+        self.psql("SELECT pg_reload_conf()");
+        let hba = data.join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            format!(
+                "hostnossl all all 127.0.0.1/32 reject\nhostssl all all 127.0.0.1/32 trust\n{rest}"
+            ),
+        )
+        .expect("pg_hba.conf");
+        self.psql("SELECT pg_reload_conf()");
+        cert
+    }
+
+    /// Client connections (other than psql's own) that are not encrypted.
+    pub fn plain_client_connections(&self) -> usize {
+        self.psql(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.backend_type = 'client backend' AND NOT s.ssl AND a.pid <> pg_backend_pid()",
+        )
+        .parse()
+        .expect("a count")
+    }
+
     /// SIGKILL the postmaster and wait until it is gone (its backends
     /// notice and exit on their own, as after a crash).
     pub fn kill(&mut self) {

@@ -3,30 +3,22 @@
 //! its stdout and talk HTTP to it. Nothing here depends on its code.
 //!
 //! The binary is `target/<profile>/examples/bank` next to this test's own
-//! directory; it is (re)built with `cargo build --example bank` when missing
-//! or older than the sources. `BANK_BIN=/path/to/bank` overrides it.
+//! directory; `cargo build --example bank` with this test's own features runs
+//! first (a no-op when fresh). `BANK_BIN=/path/to/bank` overrides it.
 //!
 //! Most tests use the in-memory backend; `three_processes_share_one_redis`
 //! runs three banks on one private redis-server, and the `*_postgres` tests
 //! (feature `postgres`) the same on one private PostgreSQL.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode, header};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
-use serde_json::Value;
+use http::{Method, StatusCode, header};
 use tokio::task::JoinSet;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod common;
+
+use common::bank::{Bank, Http, Reply, bank_binary};
 
 /// Upper bound for any one test, so a wedged server fails instead of hanging.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -224,175 +216,6 @@ fn unknown_flag_prints_usage_and_exits_2() {
     assert!(out.stdout.is_empty());
 }
 
-// ---------------------------------------------------------------------------
-// The bank process
-
-/// A running bank; killed when dropped.
-struct Bank {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Bank {
-    fn start() -> Bank {
-        Bank::start_with(&[])
-    }
-
-    fn start_with(extra: &[&str]) -> Bank {
-        Bank::start_with_env(extra, &[])
-    }
-
-    fn start_with_env(extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Bank {
-        let mut child = Command::new(bank_binary())
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the bank example");
-        let stdout = child.stdout.take().unwrap();
-        // From here on a panic kills the process.
-        let mut bank = Bank {
-            child,
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-        };
-
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next());
-            // Keep draining so the bank never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Some(Ok(line))) => line,
-            Ok(other) => panic!("bank exited before listening: {other:?}"),
-            Err(_) => panic!("bank did not print `listening on ADDR` within 30 s"),
-        };
-        let addr = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        bank.addr = addr
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("not an address: {addr:?}"));
-        bank
-    }
-
-    fn http(&self) -> Http {
-        Http {
-            client: Client::builder(TokioExecutor::new()).build({
-                let mut connector = HttpConnector::new();
-                // No Nagle: small requests go out at once, as real clients do.
-                connector.set_nodelay(true);
-                connector
-            }),
-            base: format!("http://{}", self.addr),
-        }
-    }
-}
-
-impl Drop for Bank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-// ---------------------------------------------------------------------------
-// A small HTTP client
-
-#[derive(Clone)]
-struct Http {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    base: String,
-}
-
-impl Http {
-    async fn get(&self, path: &str) -> Reply {
-        self.send(Method::GET, path).await
-    }
-
-    async fn post(&self, path: &str) -> Reply {
-        self.send(Method::POST, path).await
-    }
-
-    async fn send(&self, method: Method, path: &str) -> Reply {
-        self.send_with(method, path, &[]).await
-    }
-
-    async fn send_with(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut req = Request::builder()
-            .method(method.clone())
-            .uri(format!("{}{path}", self.base));
-        for (name, value) in headers {
-            req = req.header(*name, *value);
-        }
-        let req = req.body(Empty::new()).unwrap();
-        let res = self
-            .client
-            .request(req)
-            .await
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let (parts, body) = res.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        let json = serde_json::from_slice(&body).unwrap_or_else(|_| {
-            panic!(
-                "{method} {path}: {} with a non-JSON body {:?}",
-                parts.status,
-                String::from_utf8_lossy(&body)
-            )
-        });
-        Reply {
-            what: format!("{method} {path}"),
-            status: parts.status,
-            headers: parts.headers,
-            json,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Reply {
-    what: String,
-    status: StatusCode,
-    headers: HeaderMap,
-    json: Value,
-}
-
-impl Reply {
-    fn assert_json(&self, status: StatusCode) {
-        assert_eq!(self.status, status, "{}: {}", self.what, self.json);
-        let content_type = self.headers.get(header::CONTENT_TYPE);
-        assert_eq!(
-            content_type.and_then(|v| v.to_str().ok()),
-            Some("application/json"),
-            "{}",
-            self.what
-        );
-    }
-
-    fn int(&self, field: &str) -> i64 {
-        self.json[field]
-            .as_i64()
-            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
-    }
-
-    fn uint(&self, field: &str) -> u64 {
-        self.json[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
-    }
-
-    fn error_code(&self) -> &str {
-        self.json["error"]["code"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{}: not a JSON error: {}", self.what, self.json))
-    }
-}
-
 /// Three bank processes on one Redis take 300 concurrent deposits spread
 /// over all three, some waiting and some not: every `200` is counted exactly
 /// once in the final balance, and every refusal is a `429` with
@@ -515,11 +338,11 @@ async fn killed_holder_process_frees_the_lock_at_its_ttl() {
         let holder = tokio::spawn({
             let http = holder_bank.http();
             async move {
-                let req = Request::post(format!(
+                let req = http::Request::post(format!(
                     "{}/accounts/dead/deposit?amount=100&hold_ms=30000&ttl_ms=1000",
                     http.base
                 ))
-                .body(Empty::new())
+                .body(http_body_util::Empty::new())
                 .unwrap();
                 // Its process dies mid-handler: the request fails.
                 http.client.request(req).await.is_err()
@@ -739,11 +562,11 @@ async fn killed_holder_process_frees_the_lock_at_its_ttl_postgres() {
         let holder = tokio::spawn({
             let http = holder_bank.http();
             async move {
-                let req = Request::post(format!(
+                let req = http::Request::post(format!(
                     "{}/accounts/dead/deposit?amount=100&hold_ms=30000&ttl_ms=1000",
                     http.base
                 ))
-                .body(Empty::new())
+                .body(http_body_util::Empty::new())
                 .unwrap();
                 http.client.request(req).await.is_err()
             }
@@ -943,108 +766,4 @@ async fn within_timeout(test: impl std::future::Future<Output = ()>) {
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .expect("test timed out");
-}
-
-// ---------------------------------------------------------------------------
-// Finding (and if needed building) the example binary
-
-fn bank_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(path) = std::env::var_os("BANK_BIN") {
-            return PathBuf::from(path);
-        }
-        // This test runs as target/<profile>/deps/bank_example-<hash>.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary in target/<profile>/deps");
-        let bin = profile_dir
-            .join("examples")
-            .join(format!("bank{}", std::env::consts::EXE_SUFFIX));
-        if is_stale(&bin) {
-            build_example(profile_dir);
-        }
-        assert!(bin.is_file(), "no example binary at {}", bin.display());
-        bin
-    })
-    .clone()
-}
-
-/// Missing, or older than a source it is built from.
-fn is_stale(bin: &Path) -> bool {
-    let Some(built) = modified(bin) else {
-        return true;
-    };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut newest = None;
-    for path in [root.join("Cargo.toml"), root.join("examples/bank.rs")] {
-        newest = newest.max(modified(&path));
-    }
-    newest = newest.max(newest_in(&root.join("src")));
-    newest.is_some_and(|source| source > built)
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    path.metadata().and_then(|m| m.modified()).ok()
-}
-
-fn newest_in(dir: &Path) -> Option<SystemTime> {
-    let mut newest = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        newest = newest.max(if path.is_dir() {
-            newest_in(&path)
-        } else {
-            modified(&path)
-        });
-    }
-    newest
-}
-
-/// `cargo build --example bank` into the same target dir and profile as this
-/// test.
-fn build_example(profile_dir: &Path) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--example", "bank", "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    // The backends this test binary was built to drive.
-    let features: Vec<&str> = [
-        ("postgres", cfg!(feature = "postgres")),
-        ("postgres-tls", cfg!(feature = "postgres-tls")),
-        ("tls", cfg!(feature = "tls")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
-    if !features.is_empty() {
-        cmd.args(["--features", &features.join(",")]);
-    }
-    match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => {}
-        Some("release") => {
-            cmd.arg("--release");
-        }
-        Some(profile) => {
-            cmd.args(["--profile", profile]);
-        }
-    }
-    // target/<profile>, or target/<triple>/<profile> when cross-compiling.
-    let mut target_dir = profile_dir.parent().expect("target dir");
-    if !target_dir.join("CACHEDIR.TAG").exists()
-        && let Some(root) = target_dir.parent()
-        && root.join("CACHEDIR.TAG").exists()
-    {
-        cmd.arg("--target").arg(target_dir.file_name().unwrap());
-        target_dir = root;
-    }
-    cmd.arg("--target-dir").arg(target_dir);
-    let out = cmd.output().expect("run cargo build --example bank");
-    assert!(
-        out.status.success(),
-        "cargo build --example bank failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

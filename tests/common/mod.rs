@@ -1,6 +1,7 @@
 //! Shared test support.
 #![allow(dead_code, unused_imports, unused_macros)]
 
+pub mod bank;
 pub mod logs;
 pub mod pg_server;
 pub mod proxy;

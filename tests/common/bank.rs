@@ -1,0 +1,268 @@
+//! The bank example as a process: build it (cargo is a no-op when fresh) and start it, talk to it
+//! over HTTP, read its JSON. For the tests that drive it as a client would.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------
+// The bank process
+
+/// A running bank; killed when dropped.
+pub struct Bank {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Bank {
+    /// The process id (to stop and continue it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn start() -> Bank {
+        Bank::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Bank {
+        Bank::start_with_env(extra, &[])
+    }
+
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Bank {
+        let mut child = Command::new(bank_binary())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the bank example");
+        let stdout = child.stdout.take().unwrap();
+        // From here on a panic kills the process.
+        let mut bank = Bank {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            // Keep draining so the bank never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(Ok(line))) => line,
+            Ok(other) => panic!("bank exited before listening: {other:?}"),
+            Err(_) => panic!("bank did not print `listening on ADDR` within 30 s"),
+        };
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        bank.addr = addr
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("not an address: {addr:?}"));
+        bank
+    }
+
+    pub fn http(&self) -> Http {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build({
+                let mut connector = HttpConnector::new();
+                // No Nagle: small requests go out at once, as real clients do.
+                connector.set_nodelay(true);
+                connector
+            }),
+            base: format!("http://{}", self.addr),
+        }
+    }
+}
+
+impl Drop for Bank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A small HTTP client
+
+#[derive(Clone)]
+pub struct Http {
+    pub client: Client<HttpConnector, Empty<Bytes>>,
+    pub base: String,
+}
+
+impl Http {
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path).await
+    }
+
+    pub async fn post(&self, path: &str) -> Reply {
+        self.send(Method::POST, path).await
+    }
+
+    pub async fn send(&self, method: Method, path: &str) -> Reply {
+        self.send_with(method, path, &[]).await
+    }
+
+    pub async fn send_with(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Empty::new()).unwrap();
+        let res = self
+            .client
+            .request(req)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        let json = serde_json::from_slice(&body).unwrap_or_else(|_| {
+            panic!(
+                "{method} {path}: {} with a non-JSON body {:?}",
+                parts.status,
+                String::from_utf8_lossy(&body)
+            )
+        });
+        Reply {
+            what: format!("{method} {path}"),
+            status: parts.status,
+            headers: parts.headers,
+            json,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub what: String,
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub json: Value,
+}
+
+impl Reply {
+    pub fn assert_json(&self, status: StatusCode) {
+        assert_eq!(self.status, status, "{}: {}", self.what, self.json);
+        let content_type = self.headers.get(header::CONTENT_TYPE);
+        assert_eq!(
+            content_type.and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{}",
+            self.what
+        );
+    }
+
+    pub fn int(&self, field: &str) -> i64 {
+        self.json[field]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
+    }
+
+    pub fn uint(&self, field: &str) -> u64 {
+        self.json[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}: no integer `{field}` in {}", self.what, self.json))
+    }
+
+    pub fn error_code(&self) -> &str {
+        self.json["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: not a JSON error: {}", self.what, self.json))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Finding (and if needed building) the example binary
+
+pub fn bank_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(path) = std::env::var_os("BANK_BIN") {
+            return PathBuf::from(path);
+        }
+        // This test runs as target/<profile>/deps/bank_example-<hash>.
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary in target/<profile>/deps");
+        let bin = profile_dir
+            .join("examples")
+            .join(format!("bank{}", std::env::consts::EXE_SUFFIX));
+        // Always ask cargo: a no-op when the binary is fresh, and the only
+        // check that also sees a binary built with other features.
+        build_example(profile_dir);
+        assert!(bin.is_file(), "no example binary at {}", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// `cargo build --example bank` into the same target dir and profile as this
+/// test.
+pub fn build_example(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--example", "bank", "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    // Exactly this test binary's features, so cargo reuses the library it
+    // already built instead of compiling another variant.
+    let features: Vec<&str> = [
+        ("redis", cfg!(feature = "redis")),
+        ("tls", cfg!(feature = "tls")),
+        ("admin", cfg!(feature = "admin")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("postgres-tls", cfg!(feature = "postgres-tls")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    cmd.arg("--no-default-features");
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    // target/<profile>, or target/<triple>/<profile> when cross-compiling.
+    let mut target_dir = profile_dir.parent().expect("target dir");
+    if !target_dir.join("CACHEDIR.TAG").exists()
+        && let Some(root) = target_dir.parent()
+        && root.join("CACHEDIR.TAG").exists()
+    {
+        cmd.arg("--target").arg(target_dir.file_name().unwrap());
+        target_dir = root;
+    }
+    cmd.arg("--target-dir").arg(target_dir);
+    let out = cmd.output().expect("run cargo build --example bank");
+    assert!(
+        out.status.success(),
+        "cargo build --example bank failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

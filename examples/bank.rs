@@ -17,7 +17,23 @@
 //!   `lock-expires-at` headers, and the lock is freed by its TTL or by
 //!   `DELETE /admin/locks/account:{id}` with the `lock-owner` header.
 //!   `watchdog=true` renews the lock every TTL/3 while the deposit runs.
-//! - `GET /accounts/{id}` answers `{"balance": n}` without locking.
+//! - `GET /accounts/{id}` answers `{"balance": n}` without locking
+//!   (`{"balance": n, "fence": f}` with `--fenced`).
+//! - With `--fenced`, the balance store refuses stale holders: it remembers,
+//!   per account, the highest fence a deposit has read or written it with,
+//!   and a deposit reads and writes with its lock's fence, each atomically
+//!   with the check, so a holder whose lease ran out (a pause, a TTL shorter
+//!   than the hold) cannot write over a newer holder's work. A refused
+//!   deposit answers `409` with code `STALE_FENCE` and changes nothing; one
+//!   that sees its own lock lost before it writes (its TTL passed, or a
+//!   renewal found it gone) answers `409` with code `LOCK_LOST`.
+//!   `pause_ms=P` pauses the deposit between that check and its write, as a
+//!   GC or swap could: only the store's fence check can refuse it then. A
+//!   write that gets no answer (the store went away) is looked up by its
+//!   fence before the deposit answers. The
+//!   read counts too: a check on the write alone would accept a stale write
+//!   made after the newer holder read but before it wrote, and that holder
+//!   would then overwrite it.
 //! - With `--admin-token T`, the admin API is mounted under `/admin` behind
 //!   `Authorization: Bearer T`: `GET /admin/locks/account:7`,
 //!   `DELETE /admin/locks/account:7` (owner in the `lock-owner` header) and
@@ -52,13 +68,15 @@ use serde_json::json;
 use tower_lock::admin::Admin;
 use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
 
-const USAGE: &str = "usage: bank [--listen ADDR] [--redis URL | --postgres URL] [--admin-token T]
+const USAGE: &str =
+    "usage: bank [--listen ADDR] [--redis URL | --postgres URL] [--admin-token T] [--fenced]
 
   --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
   --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
   --postgres URL      keep locks and balances in this PostgreSQL database
                       (e.g. postgres://user:password@127.0.0.1/bank; needs feature `postgres`)
   --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
+  --fenced            refuse deposits whose lock is stale (fencing tokens checked by the store)
   -h, --help          show this help";
 
 /// TTL of an account lock unless the request says `ttl_ms`.
@@ -105,6 +123,7 @@ struct Args {
     redis: Option<String>,
     postgres: Option<String>,
     admin_token: Option<String>,
+    fenced: bool,
 }
 
 impl Args {
@@ -114,12 +133,25 @@ impl Args {
         let mut redis = None;
         let mut postgres = None;
         let mut admin_token = None;
+        let mut fenced = None;
         while let Some(arg) = args.next() {
             // Accept both `--flag value` and `--flag=value`.
             let (flag, inline) = match arg.split_once('=') {
                 Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
                 _ => (arg.as_str(), None),
             };
+            if flag == "--fenced" {
+                // A switch: `--fenced`, or `--fenced=true|false`.
+                let on = match inline.as_deref() {
+                    None | Some("true") => true,
+                    Some("false") => false,
+                    Some(other) => return Err(format!("--fenced takes no value (got `{other}`)")),
+                };
+                if fenced.replace(on).is_some() {
+                    return Err("--fenced given twice".to_owned());
+                }
+                continue;
+            }
             let slot = match flag {
                 "-h" | "--help" => return Ok(None),
                 "--listen" => &mut listen,
@@ -144,6 +176,7 @@ impl Args {
             redis,
             postgres,
             admin_token,
+            fenced: fenced.unwrap_or(false),
         }))
     }
 }
@@ -155,7 +188,12 @@ async fn run(args: Args) -> Result<(), String> {
         (None, None) => Bank {
             locks: SharedBackend::new(MemoryBackend::new()),
             balances: Balances::Memory(Mutex::default()),
+            fenced: false,
         },
+    };
+    let bank = Bank {
+        fenced: args.fenced,
+        ..bank
     };
     let app = router(Arc::new(bank), args.admin_token.as_deref());
 
@@ -199,6 +237,8 @@ struct Bank {
     /// Shared with the layer (and, later, an admin API on the same locks).
     locks: SharedBackend,
     balances: Balances,
+    /// Deposits read and write with their lock's fence (`--fenced`).
+    fenced: bool,
 }
 
 fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
@@ -268,6 +308,8 @@ struct DepositParams {
     ttl: Duration,
     keep: bool,
     watchdog: bool,
+    /// A pause between the deposit's own lost-lock check and its write.
+    pause: Duration,
 }
 
 impl DepositParams {
@@ -280,6 +322,7 @@ impl DepositParams {
         let mut ttl_ms = None;
         let mut keep = None;
         let mut watchdog = None;
+        let mut pause_ms = None;
         for (name, value) in &pairs {
             match name.as_str() {
                 "amount" => set_once(&mut amount, name, value)?,
@@ -288,6 +331,7 @@ impl DepositParams {
                 "ttl_ms" => set_once(&mut ttl_ms, name, value)?,
                 "keep" => set_once(&mut keep, name, value)?,
                 "watchdog" => set_once(&mut watchdog, name, value)?,
+                "pause_ms" => set_once(&mut pause_ms, name, value)?,
                 // Unknown parameters are ignored, as most HTTP APIs do.
                 _ => {}
             }
@@ -301,6 +345,7 @@ impl DepositParams {
             ttl: ms(ttl_ms).unwrap_or(DEFAULT_TTL),
             keep: keep.unwrap_or(false),
             watchdog: watchdog.unwrap_or(false),
+            pause: ms(pause_ms).unwrap_or(Duration::ZERO),
         })
     }
 
@@ -351,14 +396,36 @@ async fn deposit(
         )
     })?;
 
-    let balance = bank.balances.get(&id).await?;
+    let fence = lock.fence();
+    let balance = if bank.fenced {
+        bank.balances.read_fenced(&id, fence).await?
+    } else {
+        bank.balances.get(&id).await?
+    };
     tokio::time::sleep(params.hold).await;
     let balance = balance
         .checked_add(params.amount)
         .ok_or_else(|| ApiError::bad_request("the deposit would overflow the balance"))?;
-    bank.balances.set(&id, balance).await?;
+    if bank.fenced {
+        // Not enough alone (the process can pause between this check and the
+        // write), which is why the store checks the fence as it writes.
+        if lock.is_lost() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "LOCK_LOST",
+                "the account's lock was lost before the deposit could write (its TTL passed): \
+                 nothing was written",
+            ));
+        }
+        // A pause here (GC, swap, SIGSTOP) is what no check in the handler
+        // can catch; `pause_ms` makes one.
+        tokio::time::sleep(params.pause).await;
+        bank.write_fenced(&id, balance, fence).await?;
+    } else {
+        bank.balances.set(&id, balance).await?;
+    }
 
-    Ok(Json(json!({ "balance": balance, "fence": lock.fence() })))
+    Ok(Json(json!({ "balance": balance, "fence": fence })))
 }
 
 async fn balance(
@@ -366,13 +433,65 @@ async fn balance(
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if bank.fenced {
+        let (balance, fence) = bank.balances.account(&id).await?;
+        return Ok(Json(json!({ "balance": balance, "fence": fence })));
+    }
     let balance = bank.balances.get(&id).await?;
     Ok(Json(json!({ "balance": balance })))
 }
 
-/// Where balances are kept. Unknown accounts have balance 0.
+impl Bank {
+    /// [`Balances::write_fenced`], finding out whether a write that got no
+    /// answer (the store went away mid-call) landed: the fence names this
+    /// write, since no other deposit writes with it. Looked up until
+    /// [`STORE_TIMEOUT`] has passed; only a store away for all of it leaves
+    /// the outcome unknown (`503`).
+    async fn write_fenced(&self, id: &str, balance: i64, fence: u64) -> Result<(), ApiError> {
+        let err = match self.balances.write_fenced(id, balance, fence).await {
+            Err(e) if e.code == "STORE_UNAVAILABLE" => e,
+            done => return done,
+        };
+        #[cfg(any(feature = "redis", feature = "postgres"))]
+        {
+            let deadline = tokio::time::Instant::now() + STORE_TIMEOUT;
+            while tokio::time::Instant::now() < deadline {
+                match self.balances.account(id).await {
+                    Ok((stored, seen)) if seen == fence && stored == balance => return Ok(()),
+                    // Not written (and never will be: the call's connection is
+                    // gone); another fence: someone newer used the account.
+                    Ok(_) => return Err(err),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            tracing::warn!("a fenced write's outcome is unknown: the store stayed away");
+        }
+        Err(err)
+    }
+}
+
+/// A deposit refused by the store: a newer lock holder has read or written
+/// the account since this deposit's lock was taken.
+fn stale_fence() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "STALE_FENCE",
+        "a deposit holding a newer lock on this account has used it since this one's lock \
+         was taken (this deposit's lock was lost): nothing was written",
+    )
+}
+
+/// One account in memory: its balance, and the highest fence a fenced
+/// deposit has read or written it with.
+#[derive(Default, Clone, Copy)]
+struct Account {
+    balance: i64,
+    fence: u64,
+}
+
+/// Where balances are kept. Unknown accounts have balance 0 (and fence 0).
 enum Balances {
-    Memory(Mutex<HashMap<String, i64>>),
+    Memory(Mutex<HashMap<String, Account>>),
     #[cfg(feature = "redis")]
     Redis(deadpool_redis::Pool),
     #[cfg(feature = "postgres")]
@@ -382,7 +501,7 @@ enum Balances {
 impl Balances {
     async fn get(&self, id: &str) -> Result<i64, ApiError> {
         match self {
-            Balances::Memory(map) => Ok(memory(map).get(id).copied().unwrap_or(0)),
+            Balances::Memory(map) => Ok(memory(map).get(id).map_or(0, |a| a.balance)),
             #[cfg(feature = "redis")]
             Balances::Redis(pool) => {
                 let mut cmd = deadpool_redis::redis::cmd("GET");
@@ -399,7 +518,7 @@ impl Balances {
     async fn set(&self, id: &str, balance: i64) -> Result<(), ApiError> {
         match self {
             Balances::Memory(map) => {
-                memory(map).insert(id.to_owned(), balance);
+                memory(map).entry(id.to_owned()).or_default().balance = balance;
                 Ok(())
             }
             #[cfg(feature = "redis")]
@@ -414,8 +533,139 @@ impl Balances {
     }
 }
 
-fn memory(map: &Mutex<HashMap<String, i64>>) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+impl Balances {
+    /// The balance, for a deposit holding the lock with `fence`: refused if
+    /// the account has seen a higher fence, else the fence is remembered (in
+    /// one atomic step with the check).
+    async fn read_fenced(&self, id: &str, fence: u64) -> Result<i64, ApiError> {
+        match self {
+            Balances::Memory(map) => {
+                let mut map = memory(map);
+                let account = map.entry(id.to_owned()).or_default();
+                if account.fence > fence {
+                    return Err(stale_fence());
+                }
+                account.fence = fence;
+                Ok(account.balance)
+            }
+            #[cfg(feature = "redis")]
+            Balances::Redis(pool) => redis_fenced::read(pool, id, fence).await,
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.read_fenced(id, fence).await,
+        }
+    }
+
+    /// Write `balance` with `fence`: refused (nothing written) if the account
+    /// has seen a higher fence, in one atomic step with the check.
+    async fn write_fenced(&self, id: &str, balance: i64, fence: u64) -> Result<(), ApiError> {
+        match self {
+            Balances::Memory(map) => {
+                let mut map = memory(map);
+                let account = map.entry(id.to_owned()).or_default();
+                if account.fence > fence {
+                    return Err(stale_fence());
+                }
+                *account = Account { balance, fence };
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Balances::Redis(pool) => redis_fenced::write(pool, id, balance, fence).await,
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.write_fenced(id, balance, fence).await,
+        }
+    }
+
+    /// Balance and highest accepted fence of an account (fenced mode).
+    async fn account(&self, id: &str) -> Result<(i64, u64), ApiError> {
+        match self {
+            Balances::Memory(map) => {
+                let a = memory(map).get(id).copied().unwrap_or_default();
+                Ok((a.balance, a.fence))
+            }
+            #[cfg(feature = "redis")]
+            Balances::Redis(pool) => redis_fenced::account(pool, id).await,
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.account(id).await,
+        }
+    }
+}
+
+fn memory(
+    map: &Mutex<HashMap<String, Account>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, Account>> {
     map.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Fenced balances in Redis: a hash `bank:fenced:{id}` with `balance` and
+/// `fence`, each operation one script (the check and the change atomic).
+#[cfg(feature = "redis")]
+mod redis_fenced {
+    use std::sync::LazyLock;
+
+    use deadpool_redis::redis::Script;
+
+    use super::{ApiError, redis_query_script, stale_fence};
+
+    static READ: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            "local f = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') \
+             if f > tonumber(ARGV[1]) then return {-1, ''} end \
+             redis.call('HSET', KEYS[1], 'fence', ARGV[1]) \
+             return {1, redis.call('HGET', KEYS[1], 'balance') or '0'}",
+        )
+    });
+    static WRITE: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            "local f = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') \
+             if f > tonumber(ARGV[2]) then return -1 end \
+             redis.call('HSET', KEYS[1], 'balance', ARGV[1], 'fence', ARGV[2]) \
+             return 1",
+        )
+    });
+
+    fn key(id: &str) -> String {
+        format!("bank:fenced:{id}")
+    }
+
+    pub(super) async fn read(
+        pool: &deadpool_redis::Pool,
+        id: &str,
+        fence: u64,
+    ) -> Result<i64, ApiError> {
+        let mut inv = READ.prepare_invoke();
+        inv.key(key(id)).arg(fence);
+        let (code, balance): (i64, String) = redis_query_script(pool, inv).await?;
+        if code < 0 {
+            return Err(stale_fence());
+        }
+        balance
+            .parse()
+            .map_err(|_| ApiError::store("a stored balance is not a number"))
+    }
+
+    pub(super) async fn write(
+        pool: &deadpool_redis::Pool,
+        id: &str,
+        balance: i64,
+        fence: u64,
+    ) -> Result<(), ApiError> {
+        let mut inv = WRITE.prepare_invoke();
+        inv.key(key(id)).arg(balance).arg(fence);
+        match redis_query_script::<i64>(pool, inv).await? {
+            1 => Ok(()),
+            _ => Err(stale_fence()),
+        }
+    }
+
+    pub(super) async fn account(
+        pool: &deadpool_redis::Pool,
+        id: &str,
+    ) -> Result<(i64, u64), ApiError> {
+        let mut cmd = deadpool_redis::redis::cmd("HMGET");
+        cmd.arg(key(id)).arg("balance").arg("fence");
+        let (balance, fence): (Option<i64>, Option<u64>) = super::redis_query(pool, cmd).await?;
+        Ok((balance.unwrap_or(0), fence.unwrap_or(0)))
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -429,11 +679,26 @@ async fn redis_query<T: deadpool_redis::redis::FromRedisValue>(
     pool: &deadpool_redis::Pool,
     cmd: deadpool_redis::redis::Cmd,
 ) -> Result<T, ApiError> {
+    redis_run(pool, async |conn| cmd.query_async::<T>(conn).await).await
+}
+
+/// Run one script on a pooled connection, within [`STORE_TIMEOUT`].
+#[cfg(feature = "redis")]
+async fn redis_query_script<T: deadpool_redis::redis::FromRedisValue>(
+    pool: &deadpool_redis::Pool,
+    invocation: deadpool_redis::redis::ScriptInvocation<'_>,
+) -> Result<T, ApiError> {
+    redis_run(pool, async |conn| invocation.invoke_async::<T>(conn).await).await
+}
+
+#[cfg(feature = "redis")]
+async fn redis_run<T>(
+    pool: &deadpool_redis::Pool,
+    f: impl AsyncFnOnce(&mut deadpool_redis::Connection) -> deadpool_redis::redis::RedisResult<T>,
+) -> Result<T, ApiError> {
     let attempt = async {
         let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-        cmd.query_async::<T>(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
+        f(&mut conn).await.map_err(|e| e.to_string())
     };
     let result = match tokio::time::timeout(STORE_TIMEOUT, attempt).await {
         Ok(result) => result,
@@ -442,11 +707,7 @@ async fn redis_query<T: deadpool_redis::redis::FromRedisValue>(
     result.map_err(|detail| {
         // Details go to the log, not to clients.
         tracing::warn!(error = %detail, "balance store error");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "STORE_UNAVAILABLE",
-            "the balance store is unavailable",
-        )
+        ApiError::store("the balance store is unavailable")
     })
 }
 
@@ -475,6 +736,7 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
     Ok(Bank {
         locks,
         balances: Balances::Redis(balances),
+        fenced: false,
     })
 }
 
@@ -513,20 +775,28 @@ async fn postgres_bank(url: &str) -> Result<Bank, String> {
     Ok(Bank {
         locks: SharedBackend::new(locks),
         balances: Balances::Postgres(store),
+        fenced: false,
     })
 }
 
-/// Balances in PostgreSQL: `bank_balances(id text primary key, balance bigint)`.
+/// Balances in PostgreSQL: `bank_balances(id text primary key, balance
+/// bigint, fence bigint)` (the fence: the highest a fenced deposit read or
+/// wrote the account with).
 #[cfg(feature = "postgres")]
 mod postgres_store {
     use deadpool_postgres::{Manager, Pool};
 
-    use super::{ApiError, STORE_TIMEOUT};
+    use super::{ApiError, STORE_TIMEOUT, stale_fence};
     use axum::http::StatusCode;
 
     #[derive(Clone)]
     pub(crate) struct Store {
         pool: Pool,
+    }
+
+    /// A fence as PostgreSQL's `bigint` (fences stay far below 2^63).
+    fn fence_sql(fence: u64) -> Result<i64, ApiError> {
+        i64::try_from(fence).map_err(|_| ApiError::store("a fence beyond bigint"))
     }
 
     impl Store {
@@ -561,7 +831,9 @@ mod postgres_store {
             self.run(async |c: &tokio_postgres::Client| {
                 c.batch_execute(
                     "CREATE TABLE IF NOT EXISTS bank_balances \
-                     (id text PRIMARY KEY, balance bigint NOT NULL)",
+                     (id text PRIMARY KEY, balance bigint NOT NULL); \
+                     ALTER TABLE bank_balances \
+                     ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0",
                 )
                 .await
             })
@@ -590,6 +862,70 @@ mod postgres_store {
             })
             .await
             .map(|_| ())
+        }
+
+        /// The balance for a deposit holding `fence`, remembering the fence
+        /// unless the account has seen a higher one (then: stale). One
+        /// statement: the check and the change are atomic.
+        pub(crate) async fn read_fenced(&self, id: &str, fence: u64) -> Result<i64, ApiError> {
+            let fence = fence_sql(fence)?;
+            let row = self
+                .run(async |c: &tokio_postgres::Client| {
+                    c.query_opt(
+                        "INSERT INTO bank_balances (id, balance, fence) VALUES ($1, 0, $2) \
+                         ON CONFLICT (id) DO UPDATE SET fence = excluded.fence \
+                         WHERE bank_balances.fence <= excluded.fence \
+                         RETURNING balance",
+                        &[&id, &fence],
+                    )
+                    .await
+                })
+                .await?;
+            row.map(|r| r.get(0)).ok_or_else(stale_fence)
+        }
+
+        /// Write `balance` with `fence` unless the account has seen a higher
+        /// fence (then: stale, nothing written). One statement.
+        pub(crate) async fn write_fenced(
+            &self,
+            id: &str,
+            balance: i64,
+            fence: u64,
+        ) -> Result<(), ApiError> {
+            let fence = fence_sql(fence)?;
+            let written = self
+                .run(async |c: &tokio_postgres::Client| {
+                    c.execute(
+                        "INSERT INTO bank_balances (id, balance, fence) VALUES ($1, $2, $3) \
+                         ON CONFLICT (id) DO UPDATE \
+                         SET balance = excluded.balance, fence = excluded.fence \
+                         WHERE bank_balances.fence <= excluded.fence",
+                        &[&id, &balance, &fence],
+                    )
+                    .await
+                })
+                .await?;
+            if written == 1 {
+                Ok(())
+            } else {
+                Err(stale_fence())
+            }
+        }
+
+        /// Balance and highest accepted fence of an account.
+        pub(crate) async fn account(&self, id: &str) -> Result<(i64, u64), ApiError> {
+            let row = self
+                .run(async |c: &tokio_postgres::Client| {
+                    c.query_opt(
+                        "SELECT balance, fence FROM bank_balances WHERE id = $1",
+                        &[&id],
+                    )
+                    .await
+                })
+                .await?;
+            Ok(row.map_or((0, 0), |r| {
+                (r.get(0), u64::try_from(r.get::<_, i64>(1)).unwrap_or(0))
+            }))
         }
 
         /// Run `f` on a pooled connection within [`STORE_TIMEOUT`].
@@ -638,6 +974,16 @@ impl ApiError {
 
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
+    }
+
+    /// `503 STORE_UNAVAILABLE`.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    fn store(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+            message,
+        )
     }
 }
 

@@ -18,10 +18,9 @@ use tokio::task::JoinSet;
 
 mod common;
 
-use common::bank::{Bank, Http, Reply, bank_binary};
-
-/// Upper bound for any one test, so a wedged server fails instead of hanging.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+use common::bank::{
+    ADMIN_TOKEN, AUTH, Bank, bank_binary, spawn_post, wait_until_locked, within_timeout,
+};
 
 // ---------------------------------------------------------------------------
 // The tests
@@ -229,7 +228,7 @@ async fn three_processes_share_one_redis() {
         let banks: Vec<Bank> = (0..3)
             .map(|_| Bank::start_with(&["--redis", &url]))
             .collect();
-        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+        let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
 
         let mut deposits = JoinSet::new();
         for i in 0..300u64 {
@@ -382,7 +381,7 @@ async fn three_processes_share_one_postgres() {
         let banks: Vec<Bank> = (0..3)
             .map(|_| Bank::start_with(&["--postgres", &url]))
             .collect();
-        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+        let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
 
         let mut deposits = JoinSet::new();
         for i in 0..300u64 {
@@ -596,23 +595,6 @@ async fn killed_holder_process_frees_the_lock_at_its_ttl_postgres() {
     .await;
 }
 
-const ADMIN_TOKEN: &str = "t0ken";
-const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
-
-/// Wait until the admin API reports `key` locked (the holder's handler runs).
-async fn wait_until_locked(http: &Http, key: &str) {
-    loop {
-        let status = http
-            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
-            .await;
-        status.assert_json(StatusCode::OK);
-        if status.json["locked"] == true {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test]
 async fn keep_true_keeps_the_lock_until_the_admin_api_releases_it() {
     within_timeout(async {
@@ -754,16 +736,4 @@ async fn no_admin_api_without_a_token() {
         res.assert_json(StatusCode::NOT_FOUND);
     })
     .await;
-}
-
-/// One POST in a task of its own (a deposit that holds the lock).
-fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
-    let (http, path) = (http.clone(), path.to_owned());
-    tokio::spawn(async move { http.post(&path).await })
-}
-
-async fn within_timeout(test: impl std::future::Future<Output = ()>) {
-    tokio::time::timeout(TEST_TIMEOUT, test)
-        .await
-        .expect("test timed out");
 }

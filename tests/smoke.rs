@@ -168,6 +168,7 @@ async fn a_layer_before_routing_warns_once_that_path_params_are_empty() {
 /// (16.13) The `lock-route` header, echoed as it is into the admin API's
 /// `?route=`, names the same lock even when the route pattern has `+`, `&`
 /// or `=` (which mean something else in a query).
+#[cfg(feature = "admin")]
 #[tokio::test]
 async fn kept_lock_headers_echo_into_the_admin_query_unchanged() {
     use tower_lock::SharedBackend;

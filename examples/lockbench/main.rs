@@ -140,11 +140,15 @@ pub(crate) const PARALLEL: usize = 32;
 pub(crate) const CONTENDERS: usize = 16;
 pub(crate) const HTTP_CONNECTIONS: usize = 32;
 pub(crate) const HELD_MEMORY: usize = 1_000_000;
+#[cfg(feature = "redis")]
 pub(crate) const HELD_REDIS: usize = 100_000;
+#[cfg(feature = "postgres")]
 pub(crate) const HELD_POSTGRES: usize = 100_000;
 /// Back-to-back PINGs for `rtt_p50_us`.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) const RTT_SAMPLES: usize = 2_000;
 /// PINGs after a `HOLD` sleep each, for contended16's `idle_rtt_p50_us`.
+#[cfg(feature = "redis")]
 pub(crate) const IDLE_RTT_SAMPLES: usize = 300;
 
 fn main() -> ExitCode {

@@ -26,9 +26,32 @@ pub struct Bank {
 }
 
 impl Bank {
-    /// The process id (to stop and continue it).
+    /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGSTOP the process: it freezes mid-whatever, as a long GC pause or a
+    /// swapped-out process would. Its sockets stay open.
+    pub fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT a stopped process.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.pid()).expect("pid fits pid_t");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+    }
+
+    /// Whether the process is still running (not exited or crashed).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn start() -> Bank {
@@ -121,6 +144,19 @@ impl Http {
     }
 
     pub async fn send_with(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.try_send_with(method.clone(), path, headers)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// [`Http::send_with`], with a failed exchange (no answer, a broken
+    /// connection, a body that is not JSON) as an `Err`.
+    pub async fn try_send_with(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply, String> {
         let mut req = Request::builder()
             .method(method.clone())
             .uri(format!("{}{path}", self.base));
@@ -128,26 +164,26 @@ impl Http {
             req = req.header(*name, *value);
         }
         let req = req.body(Empty::new()).unwrap();
-        let res = self
-            .client
-            .request(req)
-            .await
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let res = self.client.request(req).await.map_err(|e| e.to_string())?;
         let (parts, body) = res.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        let json = serde_json::from_slice(&body).unwrap_or_else(|_| {
-            panic!(
-                "{method} {path}: {} with a non-JSON body {:?}",
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?
+            .to_bytes();
+        let json = serde_json::from_slice(&body).map_err(|_| {
+            format!(
+                "{} with a non-JSON body {:?}",
                 parts.status,
                 String::from_utf8_lossy(&body)
             )
-        });
-        Reply {
+        })?;
+        Ok(Reply {
             what: format!("{method} {path}"),
             status: parts.status,
             headers: parts.headers,
             json,
-        }
+        })
     }
 }
 
@@ -265,4 +301,41 @@ pub fn build_example(profile_dir: &Path) {
         "cargo build --example bank failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Helpers the bank tests share
+
+/// The admin token the tests start banks with, and its header.
+pub const ADMIN_TOKEN: &str = "t0ken";
+pub const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
+
+/// Upper bound for any one test, so a wedged server fails instead of hanging.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub async fn within_timeout(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .expect("test timed out");
+}
+
+/// POST `path` in a task of its own.
+pub fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
+    let (http, path) = (http.clone(), path.to_owned());
+    tokio::spawn(async move { http.post(&path).await })
+}
+
+/// Wait until the admin API (of a bank started with [`ADMIN_TOKEN`]) reports
+/// `key` locked: the holder's handler runs.
+pub async fn wait_until_locked(http: &Http, key: &str) {
+    loop {
+        let status = http
+            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
+            .await;
+        status.assert_json(StatusCode::OK);
+        if status.json["locked"] == true {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
 }

@@ -283,9 +283,10 @@ async fn require_bearer(expected: &str, req: Request<Body>, next: Next) -> Respo
     next.run(req).await
 }
 
-/// Compare without an early exit, so timing does not reveal the token.
+/// Compare without an early exit (`subtle`), so timing does not reveal the
+/// token.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(a, b))
 }
 
 /// The [`LockRequest`](tower_lock::LockRequest) of the deposit route: lock

@@ -14,16 +14,20 @@
 //! it back. Timestamps are RFC 3339 (UTC).
 //!
 //! The router has no authentication of its own: mount it behind your auth
-//! layer, as force release can break anyone's lock.
+//! layer, as force release can break anyone's lock. Compare secrets in
+//! constant time (here with the `subtle` crate), so response times do not
+//! reveal how much of a guess was right.
 //!
 //! ```
 //! use axum::{Router, middleware::{self, Next}, extract::Request, response::Response};
 //! use http::StatusCode;
+//! use subtle::ConstantTimeEq;
 //! use tower_lock::{MemoryBackend, SharedBackend, admin::Admin};
 //!
 //! async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
+//!     let expected = b"Bearer s3cret"; // from your configuration
 //!     match req.headers().get("authorization") {
-//!         Some(v) if v == "Bearer s3cret" => Ok(next.run(req).await),
+//!         Some(v) if bool::from(v.as_bytes().ct_eq(expected)) => Ok(next.run(req).await),
 //!         _ => Err(StatusCode::UNAUTHORIZED),
 //!     }
 //! }

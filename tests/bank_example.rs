@@ -737,3 +737,75 @@ async fn no_admin_api_without_a_token() {
     })
     .await;
 }
+
+/// Wrong or missing credentials never release a lock, nor reveal anything
+/// about it (not whether it is held, nor its fence, nor its owner): every
+/// admin call answers the same `401` body, and the lock stays as it was.
+#[tokio::test]
+async fn admin_calls_without_the_right_token_release_and_reveal_nothing() {
+    within_timeout(async {
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
+        let http = bank.http();
+        let kept = http
+            .post("/accounts/vault/deposit?amount=1&keep=true")
+            .await;
+        kept.assert_json(StatusCode::OK);
+        let owner = kept.headers["lock-owner"].to_str().unwrap().to_owned();
+        let fence = kept.uint("fence").to_string();
+
+        let bad_credentials: &[&[(&str, &str)]] = &[
+            &[],
+            &[("authorization", "Bearer wrong")],
+            &[("authorization", "Bearer t0ke")],
+            &[("authorization", "Bearer t0ken0")],
+            &[("authorization", "Bearer  t0ken")],
+            &[("authorization", "Basic t0ken")],
+            &[("authorization", "t0ken")],
+            &[("authorization", "")],
+            // The owner token is not an admin credential.
+            &[("authorization", &format!("Bearer {owner}"))],
+        ];
+        let calls = [
+            (Method::GET, "/admin/locks/account:vault"),
+            (Method::DELETE, "/admin/locks/account:vault"),
+            (Method::DELETE, "/admin/locks/account:vault?force=true"),
+            (Method::GET, "/admin/locks/account:nobody"),
+        ];
+        let mut first_body = None;
+        for credentials in bad_credentials {
+            for (method, path) in &calls {
+                let mut headers = credentials.to_vec();
+                headers.push(("lock-owner", &owner));
+                let reply = http.send_with(method.clone(), path, &headers).await;
+                reply.assert_json(StatusCode::UNAUTHORIZED);
+                assert_eq!(reply.error_code(), "UNAUTHORIZED");
+                assert_eq!(reply.headers[header::WWW_AUTHENTICATE], "Bearer");
+                let body = reply.json.to_string();
+                assert!(
+                    reply.json.as_object().unwrap().keys().eq(["error"]) && !body.contains(&owner),
+                    "{credentials:?} {method} {path}: {body}"
+                );
+                // The same answer whether the lock exists or not.
+                assert_eq!(first_body.get_or_insert_with(|| body.clone()), &body);
+            }
+        }
+
+        // Untouched: still held, same fence, and the owner still releases it.
+        let status = http
+            .send_with(Method::GET, "/admin/locks/account:vault", &[AUTH])
+            .await;
+        assert_eq!(status.json["locked"], true);
+        assert_eq!(status.uint("fence").to_string(), fence);
+        http.post("/accounts/vault/deposit?amount=1")
+            .await
+            .assert_json(StatusCode::TOO_MANY_REQUESTS);
+        http.send_with(
+            Method::DELETE,
+            "/admin/locks/account:vault",
+            &[AUTH, ("lock-owner", &owner)],
+        )
+        .await
+        .assert_json(StatusCode::OK);
+    })
+    .await;
+}

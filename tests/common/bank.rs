@@ -43,10 +43,7 @@ impl Bank {
     }
 
     fn signal(&self, signal: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.pid()).expect("pid fits pid_t");
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+        send_signal(self.pid(), signal);
     }
 
     /// Whether the process is still running (not exited or crashed).
@@ -119,6 +116,14 @@ impl Drop for Bank {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// kill(2): send `signal` to process `pid` (a bank this test started).
+pub fn send_signal(pid: u32, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    // SAFETY: kill(2) takes two integers; no memory is involved.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
 }
 
 // ---------------------------------------------------------------------------

@@ -540,15 +540,7 @@ impl Balances {
     /// one atomic step with the check).
     async fn read_fenced(&self, id: &str, fence: u64) -> Result<i64, ApiError> {
         match self {
-            Balances::Memory(map) => {
-                let mut map = memory(map);
-                let account = map.entry(id.to_owned()).or_default();
-                if account.fence > fence {
-                    return Err(stale_fence());
-                }
-                account.fence = fence;
-                Ok(account.balance)
-            }
+            Balances::Memory(map) => memory_fenced(map, id, fence, |account| account.balance),
             #[cfg(feature = "redis")]
             Balances::Redis(pool) => redis_fenced::read(pool, id, fence).await,
             #[cfg(feature = "postgres")]
@@ -560,15 +552,9 @@ impl Balances {
     /// has seen a higher fence, in one atomic step with the check.
     async fn write_fenced(&self, id: &str, balance: i64, fence: u64) -> Result<(), ApiError> {
         match self {
-            Balances::Memory(map) => {
-                let mut map = memory(map);
-                let account = map.entry(id.to_owned()).or_default();
-                if account.fence > fence {
-                    return Err(stale_fence());
-                }
-                *account = Account { balance, fence };
-                Ok(())
-            }
+            Balances::Memory(map) => memory_fenced(map, id, fence, |account| {
+                account.balance = balance;
+            }),
             #[cfg(feature = "redis")]
             Balances::Redis(pool) => redis_fenced::write(pool, id, balance, fence).await,
             #[cfg(feature = "postgres")]
@@ -589,6 +575,24 @@ impl Balances {
             Balances::Postgres(store) => store.account(id).await,
         }
     }
+}
+
+/// The in-memory account `id` for a deposit holding `fence`, under the map's
+/// lock (so the check and `f` are one step): refused if the account has seen
+/// a higher fence, else the fence is remembered and `f` runs.
+fn memory_fenced<T>(
+    map: &Mutex<HashMap<String, Account>>,
+    id: &str,
+    fence: u64,
+    f: impl FnOnce(&mut Account) -> T,
+) -> Result<T, ApiError> {
+    let mut map = memory(map);
+    let account = map.entry(id.to_owned()).or_default();
+    if account.fence > fence {
+        return Err(stale_fence());
+    }
+    account.fence = fence;
+    Ok(f(account))
 }
 
 fn memory(

@@ -62,7 +62,8 @@
 //! | `LOCK_TIMEOUT` | 429 + `Retry-After` | still held after the max wait |
 //! | `LOCK_EXPIRED` | 429 + `Retry-After` | a lock ran out before the handler could run |
 //! | `LOCK_BACKEND_UNAVAILABLE` | 503 + `Retry-After` | the backend cannot be reached in time |
-//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request (or one key in two scopes) |
+//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER`, `LOCK_INVALID_METADATA` | 400 | bad spec from the request (or one key in two scopes) |
+//! | `LOCK_INVALID_HEADER`, `LOCK_NOT_ALLOWED` | 400 | a client-directed lock ([`ClientLocks`]) with a bad header, or over the server's limits |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
@@ -85,6 +86,7 @@ pub mod headers;
 mod key;
 mod layer;
 mod lock;
+mod metadata;
 mod path;
 mod percent;
 mod rejection;
@@ -105,7 +107,8 @@ pub use error::LockError;
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
-pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
+pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock, with_lock};
+pub use metadata::{LockMetadata, MAX_METADATA_BYTES};
 pub use path::{PathParams, path_params};
 pub use rejection::{Rejection, default_rejection};
 pub use request::LockRequest;

@@ -44,6 +44,7 @@ fn acquired(
     result.map(|lease| {
         let expiry = started + lease.ttl;
         HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
+            .with_extras(req.metadata().cloned(), req.min_hold())
     })
 }
 
@@ -242,7 +243,7 @@ async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
 /// this request is dropped meanwhile (client gone, outer timeout): the
 /// registry is closed, so nothing else would release them.
 async fn give_back(locks: &Locks) {
-    if let Some(release) = locks.release_all() {
+    if let Some(release) = locks.close_and_release_all() {
         release.await;
     }
 }

@@ -228,7 +228,47 @@ impl Locks {
         };
         // The registry no longer has it: if this future is dropped before
         // the backend answers, the release finishes in a task.
-        release_one(&self.inner.backend, &lock.key, &lock.owner).await
+        release_one(&self.inner.backend, &lock).await
+    }
+
+    /// Release every lock this request holds now, kept ones
+    /// (auto-release off) included: the guide's `releaseAll`. Returns how
+    /// many were released; the first error, if any, after trying them all.
+    ///
+    /// Each is released as [`release`](Locks::release) would (a lock with a
+    /// [minimum hold](crate::LockSpec::min_hold) is kept until it ends), and a
+    /// later call on one of them says [`LockError::AlreadyReleased`]. The
+    /// request can still [`acquire`](Locks::acquire) more.
+    ///
+    /// ```
+    /// use tower_lock::Locks;
+    ///
+    /// async fn handler(locks: Locks) -> String {
+    ///     // ... the work the locks protect is done; free them before the slow part.
+    ///     let released = locks.release_all().await.unwrap_or(0);
+    ///     format!("released {released}")
+    /// }
+    /// # let _ = handler;
+    /// ```
+    pub async fn release_all(&self) -> Result<usize, LockError> {
+        let locks: HeldLocks = {
+            let mut state = self.state();
+            let slots: Vec<Slot> = state.slots.drain(..).collect();
+            let locks: HeldLocks = slots.into_iter().map(Slot::retire).collect();
+            let keys: Vec<LockKey> = locks.iter().map(|l| l.key.clone()).collect();
+            state.released.extend(keys);
+            locks
+        };
+        let results = crate::backend::join_all(
+            locks
+                .iter()
+                .map(|lock| release_one(&self.inner.backend, lock))
+                .collect(),
+        )
+        .await;
+        let n = results.len();
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(n)
     }
 
     /// Stop releasing this lock with the response and get an owned handle
@@ -318,7 +358,7 @@ impl Locks {
 
     /// Close the registry and release every lock, kept ones included (the
     /// request was rejected after taking some of its locks).
-    pub(crate) fn release_all(&self) -> Option<Finish<()>> {
+    pub(crate) fn close_and_release_all(&self) -> Option<Finish<()>> {
         self.close_and_release(true)
     }
 

@@ -32,6 +32,9 @@ pub struct Harness {
     paused: bool,
     /// Another handle on the same store, as a second process would have.
     another: Arc<dyn Fn() -> SharedBackend + Send + Sync>,
+    /// A handle on the same store that can look locks up by owner (Redis:
+    /// with its opt-in owner index on).
+    indexed: Option<Arc<dyn Fn() -> SharedBackend + Send + Sync>>,
     /// Whatever must live as long as the backend (the server process).
     _keep: Option<Box<dyn Any + Send>>,
 }
@@ -48,7 +51,23 @@ impl Harness {
             kind,
             paused: false,
             another,
+            indexed: None,
             _keep: keep,
+        }
+    }
+
+    /// The same harness whose `indexed()` handles come from `make`.
+    pub fn with_indexed(mut self, make: Arc<dyn Fn() -> SharedBackend + Send + Sync>) -> Self {
+        self.indexed = Some(make);
+        self
+    }
+
+    /// A handle on the same store that answers lookups by owner; its locks
+    /// are indexed by owner (the main handle's may not be).
+    pub fn indexed(&self) -> SharedBackend {
+        match &self.indexed {
+            Some(make) => make(),
+            None => self.backend.clone(),
         }
     }
 
@@ -219,8 +238,16 @@ pub async fn redis_backend() -> Harness {
     let server = RedisServer::start();
     let url = server.url();
     let backend = RedisBackend::from_url(&url).expect("Redis backend for the test server");
+    let url2 = url.clone();
     let another = move || -> SharedBackend {
         SharedBackend::new(RedisBackend::from_url(&url).expect("Redis backend for the test server"))
+    };
+    let indexed = move || -> SharedBackend {
+        SharedBackend::new(
+            RedisBackend::from_url(&url2)
+                .expect("Redis backend for the test server")
+                .index_owners(true),
+        )
     };
     Harness::new(
         SharedBackend::new(backend),
@@ -228,6 +255,7 @@ pub async fn redis_backend() -> Harness {
         Arc::new(another),
         Some(Box::new(server)),
     )
+    .with_indexed(Arc::new(indexed))
 }
 
 /// A PostgreSQL backend on a private server started for this test, its

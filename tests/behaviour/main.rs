@@ -20,6 +20,7 @@ mod keys;
 mod lifecycle;
 mod middleware;
 mod queue;
+mod seeds;
 mod semantics;
 mod support;
 
@@ -28,6 +29,7 @@ mod tests {
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
+    pub use super::seeds::*;
     pub use super::semantics::*;
 }
 
@@ -151,6 +153,13 @@ for_each_backend! {
             keep_after_response_then_release_through_admin,
             admin_force_release_and_bad_keys,
             calls_after_the_response_say_already_released,
+            // The seeds' APIs (issue 14).
+            metadata_round_trips_through_every_lookup,
+            bad_metadata_is_refused_before_anything_is_locked,
+            with_lock_releases_on_ok_err_and_panic,
+            release_all_frees_every_lock_of_a_request_and_a_job,
+            lookups_by_owner_are_checked_against_the_locks,
+            lookup_errors_never_name_the_owner,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -172,6 +181,8 @@ for_each_backend! {
             a_lock_that_ran_out_before_the_handler_is_refused,
             several_locks_wait_at_most_the_longest_max_wait,
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
+            metadata_belongs_to_its_acquisition,
+            min_hold_keeps_an_early_release_until_it_ends,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

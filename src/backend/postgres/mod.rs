@@ -47,7 +47,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`, reserved) |
+//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`: `{"fence", "data"}`, the metadata of acquisition `fence`); index `locks_owner` on `owner` (lookups by owner) |
 //! | table `locks_waiters` | one row per queued acquire call: `key`, `place`, `channel`, `ticket`, `owner`, `attempt`, `ttl_ms`, `deadline` |
 //! | sequences `locks_fence`, `locks_queue` | fencing tokens; queue order |
 //! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_force_release`, `locks_leave`, `locks_hand_off`, `locks_sweep`, `locks_us` | the operations |
@@ -106,7 +106,7 @@ use self::conn::Conns;
 use self::error::config_error;
 use self::listen::Listener;
 use self::schema::{Names, check_name};
-use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
+use super::{BoxFuture, ExtendRequest, HeldBy, Lease, LockBackend, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -526,8 +526,20 @@ fn default_tls() -> Result<Tls, LockError> {
 }
 
 impl LockBackend for PostgresBackend {
+    /// A lock with metadata costs one more statement, after the
+    /// acquisition.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.acquire_inner(req))
+        Box::pin(async move {
+            let lease = self.acquire_inner(req).await?;
+            if let Some(metadata) = req.metadata()
+                && let Err(e) = self.store_metadata(req, lease.fence, metadata).await
+            {
+                // Never a lock without the metadata it was asked with.
+                let _ = self.release_inner(req.key(), req.owner()).await;
+                return Err(e);
+            }
+            Ok(lease)
+        })
     }
 
     fn release<'a>(
@@ -571,6 +583,15 @@ impl LockBackend for PostgresBackend {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(self.status_inner(key))
+    }
+
+    /// One statement, on the owner index `{table}_owner`.
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
+        Box::pin(self.held_by_inner(owner, limit))
     }
 }
 

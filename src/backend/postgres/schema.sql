@@ -19,8 +19,12 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   expires_at   timestamptz NOT NULL,     -- database clock
   queued       boolean     NOT NULL DEFAULT false, -- someone queued behind the holder
   granted_to   text,                     -- '<channel> <ticket>' of the waiter it was handed to
-  metadata     jsonb                     -- reserved for lock metadata
+  metadata     jsonb                     -- {"fence": f, "data": {..}}: metadata of acquisition f
 );
+
+-- Lookups by owner token (LockBackend::held_by). Added to tables made
+-- before it by running migrate() again.
+CREATE INDEX IF NOT EXISTS "{table}_owner" ON "{schema}"."{table}" (owner);
 
 -- Queue order of waiters.
 CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_queue" AS bigint;

@@ -12,6 +12,8 @@ pub(super) const MAX_STORED_KEY: usize = 1024;
 pub(super) const LONGEST_SUFFIX: usize = ":forced".len();
 /// The suffixes of a lock's other keys: fence counter, queue, waiters.
 pub(super) const ALL: &[&str] = &[":fence", ":q", ":w"];
+/// The suffix of the key holding a lock's metadata.
+pub(super) const META: &str = ":m";
 
 impl RedisBackend {
     /// `{prefix}{<tag>}`: the lock's own key, whose `{<tag>}` every other key
@@ -49,6 +51,20 @@ impl RedisBackend {
             buf.push_str(suffix);
             inv.key(buf.as_str());
         }
+    }
+}
+
+impl RedisBackend {
+    /// `{prefix}o:{<owner>}`: the owner index of `owner` (opt-in), in the
+    /// owner's own hash tag (braces escaped as in lock keys).
+    pub(super) fn owner_key(&self, owner: &str) -> String {
+        let escaped = escape_braces(owner);
+        let mut buf = String::with_capacity(self.prefix.len() + escaped.len() + 4);
+        buf.push_str(&self.prefix);
+        buf.push_str("o:{");
+        buf.push_str(&escaped);
+        buf.push('}');
+        buf
     }
 }
 

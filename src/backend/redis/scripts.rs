@@ -18,6 +18,8 @@ pub(super) struct Scripts {
     pub(super) force_release: Script,
     pub(super) status: Script,
     pub(super) leave: Script,
+    pub(super) metadata: Script,
+    pub(super) owners: Script,
 }
 
 /// Shared helpers for the slow paths (see `common.lua`).
@@ -38,6 +40,8 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     force_release: Script::new(&source(include_str!("force_release.lua"))),
     status: Script::new(&source(include_str!("status.lua"))),
     leave: Script::new(&source(include_str!("leave.lua"))),
+    metadata: Script::new(include_str!("meta.lua")),
+    owners: Script::new(include_str!("owners.lua")),
 });
 
 /// The elements of an array reply.

@@ -1,0 +1,343 @@
+//! The APIs the seed systems' users rely on (issue 14): metadata on locks,
+//! minimum hold (singleton scheduled jobs), `with_lock`, `release_all`,
+//! lookups by owner, the job layer, client-directed locks.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::Request;
+use serde_json::json;
+use tower_lock::admin::Admin;
+use tower_lock::{
+    LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks, OwnedLock,
+    SharedBackend, with_lock,
+};
+
+use super::harness::Harness;
+use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of};
+
+fn spec(key: &str, ttl: Duration) -> LockSpec {
+    LockSpec::new(key, ttl).global()
+}
+
+fn who() -> serde_json::Value {
+    json!({"by": "cron@host-3", "reason": "monthly billing", "n": [1, 2]})
+}
+
+// ---------------------------------------------------------------------------
+// Metadata
+
+pub async fn metadata_round_trips_through_every_lookup(h: Harness) {
+    let key = gkey("billing:report");
+    let meta = LockMetadata::new(who()).unwrap();
+    let lock = OwnedLock::acquire(
+        &h.backend,
+        &spec("billing:report", Duration::from_secs(30)).metadata(who()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lock.info().metadata(), Some(&meta), "HeldLock");
+    let status = status_of(&h.backend, &key).await.expect("held");
+    assert_eq!(
+        status.metadata.as_ref().map(LockMetadata::to_value),
+        Some(who()),
+        "status"
+    );
+
+    // Admin API: only when asked to show it.
+    let admin = |show: bool| {
+        Router::new().nest(
+            "/admin",
+            Admin::new(h.backend.clone()).show_metadata(show).router(),
+        )
+    };
+    let shown = send(&admin(true), get_req("/admin/locks/billing:report")).await;
+    assert_eq!(shown.json()["metadata"], who());
+    let hidden = send(&admin(false), get_req("/admin/locks/billing:report")).await;
+    assert_eq!(hidden.json()["locked"], true);
+    assert!(hidden.json().get("metadata").is_none(), "hidden by default");
+
+    // Through a token (serde) and its restore, in another handle.
+    let token = lock.into_token();
+    assert_eq!(token.metadata.as_ref(), Some(&meta));
+    let wire = serde_json::to_string(&token).unwrap();
+    let token: LockToken = serde_json::from_str(&wire).unwrap();
+    let restored = OwnedLock::restore(h.indexed(), &token).await.unwrap();
+    assert_eq!(
+        restored.info().metadata().map(LockMetadata::to_value),
+        Some(who()),
+        "restore reads the backend's metadata"
+    );
+    restored.release().await.unwrap();
+    assert_eq!(status_of(&h.backend, &key).await, None);
+
+    // A lock without metadata has none.
+    let plain = OwnedLock::acquire(&h.backend, &spec("plain", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(&h.backend, &gkey("plain"))
+            .await
+            .unwrap()
+            .metadata,
+        None
+    );
+    plain.release().await.unwrap();
+}
+
+fn get_req(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub async fn metadata_belongs_to_its_acquisition(h: Harness) {
+    let key = gkey("meta:owner");
+    let m1 = LockMetadata::new(json!({"by": "first"})).unwrap();
+    let m2 = LockMetadata::new(json!({"by": "second"})).unwrap();
+    let meta_of = |b: &SharedBackend| {
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            status_of(&b, &key)
+                .await
+                .and_then(|s| s.metadata)
+                .map(|m| m.to_value())
+        }
+    };
+
+    // Taken over after expiry by a holder without metadata: none shown.
+    let first = areq(&key, "first", h.units(1), Duration::ZERO).with_metadata(m1.clone());
+    h.backend.acquire(&first).await.unwrap();
+    assert_eq!(meta_of(&h.backend).await, Some(m1.to_value()));
+    h.advance(h.units(1) + h.unit() / 2).await;
+    let plain = areq(&key, "plain", h.units(10), Duration::ZERO);
+    h.backend.acquire(&plain).await.unwrap();
+    assert_eq!(meta_of(&h.backend).await, None, "not the expired holder's");
+
+    // Handed to a waiter: the waiter's own metadata.
+    let waiter = areq(&key, "second", h.units(10), h.units(20)).with_metadata(m2.clone());
+    let backend = h.backend.clone();
+    let waiting = tokio::spawn(async move { backend.acquire(&waiter).await });
+    h.until_queued(&key, 1).await;
+    h.backend.release(&key, "plain").await.unwrap();
+    waiting.await.unwrap().unwrap();
+    assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "second");
+    assert_eq!(meta_of(&h.backend).await, Some(m2.to_value()));
+    h.backend.release(&key, "second").await.unwrap();
+}
+
+pub async fn bad_metadata_is_refused_before_anything_is_locked(h: Harness) {
+    let big = json!({ "blob": "x".repeat(5000) });
+    let layer = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
+        Some(spec("meta:big", Duration::from_secs(5)).metadata(big.clone()))
+    });
+    let app = Router::new().route("/run", post(|| async { "ran" }).layer(layer));
+    send(&app, post_req("/run"))
+        .await
+        .assert_rejection(400, "LOCK_INVALID_METADATA");
+    let not_object = spec("meta:array", Duration::from_secs(5)).metadata(json!([1, 2]));
+    assert!(matches!(
+        OwnedLock::acquire(&h.backend, &not_object).await,
+        Err(LockError::InvalidMetadata(_))
+    ));
+    assert_eq!(status_of(&h.backend, &gkey("meta:big")).await, None);
+    assert_eq!(status_of(&h.backend, &gkey("meta:array")).await, None);
+}
+
+// ---------------------------------------------------------------------------
+// Minimum hold (singleton scheduled jobs)
+
+pub async fn min_hold_keeps_an_early_release_until_it_ends(h: Harness) {
+    let key = gkey("cron:nightly");
+    let nightly = spec("cron:nightly", h.units(10)).min_hold(h.units(3));
+
+    // The job finishes at once; the lock stays until 3 units have passed.
+    let ran = with_lock(&h.backend, &nightly, |_| async { "ran" })
+        .await
+        .unwrap();
+    assert_eq!(ran, "ran");
+    let held = status_of(&h.backend, &key)
+        .await
+        .expect("still held after an early release");
+    assert!(held.ttl_remaining <= h.units(3), "{:?}", held.ttl_remaining);
+    // Another instance whose schedule fires a little later does not run it.
+    let late = with_lock(&h.backend, &nightly, |_| async { "ran twice" }).await;
+    assert!(matches!(late, Err(LockError::AcquisitionFailed { .. })));
+
+    h.advance(h.units(3) + h.unit() / 2).await;
+    assert_eq!(
+        status_of(&h.backend, &key).await,
+        None,
+        "free after the hold"
+    );
+
+    // Released after the hold has passed: freed at once.
+    let lock = OwnedLock::acquire(&h.backend, &nightly).await.unwrap();
+    h.advance(h.units(3) + h.unit() / 2).await;
+    lock.release().await.unwrap();
+    assert_eq!(status_of(&h.backend, &key).await, None);
+
+    // The hold travels in a token: released early after a restore, kept.
+    let lock = OwnedLock::acquire(&h.backend, &nightly).await.unwrap();
+    let token = lock.into_token();
+    assert!(token.hold_until_ms.is_some());
+    let restored = OwnedLock::restore(&h.backend, &token).await.unwrap();
+    restored.release().await.unwrap();
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "kept after restore"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// with_lock, release_all
+
+pub async fn with_lock_releases_on_ok_err_and_panic(h: Harness) {
+    let s = spec("with", Duration::from_secs(30));
+    let key = gkey("with");
+
+    let fence = with_lock(&h.backend, &s, |lock| async move { lock.fence() })
+        .await
+        .unwrap();
+    assert!(fence > 0);
+    assert_comes_free(&h, &key).await;
+
+    let failed: Result<Result<(), &str>, LockError> =
+        with_lock(&h.backend, &s, |_| async { Err("the work failed") }).await;
+    assert_eq!(failed, Ok(Err("the work failed")));
+    assert_comes_free(&h, &key).await;
+
+    let backend = h.backend.clone();
+    let s2 = s.clone();
+    let panicked = tokio::spawn(async move {
+        with_lock(&backend, &s2, |_| async { panic!("the work panicked") }).await
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_comes_free(&h, &key).await;
+
+    // Busy: the work never runs.
+    let holder = OwnedLock::acquire(&h.backend, &s).await.unwrap();
+    let mut ran = false;
+    let busy = with_lock(&h.backend, &s, |_| {
+        ran = true;
+        async {}
+    })
+    .await;
+    assert!(matches!(busy, Err(LockError::AcquisitionFailed { .. })));
+    assert!(!ran);
+    holder.release().await.unwrap();
+}
+
+pub async fn release_all_frees_every_lock_of_a_request_and_a_job(h: Harness) {
+    let layer = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        [
+            spec("all:a", Duration::from_secs(30)),
+            spec("all:b", Duration::from_secs(30)).auto_release(false),
+        ]
+    });
+    let backend = h.backend.clone();
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| {
+            let backend = backend.clone();
+            async move {
+                let n = locks.release_all().await.unwrap();
+                let a = backend.status(&gkey("all:a")).await.unwrap();
+                let b = backend.status(&gkey("all:b")).await.unwrap();
+                let again = locks.release("all:a").await;
+                format!("{n} {} {} {:?}", a.is_none(), b.is_none(), again)
+            }
+        })
+        .layer(layer),
+    );
+    let reply = send(&app, post_req("/run")).await;
+    assert_eq!(reply.text(), "2 true true Err(AlreadyReleased)");
+
+    let mut job = Vec::new();
+    for k in ["job:1", "job:2", "job:3"] {
+        job.push(
+            OwnedLock::acquire(&h.backend, &spec(k, Duration::from_secs(30)))
+                .await
+                .unwrap(),
+        );
+    }
+    OwnedLock::release_all(job).await.unwrap();
+    for k in ["job:1", "job:2", "job:3"] {
+        assert_eq!(status_of(&h.backend, &gkey(k)).await, None, "{k}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Lookups (SyncGuard's getByKey / getById / owns)
+
+pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
+    let b = h.indexed();
+    let owner = "worker-7";
+    for k in ["look:c", "look:a", "look:b"] {
+        let s = spec(k, Duration::from_secs(30)).owner(owner);
+        let s = if k == "look:a" { s.metadata(who()) } else { s };
+        OwnedLock::acquire(&b, &s).await.unwrap().keep();
+    }
+    let other = OwnedLock::acquire(&b, &spec("look:other", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let keys = |found: &[tower_lock::backend::HeldBy]| {
+        found
+            .iter()
+            .map(|f| f.key.key().to_owned())
+            .collect::<Vec<_>>()
+    };
+
+    let found = b.held_by(owner, 10).await.unwrap();
+    assert_eq!(keys(&found), ["look:a", "look:b", "look:c"]);
+    assert!(found.iter().all(|f| f.status.owner == owner));
+    assert_eq!(
+        found[0].status.metadata.as_ref().map(|m| m.to_value()),
+        Some(who())
+    );
+    assert_eq!(
+        keys(&b.held_by(owner, 2).await.unwrap()),
+        ["look:a", "look:b"]
+    );
+    assert_eq!(
+        keys(&b.held_by(other.info().owner(), 10).await.unwrap()),
+        ["look:other"]
+    );
+    assert!(b.held_by("nobody", 10).await.unwrap().is_empty());
+
+    assert!(b.owns(&gkey("look:a"), owner).await.unwrap());
+    assert!(!b.owns(&gkey("look:a"), "worker-8").await.unwrap());
+    assert!(!b.owns(&gkey("look:free"), owner).await.unwrap());
+
+    // Released, and force-released behind the owner's back: never listed.
+    b.release(&gkey("look:b"), owner).await.unwrap();
+    assert!(b.force_release(&gkey("look:c")).await.unwrap());
+    assert_eq!(keys(&b.held_by(owner, 10).await.unwrap()), ["look:a"]);
+    // Taken by someone else meanwhile: not the owner's.
+    b.acquire(&areq(
+        &gkey("look:c"),
+        "thief",
+        Duration::from_secs(30),
+        Duration::ZERO,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(keys(&b.held_by(owner, 10).await.unwrap()), ["look:a"]);
+    assert!(!b.owns(&gkey("look:c"), owner).await.unwrap());
+    other.release().await.unwrap();
+}
+
+pub async fn lookup_errors_never_name_the_owner(h: Harness) {
+    // A backend without an index for lookups says so, without the token.
+    let secret = "s3cret-owner-token";
+    match h.backend.held_by(secret, 10).await {
+        Ok(found) => assert!(found.is_empty()),
+        Err(e) => {
+            assert_eq!(e.code(), "LOCK_UNSUPPORTED");
+            assert!(!e.to_string().contains(secret));
+        }
+    }
+    let key = LockKey::global("look:secret-key").unwrap();
+    assert!(!format!("{key:?}").contains("secret-key"));
+}

@@ -83,6 +83,7 @@ mod body;
 mod error;
 mod future;
 pub mod headers;
+pub mod job;
 mod key;
 mod layer;
 mod lock;

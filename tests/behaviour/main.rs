@@ -160,6 +160,7 @@ for_each_backend! {
             release_all_frees_every_lock_of_a_request_and_a_job,
             lookups_by_owner_are_checked_against_the_locks,
             lookup_errors_never_name_the_owner,
+            job_layer_releases_when_the_job_is_processed_fails_or_panics,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -183,6 +184,7 @@ for_each_backend! {
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
+            job_layer_watchdog_keeps_a_long_job_locked,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

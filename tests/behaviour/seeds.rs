@@ -9,7 +9,9 @@ use axum::body::Body;
 use axum::routing::post;
 use http::Request;
 use serde_json::json;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::admin::Admin;
+use tower_lock::job::{JobError, JobLockLayer, LockedJob};
 use tower_lock::{
     LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks, OwnedLock,
     SharedBackend, with_lock,
@@ -113,6 +115,13 @@ pub async fn metadata_belongs_to_its_acquisition(h: Harness) {
     let plain = areq(&key, "plain", h.units(10), Duration::ZERO);
     h.backend.acquire(&plain).await.unwrap();
     assert_eq!(meta_of(&h.backend).await, None, "not the expired holder's");
+    h.backend.release(&key, "plain").await.unwrap();
+
+    // Released and taken at once by a holder without metadata: none shown.
+    h.backend.acquire(&first).await.unwrap();
+    h.backend.release(&key, "first").await.unwrap();
+    h.backend.acquire(&plain).await.unwrap();
+    assert_eq!(meta_of(&h.backend).await, None, "not the released holder's");
 
     // Handed to a waiter: the waiter's own metadata.
     let waiter = areq(&key, "second", h.units(10), h.units(20)).with_metadata(m2.clone());
@@ -340,4 +349,112 @@ pub async fn lookup_errors_never_name_the_owner(h: Harness) {
     }
     let key = LockKey::global("look:secret-key").unwrap();
     assert!(!format!("{key:?}").contains("secret-key"));
+}
+
+// ---------------------------------------------------------------------------
+// The job layer (Laravel's releaseOnJobProcessedOrFailed)
+
+struct Job {
+    token: Option<LockToken>,
+    lock: Option<tower_lock::HeldLock>,
+    outcome: &'static str,
+}
+
+impl LockedJob for Job {
+    fn lock_token(&self) -> Option<&LockToken> {
+        self.token.as_ref()
+    }
+    fn set_lock(&mut self, lock: tower_lock::HeldLock) {
+        self.lock = Some(lock);
+    }
+}
+
+/// A job handler: answers the fence it ran under, or fails, or panics.
+async fn handle(job: Job) -> Result<u64, &'static str> {
+    let fence = job.lock.as_ref().map_or(0, |l| l.fence());
+    match job.outcome {
+        "ok" => Ok(fence),
+        "err" => Err("the job failed"),
+        _ => panic!("the job panicked"),
+    }
+}
+
+async fn queued(h: &Harness, key: &str) -> LockToken {
+    OwnedLock::acquire(&h.backend, &spec(key, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .into_token()
+}
+
+pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Harness) {
+    // The worker is another process, on its own handle.
+    let worker = ServiceBuilder::new()
+        .layer(JobLockLayer::new(h.indexed()))
+        .service(service_fn(handle));
+    let job = |token: Option<LockToken>, outcome| Job {
+        token,
+        lock: None,
+        outcome,
+    };
+
+    let token = queued(&h, "job:ok").await;
+    let fence = token.fence;
+    let done = worker.clone().oneshot(job(Some(token), "ok")).await;
+    assert_eq!(done.unwrap(), fence, "the job ran with its lock");
+    assert_eq!(status_of(&h.backend, &gkey("job:ok")).await, None);
+
+    let token = queued(&h, "job:err").await;
+    let failed = worker.clone().oneshot(job(Some(token), "err")).await;
+    assert!(matches!(failed, Err(JobError::Job("the job failed"))));
+    assert_eq!(status_of(&h.backend, &gkey("job:err")).await, None);
+
+    let token = queued(&h, "job:panic").await;
+    let w = worker.clone();
+    let panicked = tokio::spawn(async move { w.oneshot(job(Some(token), "panic")).await }).await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_comes_free(&h, &gkey("job:panic")).await;
+
+    // A token whose lock is gone: the job does not run.
+    let token = queued(&h, "job:stale").await;
+    h.backend
+        .release(&gkey("job:stale"), &token.owner)
+        .await
+        .unwrap();
+    let stale = worker.clone().oneshot(job(Some(token), "panic")).await;
+    assert!(matches!(stale, Err(JobError::Lock(LockError::NotFound))));
+
+    // No token: the job runs as it is.
+    assert_eq!(worker.oneshot(job(None, "ok")).await.unwrap(), 0);
+}
+
+pub async fn job_layer_watchdog_keeps_a_long_job_locked(h: Harness) {
+    let key = gkey("job:long");
+    for watchdog in [true, false] {
+        let token = OwnedLock::acquire(&h.backend, &spec("job:long", h.units(1)))
+            .await
+            .unwrap()
+            .into_token();
+        let unit = h.unit();
+        let long_job = service_fn(move |job: Job| async move {
+            let lock = job.lock.expect("set");
+            // Four TTLs of work.
+            // (On the paused clock, sleeping lets it advance when every
+            // task is idle, so the watchdog's renewals run in order.)
+            for _ in 0..8 {
+                tokio::time::sleep(unit / 2).await;
+            }
+            Ok::<bool, ()>(lock.is_lost())
+        });
+        let worker = ServiceBuilder::new()
+            .layer(JobLockLayer::new(h.backend.clone()).watchdog(watchdog))
+            .service(long_job);
+        let job = Job {
+            token: Some(token),
+            lock: None,
+            outcome: "ok",
+        };
+        let lost = worker.oneshot(job).await.unwrap();
+        assert_eq!(lost, !watchdog, "watchdog {watchdog}");
+        assert_eq!(status_of(&h.backend, &key).await, None);
+    }
 }

@@ -80,6 +80,7 @@
 pub mod admin;
 pub mod backend;
 mod body;
+mod client;
 mod error;
 mod future;
 pub mod headers;
@@ -104,6 +105,7 @@ pub use backend::postgres::PostgresBackend;
 pub use backend::redis::RedisBackend;
 pub use backend::{LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
+pub use client::ClientLocks;
 pub use error::LockError;
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};

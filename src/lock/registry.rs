@@ -35,10 +35,19 @@ impl Slot {
     }
 }
 
+/// What a layer decides for every lock of its requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Defaults {
+    /// Renew locks whose spec does not say.
+    pub(crate) watchdog: bool,
+    /// Describe every lock in response headers, not only kept ones.
+    pub(crate) lock_headers: bool,
+}
+
 struct Registry {
     backend: SharedBackend,
     route: SmolStr,
-    watchdog: bool,
+    defaults: Defaults,
     state: Mutex<RegistryState>,
 }
 
@@ -100,12 +109,12 @@ impl fmt::Debug for Locks {
 }
 
 impl Locks {
-    pub(crate) fn new(backend: SharedBackend, route: SmolStr, watchdog: bool) -> Self {
+    pub(crate) fn new(backend: SharedBackend, route: SmolStr, defaults: Defaults) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,
                 route,
-                watchdog,
+                defaults,
                 state: Mutex::default(),
             }),
         }
@@ -144,13 +153,16 @@ impl Locks {
         &self.inner.route
     }
 
-    /// Locks kept after the response (auto-release off), for the headers.
-    pub(crate) fn kept(&self) -> Vec<HeldLock> {
+    /// The locks to describe in the response's headers, and whether each
+    /// is kept after the response (auto-release off): only kept ones,
+    /// unless the layer describes every lock.
+    pub(crate) fn described(&self) -> Vec<(HeldLock, bool)> {
+        let all = self.inner.defaults.lock_headers;
         self.state()
             .slots
             .iter()
-            .filter(|s| !s.auto_release)
-            .map(|s| s.lock.clone())
+            .filter(|s| all || !s.auto_release)
+            .map(|s| (s.lock.clone(), !s.auto_release))
             .collect()
     }
 
@@ -166,7 +178,7 @@ impl Locks {
         watchdog: Option<bool>,
     ) -> Result<(), HeldLock> {
         let watch = watchdog
-            .unwrap_or(self.inner.watchdog)
+            .unwrap_or(self.inner.defaults.watchdog)
             .then(|| lock.watch(&self.inner.backend));
         let mut state = self.state();
         if state.closed {

@@ -161,6 +161,7 @@ for_each_backend! {
             lookups_by_owner_are_checked_against_the_locks,
             lookup_errors_never_name_the_owner,
             job_layer_releases_when_the_job_is_processed_fails_or_panics,
+            client_directed_locks_follow_the_headers_within_limits,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,

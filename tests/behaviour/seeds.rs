@@ -2,6 +2,8 @@
 //! minimum hold (singleton scheduled jobs), `with_lock`, `release_all`,
 //! lookups by owner, the job layer, client-directed locks.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use axum::Router;
@@ -13,12 +15,12 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::admin::Admin;
 use tower_lock::job::{JobError, JobLockLayer, LockedJob};
 use tower_lock::{
-    LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks, OwnedLock,
-    SharedBackend, with_lock,
+    ClientLocks, LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks,
+    OwnedLock, SharedBackend, with_lock,
 };
 
 use super::harness::Harness;
-use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of};
+use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of, with_header};
 
 fn spec(key: &str, ttl: Duration) -> LockSpec {
     LockSpec::new(key, ttl).global()
@@ -319,11 +321,11 @@ pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
     assert!(!b.owns(&gkey("look:a"), "worker-8").await.unwrap());
     assert!(!b.owns(&gkey("look:free"), owner).await.unwrap());
 
-    // Released, and force-released behind the owner's back: never listed.
+    // Released; force-released behind the owner's back and taken by
+    // someone else before any lookup (a stale index entry on Redis): never
+    // listed.
     b.release(&gkey("look:b"), owner).await.unwrap();
     assert!(b.force_release(&gkey("look:c")).await.unwrap());
-    assert_eq!(keys(&b.held_by(owner, 10).await.unwrap()), ["look:a"]);
-    // Taken by someone else meanwhile: not the owner's.
     b.acquire(&areq(
         &gkey("look:c"),
         "thief",
@@ -332,6 +334,7 @@ pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
     ))
     .await
     .unwrap();
+    assert_eq!(keys(&b.held_by(owner, 10).await.unwrap()), ["look:a"]);
     assert_eq!(keys(&b.held_by(owner, 10).await.unwrap()), ["look:a"]);
     assert!(!b.owns(&gkey("look:c"), owner).await.unwrap());
     other.release().await.unwrap();
@@ -457,4 +460,184 @@ pub async fn job_layer_watchdog_keeps_a_long_job_locked(h: Harness) {
         assert_eq!(lost, !watchdog, "watchdog {watchdog}");
         assert_eq!(status_of(&h.backend, &key).await, None);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Client-directed locks (Forrst's atomicLock)
+
+fn charge_app(h: &Harness, locks: ClientLocks, lock_headers: bool) -> (Router, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let backend = h.backend.clone();
+    let handler = move || {
+        let (seen, backend) = (seen.clone(), backend.clone());
+        async move {
+            seen.fetch_add(1, SeqCst);
+            // Who holds the route's lock while the handler runs.
+            let held = backend
+                .status(&LockKey::route("/charge", "user:1").unwrap())
+                .await
+                .unwrap();
+            held.map_or("free".to_owned(), |s| s.owner)
+        }
+    };
+    let layer = LockLayer::new(h.backend.clone(), locks).lock_headers(lock_headers);
+    let app = Router::new().route("/charge", post(handler).layer(layer));
+    (app, runs)
+}
+
+fn charge(headers: &[(&'static str, &str)]) -> Request<Body> {
+    let mut req = post_req("/charge");
+    for (name, value) in headers {
+        req = with_header(req, name, value.as_bytes());
+    }
+    req
+}
+
+pub async fn client_directed_locks_follow_the_headers_within_limits(h: Harness) {
+    let limits = ClientLocks::new()
+        .max_ttl(Duration::from_secs(10))
+        .max_block(Duration::from_secs(2))
+        .allow_keys(|k: &str| k.starts_with("user:"));
+    let (app, runs) = charge_app(&h, limits.clone(), true);
+    let route_key = LockKey::route("/charge", "user:1").unwrap();
+
+    // No Lock-Key: no lock, no lock headers.
+    let plain = send(&app, charge(&[])).await;
+    assert_eq!(plain.text(), "free");
+    assert!(plain.headers.get("lock-key").is_none());
+
+    // A lock in the route's namespace, described on the response.
+    let locked = send(&app, charge(&[("lock-key", "user:1"), ("lock-ttl", "5s")])).await;
+    assert_eq!(locked.status, 200);
+    assert_ne!(locked.text(), "free", "held while the handler ran");
+    let hdr = |r: &super::support::Reply, n: &str| {
+        r.headers.get(n).map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(hdr(&locked, "lock-acquired").as_deref(), Some("true"));
+    assert_eq!(hdr(&locked, "lock-key").as_deref(), Some("user:1"));
+    assert_eq!(hdr(&locked, "lock-scope").as_deref(), Some("function"));
+    assert!(hdr(&locked, "lock-fence").is_some() && hdr(&locked, "lock-expires-at").is_some());
+    assert_eq!(hdr(&locked, "lock-owner"), None, "owner only when kept");
+    super::support::assert_released(&h, &route_key).await;
+
+    // Kept, with the client's own owner token: echoed, still held.
+    let kept = send(
+        &app,
+        charge(&[
+            ("lock-key", "user:1"),
+            ("lock-ttl", "10"),
+            ("lock-owner", "client-42"),
+            ("lock-auto-release", "false"),
+        ]),
+    )
+    .await;
+    assert_eq!(kept.text(), "client-42");
+    assert_eq!(hdr(&kept, "lock-owner").as_deref(), Some("client-42"));
+    assert_eq!(
+        status_of(&h.backend, &route_key).await.unwrap().owner,
+        "client-42"
+    );
+    // Busy, no block: 429.
+    send(&app, charge(&[("lock-key", "user:1"), ("lock-ttl", "5s")]))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    h.backend.release(&route_key, "client-42").await.unwrap();
+
+    // Refused before anything is locked or run.
+    let before = runs.load(SeqCst);
+    for (headers, code) in [
+        (
+            &[("lock-key", "user:1"), ("lock-ttl", "1h")][..],
+            "LOCK_NOT_ALLOWED",
+        ),
+        (
+            &[
+                ("lock-key", "user:1"),
+                ("lock-ttl", "5s"),
+                ("lock-block", "10s"),
+            ][..],
+            "LOCK_NOT_ALLOWED",
+        ),
+        (
+            &[("lock-key", "admin:1"), ("lock-ttl", "5s")][..],
+            "LOCK_NOT_ALLOWED",
+        ),
+        (
+            &[
+                ("lock-key", "user:1"),
+                ("lock-ttl", "5s"),
+                ("lock-scope", "global"),
+            ][..],
+            "LOCK_NOT_ALLOWED",
+        ),
+        (
+            &[("lock-key", "user:1"), ("lock-ttl", "soon")][..],
+            "LOCK_INVALID_HEADER",
+        ),
+        (&[("lock-key", "user:1")][..], "LOCK_INVALID_HEADER"),
+        (
+            &[
+                ("lock-key", "user:1"),
+                ("lock-ttl", "5s"),
+                ("lock-scope", "planet"),
+            ][..],
+            "LOCK_INVALID_HEADER",
+        ),
+        (
+            &[
+                ("lock-key", "user:1"),
+                ("lock-ttl", "5s"),
+                ("lock-auto-release", "maybe"),
+            ][..],
+            "LOCK_INVALID_HEADER",
+        ),
+        (
+            &[("lock-key", "user%FF"), ("lock-ttl", "5s")][..],
+            "LOCK_INVALID_HEADER",
+        ),
+        (
+            &[
+                ("lock-key", "user:1"),
+                ("lock-ttl", "5s"),
+                ("lock-owner", "a b"),
+            ][..],
+            "LOCK_INVALID_OWNER",
+        ),
+    ] {
+        let reply = send(&app, charge(headers)).await;
+        reply.assert_rejection(400, code);
+        assert!(!reply.text().contains("admin:1"), "never echoes the key");
+    }
+    assert_eq!(runs.load(SeqCst), before, "no handler ran");
+    assert_eq!(status_of(&h.backend, &route_key).await, None);
+
+    // Global scope where the server allows it.
+    let (global_app, _) = charge_app(&h, limits.allow_global(true), false);
+    let global = send(
+        &global_app,
+        charge(&[
+            ("lock-key", "user:1"),
+            ("lock-ttl", "5s"),
+            ("lock-scope", "global"),
+            ("lock-auto-release", "false"),
+        ]),
+    )
+    .await;
+    assert_eq!(hdr(&global, "lock-scope").as_deref(), Some("global"));
+    let owner = hdr(&global, "lock-owner").expect("kept: owner shown");
+    assert_eq!(
+        status_of(&h.backend, &gkey("user:1")).await.unwrap().owner,
+        owner
+    );
+    h.backend.release(&gkey("user:1"), &owner).await.unwrap();
+
+    // Without lock_headers, an auto-release lock is not described.
+    let quiet = send(
+        &global_app,
+        charge(&[("lock-key", "user:1"), ("lock-ttl", "5s")]),
+    )
+    .await;
+    assert_eq!(quiet.status, 200);
+    assert!(quiet.headers.get("lock-key").is_none());
 }

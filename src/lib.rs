@@ -68,6 +68,7 @@
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
 //! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] extractor on a request without locks (see [`MissingLockLayer`]) |
+//! | `LOCK_UNSUPPORTED` | 501 | a lookup the backend cannot do as configured (Redis `held_by` without its owner index) |
 //! | `LOCK_FORCE_DISABLED` | 403 | the admin API's force release while it is off (feature `admin`) |
 //!
 //! [tower]: https://docs.rs/tower

@@ -48,6 +48,9 @@ pub enum LockError {
     /// The middleware never runs a handler unlocked because of this: it
     /// answers `503 Service Unavailable`.
     BackendUnavailable(String),
+    /// The backend does not implement this operation (e.g. a third-party
+    /// backend without single-flight).
+    Unsupported(&'static str),
 }
 
 impl LockError {
@@ -69,6 +72,7 @@ impl LockError {
             LockError::InvalidTtl(_) => "LOCK_INVALID_TTL",
             LockError::InvalidOwner(_) => "LOCK_INVALID_OWNER",
             LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
+            LockError::Unsupported(_) => "LOCK_UNSUPPORTED",
         }
     }
 
@@ -76,7 +80,8 @@ impl LockError {
     ///
     /// `429` for a busy lock (or one that ran out while the request waited
     /// for another), `503` for an unreachable backend, `400` for a
-    /// bad key/TTL/owner, `404`/`409`/`410` for release and extend errors.
+    /// bad key/TTL/owner, `404`/`409`/`410` for release and extend errors,
+    /// `501` for an operation the backend does not implement.
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode;
         match self {
@@ -90,6 +95,7 @@ impl LockError {
                 StatusCode::BAD_REQUEST
             }
             LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LockError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -145,6 +151,7 @@ impl fmt::Display for LockError {
             LockError::InvalidTtl(why) => write!(f, "invalid lock TTL: {why}"),
             LockError::InvalidOwner(why) => write!(f, "invalid owner token: {why}"),
             LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
+            LockError::Unsupported(what) => f.write_str(what),
         }
     }
 }

@@ -80,6 +80,7 @@ pub mod admin;
 pub mod backend;
 mod body;
 mod error;
+mod flight;
 mod future;
 pub mod headers;
 mod key;
@@ -102,6 +103,11 @@ pub use backend::redis::RedisBackend;
 pub use backend::{LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
 pub use error::LockError;
+pub use flight::{
+    DEFAULT_LOCK_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAIT, FlightBody, FlightError,
+    FlightRequest, FlightSpec, SingleFlight, SingleFlightFuture, SingleFlightLayer,
+    SingleFlightService,
+};
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;

@@ -52,6 +52,11 @@ impl Harness {
         }
     }
 
+    /// Another handle on the same store, as a second process would have.
+    pub fn another(&self) -> SharedBackend {
+        (self.another)()
+    }
+
     /// Whether the clock is tokio's paused clock (durations are exact). Only
     /// for tests in the `virtual_time` list of `for_each_backend!`; a real
     /// server's clock cannot be paused, so there TTLs are short and real.

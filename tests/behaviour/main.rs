@@ -15,6 +15,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod flight;
 mod harness;
 mod keys;
 mod lifecycle;
@@ -25,6 +26,7 @@ mod support;
 
 /// Every backend-generic test, by name.
 mod tests {
+    pub use super::flight::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -151,6 +153,18 @@ for_each_backend! {
             keep_after_response_then_release_through_admin,
             admin_force_release_and_bad_keys,
             calls_after_the_response_say_already_released,
+            // Single-flight.
+            a_burst_computes_once,
+            a_burst_across_two_handles_computes_once,
+            a_zero_result_ttl_answers_only_the_waiting,
+            a_failed_leader_hands_over_to_exactly_one_waiter,
+            an_oversized_result_is_not_shared,
+            a_flight_and_a_lock_of_one_name_never_meet,
+            the_layer_shares_one_response,
+            the_layer_never_shares_private_or_failed_responses,
+            the_layer_never_shares_an_oversized_body,
+            the_layer_works_with_a_lock_layer_and_the_extractor,
+            waiters_are_woken_by_the_result_not_by_the_lock,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -172,6 +186,10 @@ for_each_backend! {
             a_lock_that_ran_out_before_the_handler_is_refused,
             several_locks_wait_at_most_the_longest_max_wait,
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
+            the_result_ttl_is_honoured,
+            a_dead_leader_is_replaced_when_its_lock_runs_out,
+            waiting_past_the_max_wait_times_out,
+            the_layer_answers_429_after_the_max_wait,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

@@ -12,8 +12,10 @@
 //!   `acquired_at`/`expires_at` from the caller's clock read just before the
 //!   request, so the reported expiry errs early, never late; the server's TTL
 //!   starts when the script runs.
-//! - **Fencing tokens** come from a per-lock counter key without TTL, so they
-//!   strictly increase across release, expiry and every instance.
+//! - **Fencing tokens** come from one counter per cluster hash slot (a key
+//!   without TTL in the lock's own slot), so they strictly increase across
+//!   release, expiry and every instance, and the number of counters stays
+//!   bounded (at most 16,384) however many distinct keys are locked.
 //! - **Fair, direct hand-off**: waiters queue in Redis (FIFO). A release hands
 //!   the lock straight to the oldest live waiter and wakes only that waiter
 //!   through pub/sub, which returns without another round trip. Newcomers
@@ -35,7 +37,8 @@
 //! | key | type | content |
 //! |---|---|---|
 //! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <attempt> <owner>"` |
-//! | `lock:{E}:fence` | integer, no TTL | fencing counter |
+//! | `lock:{fence:T}` | integer, no TTL | fencing counter of the hash slot of `{E}` (`T`: see [`RedisBackend::fence_counter_key`]) |
+//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
@@ -60,8 +63,14 @@
 //! - A waiter whose process dies stays in the queue until its own deadline
 //!   (its max wait); if the lock is handed to it before then, the lock stays
 //!   unused until that hand-off's TTL ends.
-//! - The fence counter of a key is kept forever (one small key per lock
-//!   name ever used).
+//! - The fence counters are kept forever: at most one small key per hash
+//!   slot (16,384), whatever the number of lock names used.
+//! - Upgrading from per-lock counters: the first acquisition of a lock by
+//!   this version draws a fence above both its old counter and its slot's,
+//!   then deletes the old counter. An instance of an older version running
+//!   beside this one would recreate that counter from 1: its fences then go
+//!   backwards (a fenced store refuses its writes as stale), so stop the old
+//!   instances before the new ones lock the same keys.
 
 mod conn;
 mod error;

@@ -60,7 +60,14 @@ local function hand_off(now, me)
         local f = take(who, attempt, ttl, now, '1', ticket)
         if ticket ~= me then
           local id, chan = string.match(ticket, '^(%d+)@(.+)$')
-          redis.call('PUBLISH', chan, string.format('%s %d %d', id, f, now))
+          -- A channel with a hash tag is a cluster's shard channel, in this
+          -- lock's slot: sharded pub/sub reaches its subscriber on this
+          -- shard without crossing the cluster bus.
+          local publish = 'PUBLISH'
+          if string.find(chan, '{', 1, true) then
+            publish = 'SPUBLISH'
+          end
+          redis.call(publish, chan, string.format('%s %d %d', id, f, now))
         end
         return f, ticket
       end

@@ -65,14 +65,15 @@ impl RedisBackend {
         buf
     }
 
-    /// Add the lock's keys to `inv` (see [`Keys`]).
-    pub(super) fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, which: Keys) {
+    /// Add the lock's keys to `inv` (see [`Keys`]); the lock's hash slot.
+    pub(super) fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, which: Keys) -> u16 {
         let mut buf = self.lock_key(key);
         inv.key(buf.as_str());
+        let slot = slot_of(&buf);
         if let Keys::Lock = which {
-            return;
+            return slot;
         }
-        inv.key(self.counter_key(slot_of(&buf)).as_str());
+        inv.key(self.counter_key(slot).as_str());
         let base = buf.len();
         let suffixes: &[&str] = match which {
             Keys::AllAndForced => &[":q", ":w", ":fence", ":forced"],
@@ -83,6 +84,12 @@ impl RedisBackend {
             buf.push_str(suffix);
             inv.key(buf.as_str());
         }
+        slot
+    }
+
+    /// The hash slot of `key`'s lock.
+    pub(super) fn slot(&self, key: &LockKey) -> u16 {
+        slot_of(&self.lock_key(key))
     }
 
     /// `{prefix}{fence:<t>}`: the fence counter of hash slot `slot`.
@@ -193,6 +200,13 @@ static SLOT_TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
 /// The counter tag of `slot`.
 fn slot_tag(slot: u16) -> &'static str {
     &SLOT_TAGS[usize::from(slot % SLOTS)]
+}
+
+/// A hash tag's text for `slot` (`fence:<t>`, the counter's): put between
+/// braces in a name, it puts that name in `slot`.
+#[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+pub(super) fn slot_hash_tag(slot: u16) -> String {
+    format!("{COUNTER_TAG}{}", slot_tag(slot))
 }
 
 /// Injective escaping of `\`, `{` and `}` (as `\\`, `\(`, `\)`).

@@ -59,7 +59,7 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
         let mut inv = SCRIPTS.acquire.prepare_invoke();
-        self.keys(&mut inv, req.key(), Keys::All);
+        let slot = self.keys(&mut inv, req.key(), Keys::All);
         // Our clock is only stored for `status` to show; the lease counts
         // from it too, which errs on the early side: the server's TTL starts
         // when the script runs, after this.
@@ -70,7 +70,9 @@ impl RedisBackend {
         inv.arg(ttl_ms)
             .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
         if let Some((wait_ms, id)) = queue {
-            inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
+            inv.arg(wait_ms)
+                .arg(id)
+                .arg(self.shared.wake.channel(slot).as_ref());
         }
         let reply = match self.shared.conn.eval(&inv, end).await? {
             // The fast path: free and nobody waiting.
@@ -106,8 +108,10 @@ impl RedisBackend {
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
         let mut inv = SCRIPTS.leave.prepare_invoke();
-        self.keys(&mut inv, key, Keys::All);
-        inv.arg(owner).arg(id).arg(self.shared.wake.channel());
+        let slot = self.keys(&mut inv, key, Keys::All);
+        inv.arg(owner)
+            .arg(id)
+            .arg(self.shared.wake.channel(slot).as_ref());
         inv.arg(match mode {
             LeaveMode::Claim => "claim",
             LeaveMode::Drop => "drop",

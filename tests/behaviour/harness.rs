@@ -235,6 +235,33 @@ pub async fn redis_backend() -> Harness {
     )
 }
 
+/// A Redis backend on the Redis Cluster this test binary shares (3
+/// primaries), under a key prefix of this test's own.
+#[cfg(feature = "redis-cluster")]
+pub async fn redis_cluster_backend() -> Harness {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::common::redis_cluster::RedisCluster;
+    use tower_lock::backend::redis::RedisBackend;
+
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let cluster = RedisCluster::shared();
+    let urls = cluster.urls();
+    let prefix = format!(
+        "t{}-{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let make = move || -> SharedBackend {
+        SharedBackend::new(
+            RedisBackend::from_cluster_urls(urls.iter().map(String::as_str))
+                .expect("Redis backend for the test cluster")
+                .prefix(prefix.clone()),
+        )
+    };
+    Harness::new(make(), BackendKind::Redis, Arc::new(make), None)
+}
+
 /// A PostgreSQL backend on a private server started for this test, its
 /// schema migrated.
 #[cfg(feature = "postgres")]

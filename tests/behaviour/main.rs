@@ -5,7 +5,9 @@
 //! `queue`, `semantics`, `lifecycle`), and instantiated per backend by
 //! `for_each_backend!` below: `memory::*` runs against [`MemoryBackend`]
 //! (virtual time where TTLs matter), `redis::*` against a private Redis
-//! server, `postgres::*` against a private PostgreSQL server.
+//! server, `redis_cluster::*` against a private Redis Cluster shared by the
+//! binary (each test under a key prefix of its own), `postgres::*` against
+//! a private PostgreSQL server.
 //!
 //! [`MemoryBackend`]: tower_lock::MemoryBackend
 
@@ -98,6 +100,11 @@ for_each_backend! {
         redis =>
             crate::harness::redis_backend(),
             crate::harness::redis_backend(),
+            (),
+        #[cfg(feature = "redis-cluster")]
+        redis_cluster =>
+            crate::harness::redis_cluster_backend(),
+            crate::harness::redis_cluster_backend(),
             (),
         #[cfg(feature = "postgres")]
         postgres =>

@@ -1,4 +1,4 @@
--- status: KEYS = lock, fence, queue, waiters; no ARGV.
+-- status: KEYS = lock, fence, queue, waiters, legacy fence; no ARGV.
 -- Returns {} when free, else
 -- {owner, fence, acquired ms, remaining ms, now ms, queued waiters}.
 local lock = KEYS[1]

@@ -74,6 +74,44 @@ class Conn:
         raise RuntimeError("bad reply %r" % line)
 
 
+def crc16(data):
+    """CRC16-XMODEM, Redis Cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+            crc &= 0xFFFF
+    return crc
+
+
+_SLOT_TAGS = {}
+
+
+def counter_key(prefix, lock_key):
+    """The per-slot fence counter of `lock_key` (src/backend/redis/keys.rs)."""
+    tag = lock_key[lock_key.index("{") + 1:lock_key.index("}")]
+    slot = crc16(tag.encode()) % 16384
+    if not _SLOT_TAGS:
+        alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+        import itertools
+        for n in range(1, 5):
+            for t in itertools.product(alphabet, repeat=n):
+                t = "".join(t)
+                _SLOT_TAGS.setdefault(crc16(("fence:" + t).encode()) % 16384, t)
+            if len(_SLOT_TAGS) == 16384:
+                break
+    return "%s{fence:%s}" % (prefix, _SLOT_TAGS[slot])
+
+
+def lock_keys(per_slot, k):
+    """KEYS of a version's scripts: per-slot counters (and the legacy
+    per-key counter last) since the per-slot change, per-key before."""
+    if per_slot:
+        return [k, counter_key("lockbench:", k), k + ":q", k + ":w", k + ":fence"]
+    return [k, k + ":fence", k + ":q", k + ":w"]
+
+
 def read_source(source, name):
     if os.path.isdir(source):
         with open(os.path.join(source, name)) as f:
@@ -138,6 +176,7 @@ def main():
             # Since 18c6500's successor, ARGV = ttl, "<ms> - <owner>";
             # before, ARGV = owner, ttl, ms.
             "packed": "ARGV = ttl ms," in acquire,
+            "per_slot": "legacy" in acquire,
             "acquire": c.cmd("SCRIPT", "LOAD", acquire),
             "release": c.cmd("SCRIPT", "LOAD", script(source, "release.lua")),
             "acq_us": [], "rel_us": [], "acq_ins": [], "rel_ins": [],
@@ -151,20 +190,20 @@ def main():
             for _ in range(ROUND):
                 n += 1
                 k = "lockbench:{g:%s:%d}" % (run, n)
-                cycles.append(([k, k + ":fence", k + ":q", k + ":w"], str(uuid.uuid4())))
+                cycles.append((lock_keys(v["per_slot"], k), str(uuid.uuid4())))
 
             def acquire():
                 for keys, owner in cycles:
                     ms = int(time.time() * 1000)
                     argv = ((600000, "%d - %s" % (ms, owner)) if v["packed"]
                             else (owner, 600000, ms))
-                    fence = c.cmd("EVALSHA", v["acquire"], 4, *keys, *argv)
+                    fence = c.cmd("EVALSHA", v["acquire"], len(keys), *keys, *argv)
                     assert isinstance(fence, int), fence  # the fast path's bare integer
                 return len(cycles)
 
             def release():
                 for keys, owner in cycles:
-                    assert c.cmd("EVALSHA", v["release"], 4, *keys, owner) == 1
+                    assert c.cmd("EVALSHA", v["release"], len(keys), *keys, owner) == 1
                 return len(cycles)
 
             for name, calls in (("acq", acquire), ("rel", release)):
@@ -207,8 +246,9 @@ def protocols(c, pid, seconds):
 
     def ours(keys, owner):
         ms = int(time.time() * 1000)
-        assert isinstance(c.cmd("EVALSHA", acquire, 4, *keys, 600000, "%d - %s" % (ms, owner)), int)
-        assert c.cmd("EVALSHA", release, 4, *keys, owner) == 1
+        assert isinstance(c.cmd("EVALSHA", acquire, len(keys), *keys, 600000,
+                                "%d - %s" % (ms, owner)), int)
+        assert c.cmd("EVALSHA", release, len(keys), *keys, owner) == 1
 
     def multi(keys, owner):
         ms = int(time.time() * 1000)
@@ -216,7 +256,7 @@ def protocols(c, pid, seconds):
                            ("SET", keys[0], "0 - %d - %s" % (ms, owner), "NX", "PX", 600000),
                            ("EXEC",))
         assert replies[-1][0] == 0 and replies[-1][2] == "OK", replies
-        assert c.cmd("EVALSHA", release, 4, *keys, owner) == 1
+        assert c.cmd("EVALSHA", release, len(keys), *keys, owner) == 1
 
     def delete(keys, owner):
         c.cmd("DEL", keys[0])
@@ -234,7 +274,7 @@ def protocols(c, pid, seconds):
             for _ in range(ROUND * 5):
                 n += 1
                 k = "lockbench:{g:%s:%d}" % (run, n)
-                batch.append(([k, k + ":fence", k + ":q", k + ":w"], str(uuid.uuid4())))
+                batch.append((lock_keys(True, k), str(uuid.uuid4())))
 
             def calls():
                 for keys, owner in batch:

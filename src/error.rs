@@ -53,14 +53,15 @@ pub enum LockError {
     /// wait over its limit, a key outside the allowed ones, global scope
     /// where it is not allowed.
     NotAllowed(&'static str),
-    /// The backend cannot do this as configured (e.g. a lookup by owner on
-    /// a Redis backend without its owner index).
-    Unsupported(&'static str),
     /// The backend could not be reached or answered with an error in time.
     ///
     /// The middleware never runs a handler unlocked because of this: it
     /// answers `503 Service Unavailable`.
     BackendUnavailable(String),
+    /// The backend does not implement this operation, or cannot as
+    /// configured (e.g. a third-party backend without single-flight, a
+    /// lookup by owner on a Redis backend without its owner index).
+    Unsupported(&'static str),
 }
 
 impl LockError {
@@ -84,8 +85,8 @@ impl LockError {
             LockError::InvalidMetadata(_) => "LOCK_INVALID_METADATA",
             LockError::InvalidHeader(_) => "LOCK_INVALID_HEADER",
             LockError::NotAllowed(_) => "LOCK_NOT_ALLOWED",
-            LockError::Unsupported(_) => "LOCK_UNSUPPORTED",
             LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
+            LockError::Unsupported(_) => "LOCK_UNSUPPORTED",
         }
     }
 
@@ -93,7 +94,9 @@ impl LockError {
     ///
     /// `429` for a busy lock (or one that ran out while the request waited
     /// for another), `503` for an unreachable backend, `400` for a
-    /// bad key/TTL/owner/metadata or lock header, `404`/`409`/`410` for release and extend errors.
+    /// bad key/TTL/owner/metadata or lock header, `404`/`409`/`410` for
+    /// release and extend errors, `501` for an operation the backend does
+    /// not implement.
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode;
         match self {
@@ -109,8 +112,8 @@ impl LockError {
             | LockError::InvalidMetadata(_)
             | LockError::InvalidHeader(_)
             | LockError::NotAllowed(_) => StatusCode::BAD_REQUEST,
-            LockError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LockError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -168,8 +171,8 @@ impl fmt::Display for LockError {
             LockError::InvalidMetadata(why) => write!(f, "invalid lock metadata: {why}"),
             LockError::InvalidHeader(why) => write!(f, "invalid lock header: {why}"),
             LockError::NotAllowed(why) => write!(f, "lock not allowed: {why}"),
-            LockError::Unsupported(why) => write!(f, "not supported by this lock backend: {why}"),
             LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
+            LockError::Unsupported(what) => f.write_str(what),
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct LockKey {
     // Inline up to 23 bytes: most keys cost no allocation.
     key: SmolStr,
     route: Option<SmolStr>,
+    // A single-flight key (see `LockKey::flight`): a namespace of its own.
+    flight: bool,
     // SipHash of (key, route) with a per-process random seed, computed once:
     // a lock operation hashes its key without going over the bytes again.
     hash: u64,
@@ -51,7 +53,10 @@ pub struct LockKey {
 
 impl PartialEq for LockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.key == other.key && self.route == other.route
+        self.hash == other.hash
+            && self.key == other.key
+            && self.route == other.route
+            && self.flight == other.flight
     }
 }
 
@@ -67,7 +72,7 @@ impl Hash for LockKey {
 /// request's locks in this order).
 impl Ord for LockKey {
     fn cmp(&self, other: &Self) -> Ordering {
-        (&self.key, &self.route).cmp(&(&other.key, &other.route))
+        (&self.key, &self.route, self.flight).cmp(&(&other.key, &other.route, other.flight))
     }
 }
 
@@ -94,6 +99,24 @@ impl LockKey {
         Ok(Self::new(normalise(key)?, Some(route.clone())))
     }
 
+    /// The key of a single-flight (see [`SingleFlight`](crate::SingleFlight)):
+    /// the flight's lock and its stored result live under it, in a namespace
+    /// of their own (`f:` in [`LockKey::encoded`]), so no lock of either
+    /// scope can name them.
+    pub(crate) fn flight(key: &str) -> Result<Self, LockError> {
+        let mut k = Self::new(normalise(key)?, None);
+        k.flight = true;
+        // Not equal to the global lock of the same name, whose hash it would
+        // otherwise share.
+        k.hash = !k.hash;
+        Ok(k)
+    }
+
+    /// Whether this is a single-flight key (see [`LockKey::encoded`]).
+    pub fn is_flight(&self) -> bool {
+        self.flight
+    }
+
     fn new(key: SmolStr, route: Option<SmolStr>) -> Self {
         static SEED: OnceLock<RandomState> = OnceLock::new();
         let mut hasher = SEED.get_or_init(RandomState::new).build_hasher();
@@ -104,7 +127,12 @@ impl LockKey {
             hasher.write(route.as_bytes());
         }
         let hash = hasher.finish();
-        LockKey { key, route, hash }
+        LockKey {
+            key,
+            route,
+            flight: false,
+            hash,
+        }
     }
 
     /// A hash of the key, equal for equal keys, computed when it was made.
@@ -134,12 +162,14 @@ impl LockKey {
     /// The injective encoding of (scope, key), without any backend prefix.
     ///
     /// `g:<key>` for a global key, `r<n>:<route>:<key>` for a route-scoped one
-    /// (`n` = byte length of the route pattern). When the encoding is longer
+    /// (`n` = byte length of the route pattern), `f:<key>` for the key of a
+    /// single-flight (its lock and stored result). When the encoding is longer
     /// than `max_len` bytes it is replaced by `h:<sha256 hex>` of itself, so
     /// backends with key-length limits never see an over-long key. The
     /// hashed form is 66 bytes, so `max_len` must be at least that.
     pub fn encoded(&self, max_len: usize) -> String {
         let full = match &self.route {
+            None if self.flight => format!("f:{}", self.key),
             None => format!("g:{}", self.key),
             Some(route) => format!("r{}:{}:{}", route.len(), route, self.key),
         };
@@ -155,6 +185,9 @@ impl LockKey {
     pub fn from_encoded(encoded: &str) -> Option<LockKey> {
         if let Some(key) = encoded.strip_prefix("g:") {
             return LockKey::global(key).ok();
+        }
+        if let Some(key) = encoded.strip_prefix("f:") {
+            return LockKey::flight(key).ok();
         }
         let rest = encoded.strip_prefix('r')?;
         let (len, rest) = rest.split_once(':')?;
@@ -295,6 +328,7 @@ mod tests {
             LockKey::global("a:b").unwrap(),
             LockKey::route("/o/{id}", "x:1").unwrap(),
             LockKey::route("", "k").unwrap(),
+            LockKey::flight("report").unwrap(),
         ] {
             assert_eq!(LockKey::from_encoded(&key.encoded(4096)), Some(key));
         }
@@ -303,6 +337,18 @@ mod tests {
         for bad in ["", "x:1", "r:a", "r9:/a:b", "r2:/ab"] {
             assert_eq!(LockKey::from_encoded(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn flight_keys_are_a_namespace_of_their_own() {
+        let flight = LockKey::flight("report").unwrap();
+        let global = LockKey::global("report").unwrap();
+        assert_ne!(flight, global);
+        assert_ne!(flight.encoded(4096), global.encoded(4096));
+        assert_eq!(flight.encoded(4096), "f:report");
+        assert_eq!(flight, LockKey::flight("report").unwrap());
+        assert!(flight.is_flight() && !global.is_flight());
+        assert!(LockKey::flight("").is_err());
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub mod backend;
 mod body;
 mod client;
 mod error;
+mod flight;
 mod future;
 pub mod headers;
 pub mod job;
@@ -108,6 +109,11 @@ pub use backend::{LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
 pub use client::ClientLocks;
 pub use error::LockError;
+pub use flight::{
+    DEFAULT_LOCK_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAIT, FlightBody, FlightError,
+    FlightRequest, FlightSpec, SingleFlight, SingleFlightFuture, SingleFlightLayer,
+    SingleFlightService,
+};
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;

@@ -251,11 +251,7 @@ impl LockSpec {
                 validate_owner(owner)?;
                 Arc::from(owner.as_str())
             }
-            // A hyphenated UUID is a valid token: no need to check it.
-            None => {
-                let mut buf = uuid::Uuid::encode_buffer();
-                Arc::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf))
-            }
+            None => new_owner_token(),
         };
         validate_ttl(self.ttl)?;
         Ok(AcquireRequest {
@@ -294,6 +290,12 @@ impl LockSpec {
             Scope::Route => LockKey::route(route, &self.key),
         }
     }
+}
+
+/// A generated owner token: a hyphenated UUID v4 (valid: no need to check).
+fn new_owner_token() -> Arc<str> {
+    let mut buf = uuid::Uuid::encode_buffer();
+    Arc::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf))
 }
 
 /// A random, non-zero attempt id (see [`AcquireRequest::attempt`]).
@@ -421,6 +423,27 @@ impl AcquireRequest {
     /// names the attempt by itself); a random non-zero number otherwise.
     pub fn attempt(&self) -> u64 {
         self.attempt
+    }
+
+    /// A request under an owner token generated for it alone (so it can be
+    /// released after a lost reply, see [`has_fresh_owner`]).
+    ///
+    /// [`has_fresh_owner`]: AcquireRequest::has_fresh_owner
+    pub(crate) fn fresh(
+        key: LockKey,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Self, LockError> {
+        validate_ttl(ttl)?;
+        Ok(AcquireRequest {
+            key,
+            owner: new_owner_token(),
+            ttl,
+            max_wait,
+            attempt: 0,
+            metadata: None,
+            min_hold: None,
+        })
     }
 
     /// The same attempt, waiting at most `max_wait`.

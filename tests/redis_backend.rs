@@ -109,9 +109,9 @@ async fn acquire_status_release() {
     b.release(r.key(), "alice").await.unwrap();
     assert_eq!(b.status(r.key()).await.unwrap(), None);
     assert_eq!(b.release(r.key(), "alice").await, Err(LockError::NotFound));
-    // The lock key is gone; the fence counter stays (no TTL).
+    // The lock key is gone; the slot's fence counter stays (no TTL).
     assert_eq!(server.cmd(&["EXISTS", &stored("a", "")]), "0");
-    assert_eq!(server.cmd(&["PTTL", &stored("a", ":fence")]), "-1");
+    assert_eq!(server.cmd(&["PTTL", &b.fence_counter_key(r.key())]), "-1");
 }
 
 /// The fast path reports times from the caller's clock, read before the
@@ -260,7 +260,7 @@ async fn fences_of_fifteen_digits_and_more_are_stored_exactly() {
     // with `%d` from there on.
     let server = RedisServer::start();
     let b = backend(&server);
-    server.cmd(&["SET", &stored("big", ":fence"), "99999999999998"]);
+    server.cmd(&["SET", &b.fence_counter_key(&key("big")), "99999999999998"]);
     for expected in [
         99_999_999_999_999_u64,
         100_000_000_000_000,
@@ -320,6 +320,88 @@ async fn fence_increases_across_release_expiry_and_instances() {
             .fence,
     );
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+/// A counter left per key by a version before per-slot counters is
+/// migrated on first use: the fence exceeds both counters, then the per-key
+/// one goes. On the fast path's slow twin (first acquire), on a hand-off and
+/// when the slot's counter is already the larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_per_key_counters_are_migrated_on_first_use() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let acquire = |name: &'static str| {
+        let b = b.clone();
+        async move {
+            b.acquire(&req(name, "o", 10 * SEC, Duration::ZERO))
+                .await
+                .unwrap()
+                .fence
+        }
+    };
+
+    // The legacy counter is ahead of the slot's.
+    server.cmd(&["SET", &stored("old", ":fence"), "1000"]);
+    assert_eq!(acquire("old").await, 1001);
+    assert_eq!(server.cmd(&["EXISTS", &stored("old", ":fence")]), "0");
+    assert_eq!(
+        server.cmd(&["GET", &b.fence_counter_key(&key("old"))]),
+        "1001"
+    );
+    b.release(&key("old"), "o").await.unwrap();
+    assert_eq!(acquire("old").await, 1002);
+    b.release(&key("old"), "o").await.unwrap();
+
+    // The slot's counter is ahead: it wins, the legacy one still goes.
+    server.cmd(&["SET", &b.fence_counter_key(&key("ahead")), "5000"]);
+    server.cmd(&["SET", &stored("ahead", ":fence"), "10"]);
+    assert_eq!(acquire("ahead").await, 5001);
+    assert_eq!(server.cmd(&["EXISTS", &stored("ahead", ":fence")]), "0");
+    b.release(&key("ahead"), "o").await.unwrap();
+
+    // A hand-off draws its fence through the same migration.
+    let held = acquire("h").await;
+    let waiter = spawn_acquire(&b, req("h", "w", 10 * SEC, 5 * SEC));
+    queued(&server, "h", 1).await;
+    let legacy = (held + 100).to_string();
+    server.cmd(&["SET", &stored("h", ":fence"), &legacy]);
+    b.release(&key("h"), "o").await.unwrap();
+    assert_eq!(granted(waiter).await.fence, held + 101);
+    assert_eq!(server.cmd(&["EXISTS", &stored("h", ":fence")]), "0");
+}
+
+/// Locking 10^5 distinct keys leaves at most one counter per hash slot
+/// behind (per-key counters would leave 10^5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_keys_leave_a_bounded_number_of_keys() {
+    const KEYS: usize = 100_000;
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let mut names = (0..KEYS).map(|i| format!("order-{i}"));
+    loop {
+        let batch: Vec<String> = names.by_ref().take(500).collect();
+        // (Checked before spawning, as the loop's end.)
+        if batch.is_empty() {
+            break;
+        }
+        let cycles = batch.into_iter().map(|name| {
+            let b = b.clone();
+            async move {
+                let r = AcquireRequest::new(key(&name), "o", 10 * SEC, Duration::ZERO).unwrap();
+                b.acquire(&r).await.unwrap();
+                b.release(r.key(), "o").await.unwrap();
+            }
+        });
+        let handles: Vec<_> = cycles.map(tokio::spawn).collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+    }
+    let left: usize = server.cmd(&["DBSIZE"]).parse().unwrap();
+    assert!(
+        left <= 16_384,
+        "{left} keys left after locking {KEYS} distinct keys"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -495,11 +577,17 @@ async fn route_keys_with_braces_and_long_keys_work() {
     let server = RedisServer::start();
     let b = backend(&server).prefix("app:");
     let k = LockKey::route("/orders/{id}", "}{".repeat(256)).unwrap();
+    let k_ = k.clone();
     let r = AcquireRequest::new(k.clone(), "o", SEC, Duration::ZERO).unwrap();
     b.acquire(&r).await.unwrap();
     assert_eq!(b.status(&k).await.unwrap().unwrap().owner, "o");
+    // The lock's keys hashed; beside them only the slot's fence counter.
     let keys = server.cmd(&["KEYS", "app:*"]);
-    assert!(keys.lines().all(|k| k.starts_with("app:{h:")), "{keys}");
+    assert!(
+        keys.lines()
+            .all(|k| k.starts_with("app:{h:") || k == b.fence_counter_key(&k_)),
+        "{keys}"
+    );
     b.release(&k, "o").await.unwrap();
 }
 

@@ -49,6 +49,13 @@
 //!   timeout; acquire within max wait + op timeout). A call repeated after a
 //!   lost reply must be safe: only repeat what is idempotent.
 //!
+//! **Single-flight** ([`SingleFlight`](crate::SingleFlight)) needs three
+//! more operations, on keys of their own namespace ([`LockKey::is_flight`]):
+//! [`flight_begin`](LockBackend::flight_begin),
+//! [`flight_result`](LockBackend::flight_result) and
+//! [`flight_publish`](LockBackend::flight_publish). Their defaults answer
+//! [`LockError::Unsupported`].
+//!
 //! Optional: [`LockBackend::extend_many`] (the watchdog renews every due
 //! lock in one call: override it to use one round trip), and
 //! [`LockBackend::try_acquire_now`]/[`try_release_now`](LockBackend::try_release_now),
@@ -81,8 +88,10 @@ pub use crate::error::LockError;
 pub use crate::key::{KeyDigest, LockKey};
 pub use crate::metadata::{LockMetadata, MAX_METADATA_BYTES};
 pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
+pub use flight::{FlightPublish, FlightResult, FlightStart, FlightWait};
 pub use shared::SharedBackend;
 
+mod flight;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -309,6 +318,60 @@ pub trait LockBackend: Send + Sync + 'static {
             out
         })
     }
+
+    /// Single-flight, one atomic step for the flight `req.key()`: the stored
+    /// result if it still answers new callers ([`FlightStart::Fresh`]); else
+    /// the flight's lock if it is free, taken as [`acquire`] without waiting
+    /// would ([`FlightStart::Leader`]); else a registration for a wake-up
+    /// with the next result ([`FlightStart::Busy`]), made before this step
+    /// returns so that no result published after it is missed.
+    ///
+    /// `req.max_wait()` is how long the caller will wait if the flight is
+    /// busy (it waits on the lock with [`acquire`] and on the wake-up
+    /// together); this call itself never waits.
+    ///
+    /// [`acquire`]: LockBackend::acquire
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        let _ = req;
+        Box::pin(std::future::ready(Err(LockError::Unsupported(
+            "this lock backend does not implement single-flight",
+        ))))
+    }
+
+    /// The newest result stored for the flight `key` while it is kept
+    /// ([`FlightPublish::keep`]), fresh or not: for a caller that waited and
+    /// now holds the flight's lock, to see whether a result came meanwhile.
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(LockError::Unsupported(
+            "this lock backend does not implement single-flight",
+        ))))
+    }
+
+    /// One atomic step for the leader of the flight `key`, holding its lock
+    /// as `owner` with the fence `publish.fence`: store the result (unless a
+    /// result with a larger `seq` is stored already), wake every registered
+    /// waiter with it, and release the lock (handing it on as
+    /// [`release`](LockBackend::release) does). Checked like a release:
+    /// [`LockError::NotFound`] or [`LockError::OwnershipMismatch`] when the
+    /// caller no longer holds the lock, and then nothing is stored.
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        let _ = (key, owner, publish);
+        Box::pin(std::future::ready(Err(LockError::Unsupported(
+            "this lock backend does not implement single-flight",
+        ))))
+    }
 }
 
 /// One extension in a [`LockBackend::extend_many`] batch.
@@ -375,6 +438,26 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
         (**self).try_release_now(key, owner)
+    }
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        (**self).flight_begin(req)
+    }
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        (**self).flight_result(key)
+    }
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        (**self).flight_publish(key, owner, publish)
     }
 }
 

@@ -29,7 +29,7 @@ pub(crate) fn acquire_now(
 
 /// The outcome of an acquisition, traced; `started` is when the lock's TTL
 /// began at the earliest.
-fn acquired(
+pub(crate) fn acquired(
     req: &AcquireRequest,
     result: Result<Lease, LockError>,
     started: tokio::time::Instant,

@@ -154,7 +154,7 @@ impl HeldLock {
 
     /// Renew this lock through `backend`'s watchdog until the handle is
     /// dropped.
-    pub(super) fn watch(&self, backend: &SharedBackend) -> WatchHandle {
+    pub(crate) fn watch(&self, backend: &SharedBackend) -> WatchHandle {
         backend.watchdog().watch(
             self.key.clone(),
             self.owner.clone(),

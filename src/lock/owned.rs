@@ -55,7 +55,7 @@ impl fmt::Debug for OwnedLock {
 }
 
 impl OwnedLock {
-    pub(super) fn from_parts(
+    pub(crate) fn from_parts(
         backend: SharedBackend,
         lock: HeldLock,
         watch: Option<WatchHandle>,
@@ -260,6 +260,14 @@ impl OwnedLock {
     /// Ask the backend who holds this lock now.
     pub async fn status(&self) -> Result<Option<LockStatus>, LockError> {
         self.backend.status(&self.lock.key).await
+    }
+
+    /// The backend released the lock as part of another operation (a
+    /// single-flight's publish): stop renewing, and do not release again.
+    pub(crate) fn released_by_backend(mut self) {
+        self.watch = None;
+        self.lock.finish();
+        self.released = true;
     }
 
     /// Give up the handle without releasing: the lock stays held until its

@@ -71,6 +71,11 @@ impl Harness {
         }
     }
 
+    /// Another handle on the same store, as a second process would have.
+    pub fn another(&self) -> SharedBackend {
+        (self.another)()
+    }
+
     /// Whether the clock is tokio's paused clock (durations are exact). Only
     /// for tests in the `virtual_time` list of `for_each_backend!`; a real
     /// server's clock cannot be paused, so there TTLs are short and real.
@@ -256,6 +261,41 @@ pub async fn redis_backend() -> Harness {
         Some(Box::new(server)),
     )
     .with_indexed(Arc::new(indexed))
+}
+
+/// A Redis backend on the Redis Cluster this test binary shares (3
+/// primaries), under a key prefix of this test's own.
+#[cfg(feature = "redis-cluster")]
+pub async fn redis_cluster_backend() -> Harness {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::common::redis_cluster::RedisCluster;
+    use tower_lock::backend::redis::RedisBackend;
+
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let cluster = RedisCluster::shared();
+    let urls = cluster.urls();
+    let prefix = format!(
+        "t{}-{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let make = move |index_owners: bool| -> SharedBackend {
+        SharedBackend::new(
+            RedisBackend::from_cluster_urls(urls.iter().map(String::as_str))
+                .expect("Redis backend for the test cluster")
+                .prefix(prefix.clone())
+                .index_owners(index_owners),
+        )
+    };
+    let indexed = make.clone();
+    Harness::new(
+        make(false),
+        BackendKind::Redis,
+        Arc::new(move || make(false)),
+        None,
+    )
+    .with_indexed(Arc::new(move || indexed(true)))
 }
 
 /// A PostgreSQL backend on a private server started for this test, its

@@ -5,7 +5,9 @@
 //! `queue`, `semantics`, `lifecycle`), and instantiated per backend by
 //! `for_each_backend!` below: `memory::*` runs against [`MemoryBackend`]
 //! (virtual time where TTLs matter), `redis::*` against a private Redis
-//! server, `postgres::*` against a private PostgreSQL server.
+//! server, `redis_cluster::*` against a private Redis Cluster shared by the
+//! binary (each test under a key prefix of its own), `postgres::*` against
+//! a private PostgreSQL server.
 //!
 //! [`MemoryBackend`]: tower_lock::MemoryBackend
 
@@ -15,6 +17,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod flight;
 mod harness;
 mod keys;
 mod lifecycle;
@@ -26,6 +29,7 @@ mod support;
 
 /// Every backend-generic test, by name.
 mod tests {
+    pub use super::flight::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -99,6 +103,11 @@ for_each_backend! {
             crate::harness::redis_backend(),
             crate::harness::redis_backend(),
             (),
+        #[cfg(feature = "redis-cluster")]
+        redis_cluster =>
+            crate::harness::redis_cluster_backend(),
+            crate::harness::redis_cluster_backend(),
+            (),
         #[cfg(feature = "postgres")]
         postgres =>
             crate::harness::postgres_backend(),
@@ -153,6 +162,18 @@ for_each_backend! {
             keep_after_response_then_release_through_admin,
             admin_force_release_and_bad_keys,
             calls_after_the_response_say_already_released,
+            // Single-flight.
+            a_burst_computes_once,
+            a_burst_across_two_handles_computes_once,
+            a_zero_result_ttl_answers_only_the_waiting,
+            a_failed_leader_hands_over_to_exactly_one_waiter,
+            an_oversized_result_is_not_shared,
+            a_flight_and_a_lock_of_one_name_never_meet,
+            the_layer_shares_one_response,
+            the_layer_never_shares_private_or_failed_responses,
+            the_layer_never_shares_an_oversized_body,
+            the_layer_works_with_a_lock_layer_and_the_extractor,
+            waiters_are_woken_by_the_result_not_by_the_lock,
             // The seeds' APIs (issue 14).
             metadata_round_trips_through_every_lookup,
             bad_metadata_is_refused_before_anything_is_locked,
@@ -183,6 +204,10 @@ for_each_backend! {
             a_lock_that_ran_out_before_the_handler_is_refused,
             several_locks_wait_at_most_the_longest_max_wait,
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
+            the_result_ttl_is_honoured,
+            a_dead_leader_is_replaced_when_its_lock_runs_out,
+            waiting_past_the_max_wait_times_out,
+            the_layer_answers_429_after_the_max_wait,
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,

@@ -5,4 +5,5 @@ pub mod bank;
 pub mod logs;
 pub mod pg_server;
 pub mod proxy;
+pub mod redis_cluster;
 pub mod redis_server;

@@ -116,7 +116,20 @@ fn temp_dir(port: u16) -> PathBuf {
 /// collision makes our server exit, and another server must not be mistaken
 /// for ours). `None` if it exited or never answered.
 fn spawn(port: u16, dir: &PathBuf, args: &[String], timeout: Duration) -> Option<Child> {
-    let spawned = Command::new(BINARY)
+    spawn_with(port, dir, args, timeout, |_| {})
+}
+
+/// [`spawn`], with `configure` applied to the command first.
+pub fn spawn_with(
+    port: u16,
+    dir: &PathBuf,
+    args: &[String],
+    timeout: Duration,
+    configure: impl FnOnce(&mut Command),
+) -> Option<Child> {
+    let mut server = Command::new(BINARY);
+    configure(&mut server);
+    let spawned = server
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
         .args(["--save", ""])
@@ -154,8 +167,8 @@ fn spawn(port: u16, dir: &PathBuf, args: &[String], timeout: Duration) -> Option
     None
 }
 
-/// A minimal RESP client: one command, one reply.
-fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
+/// A minimal RESP client: one command, one reply (see [`RedisServer::cmd`]).
+pub fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut out = format!("*{}\r\n", args.len());

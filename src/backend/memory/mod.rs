@@ -23,6 +23,7 @@
 //!   state forever.
 //! - Uses tokio's clock, so tests can pause and advance time.
 
+mod flight;
 mod queue;
 mod sweep;
 mod table;
@@ -32,7 +33,9 @@ use std::time::Duration;
 
 use self::queue::acquire;
 use self::table::{Inner, lock};
-use super::{BoxFuture, HeldBy, Lease, LockBackend, LockStatus};
+use super::{
+    BoxFuture, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend, LockStatus,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -133,6 +136,31 @@ impl LockBackend for MemoryBackend {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
         Box::pin(std::future::ready(Ok(self.inner.held_by(owner, limit))))
+    }
+
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        Box::pin(std::future::ready(self.inner.flight_begin(req)))
+    }
+
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        Box::pin(std::future::ready(Ok(self.inner.flight_result(key))))
+    }
+
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(std::future::ready(
+            self.inner.flight_publish(key, owner, publish),
+        ))
     }
 }
 

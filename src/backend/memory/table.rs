@@ -11,6 +11,7 @@ use hashbrown::hash_table::OccupiedEntry;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use super::flight::Flights;
 use super::queue::{Waiter, nudge_head};
 use crate::backend::{HeldBy, Lease, LockStatus};
 use crate::error::LockError;
@@ -24,6 +25,7 @@ pub(super) const SHARDS: usize = 64;
 pub(super) struct Inner {
     pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) fence: AtomicU64,
+    pub(super) flights: Flights,
 }
 
 impl Default for Inner {
@@ -31,6 +33,7 @@ impl Default for Inner {
         Inner {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             fence: AtomicU64::new(0),
+            flights: Flights::default(),
         }
     }
 }

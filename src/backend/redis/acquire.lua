@@ -1,4 +1,5 @@
--- acquire: KEYS = lock, fence, queue, waiters
+-- acquire: KEYS = lock, fence (the slot's counter), queue, waiters, legacy
+-- fence (the lock's own counter of versions before per-slot counters)
 -- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
 -- value the fast path stores: one argument less than sending them apart,
 -- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
@@ -7,8 +8,9 @@
 -- waiting), else {1, fence, acquired ms, now ms} or
 -- {0, holder's remaining ms, 1 if this call created a queue entry else 0}.
 
-if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  -- Free and nobody waiting: the fast path. No `TIME` and a bare integer
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then
+  -- Free, nobody waiting and no legacy counter to migrate: the fast path.
+  -- No `TIME` and a bare integer
   -- reply: together they were a third of this script's server time. The
   -- stored acquisition time is the caller's (only `status` shows it).
   -- Measured cheaper than the obvious spelling: no locals (`KEYS[i]` and

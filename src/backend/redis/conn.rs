@@ -8,14 +8,20 @@
 //! which lets the pool open another in its place) and clones it per
 //! operation (a few reference counts). The pool is used again only to
 //! replace that connection when it breaks.
+//!
+//! On a cluster the one connection is a redis-rs `ClusterConnection`: a
+//! multiplexed connection per node behind one handle, which routes each
+//! script by its first key's hash slot and follows `MOVED`/`ASK`
+//! redirections and `TRYAGAIN` (a slot being migrated) itself; those
+//! retries stop when the caller's op timeout drops the request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{RedisError, ScriptInvocation, Value};
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{pool_error, redis_error, timed_out};
@@ -26,7 +32,7 @@ use crate::error::LockError;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub(super) struct Pinned {
-    pool: Pool,
+    source: Source,
     slot: Mutex<Option<Slot>>,
     /// Single flight for replacing the connection.
     connecting: tokio::sync::Mutex<()>,
@@ -35,15 +41,63 @@ pub(super) struct Pinned {
     policy_checked: AtomicBool,
 }
 
+/// Where connections come from.
+pub(super) enum Source {
+    /// One server: the pool.
+    Single(Pool),
+    /// A cluster: its nodes (see `cluster.rs`).
+    #[cfg(feature = "redis-cluster")]
+    Cluster(super::cluster::Nodes),
+}
+
 struct Slot {
     generation: u64,
-    conn: MultiplexedConnection,
+    conn: Conn,
+}
+
+/// An operation's connection: cheap to clone, multiplexed.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(deadpool_redis::redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 impl Pinned {
-    pub(super) fn new(pool: Pool) -> Self {
+    pub(super) fn new(source: Source) -> Self {
         Pinned {
-            pool,
+            source,
             slot: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
@@ -51,8 +105,18 @@ impl Pinned {
         }
     }
 
-    pub(super) fn pool(&self) -> &Pool {
-        &self.pool
+    /// The pool of a single-server backend.
+    pub(super) fn pool(&self) -> Option<&Pool> {
+        match &self.source {
+            Source::Single(pool) => Some(pool),
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(_) => None,
+        }
+    }
+
+    /// Whether this is a cluster's connection.
+    pub(super) fn is_cluster(&self) -> bool {
+        !matches!(self.source, Source::Single(_))
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Slot>> {
@@ -61,11 +125,11 @@ impl Pinned {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn current(&self) -> Option<(u64, Conn)> {
         self.slot().as_ref().map(|s| (s.generation, s.conn.clone()))
     }
 
-    async fn get(&self, end: Instant) -> Result<(u64, MultiplexedConnection), LockError> {
+    pub(super) async fn get(&self, end: Instant) -> Result<(u64, Conn), LockError> {
         match self.current() {
             Some(current) => Ok(current),
             // Boxed: connecting is rare, and its (large) future would
@@ -74,21 +138,34 @@ impl Pinned {
         }
     }
 
-    async fn connect(&self, end: Instant) -> Result<(u64, MultiplexedConnection), LockError> {
+    async fn connect(&self, end: Instant) -> Result<(u64, Conn), LockError> {
         let _single_flight = timeout_at(end, self.connecting.lock())
             .await
             .map_err(|_| timed_out("waiting for a Redis connection"))?;
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let object = match timeout_at(end, self.pool.get()).await {
-            Ok(Ok(object)) => object,
-            Ok(Err(e)) => return Err(pool_error(e)),
-            Err(_) => return Err(timed_out("connecting to Redis")),
+        let conn = match &self.source {
+            Source::Single(pool) => {
+                let object = match timeout_at(end, pool.get()).await {
+                    Ok(Ok(object)) => object,
+                    Ok(Err(e)) => return Err(pool_error(e)),
+                    Err(_) => return Err(timed_out("connecting to Redis")),
+                };
+                let mut conn = deadpool_redis::Connection::take(object);
+                conn.set_response_timeout(RESPONSE_TIMEOUT);
+                self.check_server(&mut conn, end).await?;
+                Conn::Single(conn)
+            }
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(nodes) => {
+                let conn = nodes.connect(end).await?;
+                if !self.policy_checked.swap(true, Ordering::Relaxed) {
+                    nodes.check_policy(&conn, end).await;
+                }
+                Conn::Cluster(conn)
+            }
         };
-        let mut conn = deadpool_redis::Connection::take(object);
-        conn.set_response_timeout(RESPONSE_TIMEOUT);
-        self.check_server(&mut conn, end).await?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         *self.slot() = Some(Slot {
             generation,
@@ -97,7 +174,7 @@ impl Pinned {
         Ok((generation, conn))
     }
 
-    /// On a new connection: refuse a server too old for the scripts, and
+    /// On a new connection to one server: refuse a server too old for the scripts, and
     /// (once per backend) warn about an eviction policy that can drop locks.
     async fn check_server(
         &self,
@@ -107,7 +184,7 @@ impl Pinned {
         let mut info = deadpool_redis::redis::cmd("INFO");
         info.arg("server");
         match timeout_at(end, info.query_async::<String>(conn)).await {
-            Ok(Ok(info)) => check_version(&info)?,
+            Ok(Ok(info)) => check_version(&info, MIN_REDIS_MAJOR)?,
             Ok(Err(e)) if is_connection_error(&e) => return Err(redis_error(&e)),
             // INFO not allowed (ACL): nothing to judge by.
             Ok(Err(_)) => {}
@@ -119,17 +196,7 @@ impl Pinned {
         let mut get = deadpool_redis::redis::cmd("CONFIG");
         get.arg("GET").arg("maxmemory-policy");
         match timeout_at(end, get.query_async::<Vec<String>>(conn)).await {
-            Ok(Ok(reply)) => {
-                if let Some(risk) = reply.get(1).and_then(|p| eviction_risk(p)) {
-                    tracing::warn!(
-                        policy = %reply[1],
-                        "Redis may evict tower-lock's keys: {risk}. Run the lock Redis with \
-                         `maxmemory-policy noeviction`"
-                    );
-                }
-            }
-            // CONFIG renamed or not allowed (managed Redis): cannot tell.
-            Ok(Err(e)) => tracing::debug!(error = %e, "could not read maxmemory-policy"),
+            Ok(reply) => warn_about_policy(reply),
             Err(_) => return Err(timed_out("waiting for Redis to answer")),
         }
         Ok(())
@@ -165,11 +232,20 @@ impl Pinned {
         invocation: &ScriptInvocation<'_>,
         end: Instant,
     ) -> Result<Value, LockError> {
+        self.eval_on(invocation, end).await.map(|(value, _)| value)
+    }
+
+    /// [`Pinned::eval`], also returning the connection the script ran on.
+    pub(super) async fn eval_on(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        end: Instant,
+    ) -> Result<(Value, Conn), LockError> {
         let mut retried = false;
         loop {
             let (generation, mut conn) = self.get(end).await?;
             match timeout_at(end, invocation.invoke_async::<Value>(&mut conn)).await {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => return Ok((value, conn)),
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);
                     if !retried && Instant::now() < end {
@@ -190,24 +266,41 @@ impl Pinned {
     }
 }
 
+/// Warn when the `CONFIG GET maxmemory-policy` reply names a policy that
+/// can evict locks.
+pub(super) fn warn_about_policy(reply: Result<Vec<String>, RedisError>) {
+    match reply {
+        Ok(reply) => {
+            if let Some(risk) = reply.get(1).and_then(|p| eviction_risk(p)) {
+                tracing::warn!(
+                    policy = %reply[1],
+                    "Redis may evict tower-lock's keys: {risk}. Run the lock Redis with \
+                     `maxmemory-policy noeviction`"
+                );
+            }
+        }
+        // CONFIG renamed or not allowed (managed Redis): cannot tell.
+        Err(e) => tracing::debug!(error = %e, "could not read maxmemory-policy"),
+    }
+}
+
 /// The oldest Redis the scripts run on: they read `TIME` before writing,
 /// which needs effects replication, the default from 5.0 on (earlier
 /// servers refuse such scripts).
 pub(super) const MIN_REDIS_MAJOR: u32 = 5;
 
-/// `Err` for a server older than [`MIN_REDIS_MAJOR`], from `INFO server`.
-/// A server that does not say its version is given the benefit of the doubt.
-pub(super) fn check_version(info: &str) -> Result<(), LockError> {
+/// `Err` for a server older than `min_major` ([`MIN_REDIS_MAJOR`] for one
+/// server), from `INFO server`. A server that does not say its version is
+/// given the benefit of the doubt.
+pub(super) fn check_version(info: &str, min_major: u32) -> Result<(), LockError> {
     let version = info
         .lines()
         .find_map(|line| line.trim().strip_prefix("redis_version:"));
     let major = version.and_then(|v| v.split('.').next()?.parse::<u32>().ok());
     match (version, major) {
-        (Some(version), Some(major)) if major < MIN_REDIS_MAJOR => {
-            Err(LockError::BackendUnavailable(format!(
-                "Redis {version} is too old: tower-lock needs Redis {MIN_REDIS_MAJOR}.0 or newer"
-            )))
-        }
+        (Some(version), Some(major)) if major < min_major => Err(LockError::BackendUnavailable(
+            format!("Redis {version} is too old: tower-lock needs Redis {min_major}.0 or newer"),
+        )),
         _ => Ok(()),
     }
 }
@@ -235,11 +328,13 @@ mod tests {
     #[test]
     fn servers_older_than_five_are_refused() {
         let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
-        assert!(check_version(&info("7.0.15")).is_ok());
-        assert!(check_version(&info("5.0.0")).is_ok());
-        let old = check_version(&info("4.0.9")).unwrap_err();
+        assert!(check_version(&info("7.0.15"), 5).is_ok());
+        assert!(check_version(&info("5.0.0"), 5).is_ok());
+        let old = check_version(&info("4.0.9"), 5).unwrap_err();
         assert!(old.to_string().contains("4.0.9"), "{old}");
-        assert!(check_version("no version here").is_ok());
+        assert!(check_version("no version here", 5).is_ok());
+        // Sharded pub/sub, for a cluster.
+        assert!(check_version(&info("6.2.14"), 7).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use deadpool_redis::redis::Value;
 
 use super::RedisBackend;
-use super::keys::{ALL, META};
+use super::keys::Keys;
 use super::scripts::{SCRIPTS, array, ceil_ms, int, string_at};
 use crate::backend::{HeldBy, Lease, LockStatus, join_all};
 use crate::error::LockError;
@@ -83,7 +83,7 @@ impl RedisBackend {
         metadata: &LockMetadata,
     ) -> Result<(), LockError> {
         let mut inv = SCRIPTS.metadata.prepare_invoke();
-        self.keys(&mut inv, req.key(), &[META]);
+        self.keys(&mut inv, req.key(), Keys::LockAndMeta);
         inv.arg(req.owner()).arg(fence).arg(metadata.as_json());
         // 0: the lock is not this acquisition's any more (it ran out); the
         // handle learns that as any lost lock.
@@ -169,9 +169,6 @@ impl RedisBackend {
         Ok(found)
     }
 }
-
-/// Keys for `status.lua`: the lock's, then its other keys and the metadata's.
-pub(super) const STATUS_KEYS: &[&str] = &[ALL[0], ALL[1], ALL[2], META];
 
 /// A status reply with its metadata attached.
 pub(super) fn with_metadata(status: LockStatus, reply: &[Value]) -> LockStatus {

@@ -1,4 +1,5 @@
--- force release: KEYS = lock, fence, queue, waiters, done; ARGV = nonce
+-- force release: KEYS = lock, fence, queue, waiters, legacy fence, done;
+-- ARGV = nonce
 -- Returns 1 if a lock was held, else 0.
 --
 -- Safe to run twice: a connection can break after Redis ran the script but
@@ -6,7 +7,7 @@
 -- would free the waiter the first one handed the lock to, and hand it to the
 -- next: two holders. So the first run records its nonce and answer in
 -- `done` for a minute, and a run with the same nonce only repeats the answer.
-local lock, fence, queue, waiters, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fence, queue, waiters, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 local seen = redis.call('GET', done)
 if seen then
   local nonce, answer = string.match(seen, '^(%S+) (%d)$')

@@ -1,4 +1,4 @@
--- leave: a waiter gives up. KEYS = lock, fence, queue, waiters
+-- leave: a waiter gives up. KEYS = lock, fence, queue, waiters, legacy fence
 -- ARGV = owner, waiter id, channel, mode ('claim' or 'drop')
 -- Leaves the queue; if the lock was handed to this waiter meanwhile, mode
 -- 'claim' keeps it ({1, fence, acquired ms}) and 'drop' releases it to the

@@ -15,8 +15,10 @@
 //!   `acquired_at`/`expires_at` from the caller's clock read just before the
 //!   request, so the reported expiry errs early, never late; the server's TTL
 //!   starts when the script runs.
-//! - **Fencing tokens** come from a per-lock counter key without TTL, so they
-//!   strictly increase across release, expiry and every instance.
+//! - **Fencing tokens** come from one counter per cluster hash slot (a key
+//!   without TTL in the lock's own slot), so they strictly increase across
+//!   release, expiry and every instance, and the number of counters stays
+//!   bounded (at most 16,384) however many distinct keys are locked.
 //! - **Fair, direct hand-off**: waiters queue in Redis (FIFO). A release hands
 //!   the lock straight to the oldest live waiter and wakes only that waiter
 //!   through pub/sub, which returns without another round trip. Newcomers
@@ -38,7 +40,8 @@
 //! | key | type | content |
 //! |---|---|---|
 //! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <attempt> <owner>"` |
-//! | `lock:{E}:fence` | integer, no TTL | fencing counter |
+//! | `lock:{fence:T}` | integer, no TTL | fencing counter of the hash slot of `{E}` (`T`: see [`RedisBackend::fence_counter_key`]) |
+//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
@@ -65,9 +68,17 @@
 //! - A waiter whose process dies stays in the queue until its own deadline
 //!   (its max wait); if the lock is handed to it before then, the lock stays
 //!   unused until that hand-off's TTL ends.
-//! - The fence counter of a key is kept forever (one small key per lock
-//!   name ever used).
+//! - The fence counters are kept forever: at most one small key per hash
+//!   slot (16,384), whatever the number of lock names used.
+//! - Upgrading from per-lock counters: the first acquisition of a lock by
+//!   this version draws a fence above both its old counter and its slot's,
+//!   then deletes the old counter. An instance of an older version running
+//!   beside this one would recreate that counter from 1: its fences then go
+//!   backwards (a fenced store refuses its writes as stale), so stop the old
+//!   instances before the new ones lock the same keys.
 
+#[cfg(feature = "redis-cluster")]
+mod cluster;
 mod conn;
 mod error;
 mod extras;
@@ -84,9 +95,9 @@ use std::time::Duration;
 use deadpool_redis::redis::{Client, IntoConnectionInfo};
 use deadpool_redis::{Config, Pool, Runtime};
 
-use self::conn::Pinned;
+use self::conn::{Pinned, Source};
 use self::error::config_error;
-use self::wake::Wakeups;
+use self::wake::{Transport, Wakeups};
 use super::{BoxFuture, ExtendRequest, HeldBy, Lease, LockBackend, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -197,15 +208,71 @@ impl RedisBackend {
         connection_info: impl IntoConnectionInfo,
     ) -> Result<Self, LockError> {
         let client = Client::open(connection_info).map_err(|e| config_error(&e))?;
-        Ok(RedisBackend {
+        Ok(Self::with(Source::Single(pool), Transport::Single(client)))
+    }
+
+    /// A backend on a Redis Cluster (Redis 7 or newer), from the URLs (or
+    /// [`ConnectionInfo`](deadpool_redis::redis::ConnectionInfo)s) of some
+    /// of its nodes: any reachable one is enough to learn the rest, and
+    /// naming several (say every primary) lets the backend start while one
+    /// is down. `rediss://` needs the feature `tls`; credentials in the
+    /// first URL apply to every node.
+    ///
+    /// Every operation is one script on the shard owning the lock's hash
+    /// slot (all keys of a lock share it); waiters are woken through
+    /// sharded pub/sub on that shard. See the README's "Redis Cluster"
+    /// section for what holds across a failover.
+    ///
+    /// Nothing is connected yet: connection errors show up as
+    /// [`LockError::BackendUnavailable`] from the first calls.
+    ///
+    /// ```no_run
+    /// use tower_lock::backend::redis::RedisBackend;
+    ///
+    /// # fn demo() -> Result<(), tower_lock::LockError> {
+    /// let backend = RedisBackend::from_cluster_urls([
+    ///     "redis://10.0.0.1:7000",
+    ///     "redis://10.0.0.2:7000",
+    ///     "redis://10.0.0.3:7000",
+    /// ])?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::BackendUnavailable`] if no node is given or a URL is
+    /// invalid.
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn from_cluster_urls<I>(nodes: I) -> Result<Self, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| config_error(&e))?;
+        let nodes = cluster::Nodes::new(nodes)?;
+        Ok(Self::with(
+            Source::Cluster(nodes.clone()),
+            Transport::Cluster(nodes),
+        ))
+    }
+
+    fn with(source: Source, transport: Transport) -> Self {
+        RedisBackend {
             shared: Arc::new(Shared {
-                conn: Pinned::new(pool),
-                wake: Wakeups::new(client),
+                conn: Pinned::new(source),
+                wake: Wakeups::new(transport),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
             index_owners: false,
-        })
+        }
     }
 
     /// Put every key under `prefix` instead of `lock:`.
@@ -261,9 +328,14 @@ impl RedisBackend {
         self.op_timeout
     }
 
-    /// The pool connections come from.
-    pub fn get_pool(&self) -> &Pool {
+    /// The pool connections come from; `None` on a cluster.
+    pub fn get_pool(&self) -> Option<&Pool> {
         self.shared.conn.pool()
+    }
+
+    /// Whether this backend is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.shared.conn.is_cluster()
     }
 }
 

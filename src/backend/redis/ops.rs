@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::RedisBackend;
 use super::error::bad_reply;
-use super::keys::ALL;
+use super::keys::Keys;
 use super::scripts::{
     SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
 };
@@ -59,7 +59,7 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
         let mut inv = SCRIPTS.acquire.prepare_invoke();
-        self.keys(&mut inv, req.key(), ALL);
+        let slot = self.keys(&mut inv, req.key(), Keys::All);
         // Our clock is only stored for `status` to show; the lease counts
         // from it too, which errs on the early side: the server's TTL starts
         // when the script runs, after this.
@@ -70,7 +70,9 @@ impl RedisBackend {
         inv.arg(ttl_ms)
             .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
         if let Some((wait_ms, id)) = queue {
-            inv.arg(wait_ms).arg(id).arg(self.shared.wake.channel());
+            inv.arg(wait_ms)
+                .arg(id)
+                .arg(self.shared.wake.channel(slot).as_ref());
         }
         let reply = match self.shared.conn.eval(&inv, end).await? {
             // The fast path: free and nobody waiting.
@@ -106,8 +108,10 @@ impl RedisBackend {
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
         let mut inv = SCRIPTS.leave.prepare_invoke();
-        self.keys(&mut inv, key, ALL);
-        inv.arg(owner).arg(id).arg(self.shared.wake.channel());
+        let slot = self.keys(&mut inv, key, Keys::All);
+        inv.arg(owner)
+            .arg(id)
+            .arg(self.shared.wake.channel(slot).as_ref());
         inv.arg(match mode {
             LeaveMode::Claim => "claim",
             LeaveMode::Drop => "drop",
@@ -131,7 +135,7 @@ impl RedisBackend {
 
     pub(super) async fn release_inner(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
         let mut inv = SCRIPTS.release.prepare_invoke();
-        self.keys(&mut inv, key, ALL);
+        self.keys(&mut inv, key, Keys::All);
         // The script finds the holder as the value's tail after a space, which
         // is exact only for owners without spaces; no holder has one (see
         // `validate_owner`), so such an owner (or an empty one) goes as " ",
@@ -159,7 +163,7 @@ impl RedisBackend {
         const WHAT: &str = "extend";
         validate_ttl(ttl)?;
         let mut inv = SCRIPTS.extend.prepare_invoke();
-        self.keys(&mut inv, key, &[super::keys::META]);
+        self.keys(&mut inv, key, Keys::LockAndMeta);
         inv.arg(owner).arg(ceil_ms(ttl));
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
@@ -177,7 +181,7 @@ impl RedisBackend {
 
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
         let mut inv = SCRIPTS.force_release.prepare_invoke();
-        self.keys(&mut inv, key, &[":fence", ":q", ":w", ":forced"]);
+        self.keys(&mut inv, key, Keys::AllAndForced);
         // Names this call, so that a run repeated after a lost reply only
         // repeats the first run's answer (see force_release.lua).
         inv.arg(uuid::Uuid::new_v4().simple().to_string());
@@ -191,7 +195,7 @@ impl RedisBackend {
     ) -> Result<Option<LockStatus>, LockError> {
         const WHAT: &str = "status";
         let mut inv = SCRIPTS.status.prepare_invoke();
-        self.keys(&mut inv, key, super::extras::STATUS_KEYS);
+        self.keys(&mut inv, key, Keys::AllAndMeta);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         if reply.is_empty() {
             return Ok(None);

@@ -1,4 +1,4 @@
--- release: KEYS = lock, fence, queue, waiters; ARGV = owner
+-- release: KEYS = lock, fence, queue, waiters, legacy fence; ARGV = owner
 -- Returns 1 (released), 0 (not held), -1 (held by another owner).
 
 local current = redis.call('GET', KEYS[1])

@@ -47,7 +47,8 @@ impl RedisBackend {
         };
         // Registered before the first attempt when the subscription is live,
         // so that attempt can already join the queue.
-        let mut grant_rx: Option<oneshot::Receiver<Grant>> = wake.register(guard.id);
+        let slot = self.slot(req.key());
+        let mut grant_rx: Option<oneshot::Receiver<Grant>> = wake.register(guard.id, slot);
         let mut recheck = RECHECK_FIRST;
         // Queue entries this call created. After a hand-off the lock can be
         // taken back (its TTL ran out before we read the grant, a force
@@ -89,7 +90,7 @@ impl RedisBackend {
                 // Subscribe, then try again at once: a release between the
                 // failed attempt and the subscription is not missed.
                 let end = (now + self.op_timeout).min(hard_end);
-                grant_rx = Some(wake.subscribe(guard.id, end, self.op_timeout).await?);
+                grant_rx = Some(wake.subscribe(guard.id, slot, end, self.op_timeout).await?);
                 continue;
             };
             // Wake when handed the lock, when the holder's TTL runs out (it
@@ -122,7 +123,7 @@ impl RedisBackend {
                             Left::Claimed(lease) => return Ok(lease),
                             Left::NotHeld(_) => {
                                 entries = 0;
-                                grant_rx = wake.register(guard.id);
+                                grant_rx = wake.register(guard.id, slot);
                             }
                             Left::Dropped => return Err(bad_reply("leave")),
                         }

@@ -17,6 +17,8 @@
 //! granted to.
 
 use std::collections::HashMap;
+#[cfg(feature = "redis-cluster")]
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,8 +45,18 @@ pub(super) struct Grant {
     pub(super) acquired_ms: u64,
 }
 
+/// Where the subscription is made.
+pub(super) enum Transport {
+    /// One server: `SUBSCRIBE` to the backend's channel.
+    Single(Client),
+    /// A cluster: `SSUBSCRIBE` to the backend's channel of each hash slot
+    /// it waits in, on the shard owning that slot.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(super::cluster::Nodes),
+}
+
 pub(super) struct Wakeups {
-    client: Client,
+    transport: Transport,
     channel: String,
     dispatch: Arc<Dispatch>,
     connecting: tokio::sync::Mutex<()>,
@@ -61,8 +73,15 @@ struct DispatchInner {
     /// The generation of the live subscription, if any.
     up: Option<u64>,
     generation: u64,
-    waiters: HashMap<u64, oneshot::Sender<Grant>>,
+    /// Waiter id → (hash slot of its lock, where its grant goes).
+    waiters: HashMap<u64, (u16, oneshot::Sender<Grant>)>,
     reader: Option<AbortHandle>,
+    /// Cluster: the slots whose channel is subscribed on the live
+    /// connection; the connection itself, to subscribe more.
+    #[cfg(feature = "redis-cluster")]
+    slots: HashSet<u16>,
+    #[cfg(feature = "redis-cluster")]
+    sharded: Option<deadpool_redis::redis::cluster_async::ClusterConnection>,
 }
 
 impl Dispatch {
@@ -76,7 +95,7 @@ impl Dispatch {
             return;
         };
         let waiter = self.lock().waiters.remove(&id);
-        if let Some(tx) = waiter {
+        if let Some((_, tx)) = waiter {
             // A waiter that is gone meanwhile leaves the queue with a script
             // that also releases a lock handed to it.
             let _ = tx.send(grant);
@@ -92,7 +111,36 @@ impl Dispatch {
             }
             inner.up = None;
             inner.reader = None;
+            #[cfg(feature = "redis-cluster")]
+            {
+                inner.slots.clear();
+                inner.sharded = None;
+            }
             std::mem::take(&mut inner.waiters)
+        };
+        drop(dropped);
+    }
+
+    /// Cluster: messages of the slots `lost` selects may have been missed
+    /// (a node's connection dropped, a slot moved away): forget their
+    /// subscriptions and wake their waiters to re-check and subscribe again.
+    #[cfg(feature = "redis-cluster")]
+    fn lost(&self, generation: u64, lost: impl Fn(u16) -> bool) {
+        let dropped: Vec<_> = {
+            let mut inner = self.lock();
+            if inner.up != Some(generation) {
+                return;
+            }
+            inner.slots.retain(|&slot| !lost(slot));
+            let ids: Vec<u64> = inner
+                .waiters
+                .iter()
+                .filter(|(_, (slot, _))| lost(*slot))
+                .map(|(&id, _)| id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| inner.waiters.remove(id))
+                .collect()
         };
         drop(dropped);
     }
@@ -108,9 +156,9 @@ impl Drop for Wakeups {
 }
 
 impl Wakeups {
-    pub(super) fn new(client: Client) -> Self {
+    pub(super) fn new(transport: Transport) -> Self {
         Wakeups {
-            client,
+            transport,
             channel: format!("tower-lock:wake:{}", uuid::Uuid::new_v4().simple()),
             dispatch: Arc::default(),
             connecting: tokio::sync::Mutex::new(()),
@@ -118,9 +166,20 @@ impl Wakeups {
         }
     }
 
-    /// This backend's channel, as stored with its queue entries.
-    pub(super) fn channel(&self) -> &str {
-        &self.channel
+    /// This backend's channel for a lock in hash `slot`, as stored with its
+    /// queue entries. On a cluster it carries a hash tag of that slot, so
+    /// the scripts can `SPUBLISH` to it (and they tell it by that brace).
+    pub(super) fn channel(&self, slot: u16) -> std::borrow::Cow<'_, str> {
+        let _ = slot;
+        match &self.transport {
+            Transport::Single(_) => std::borrow::Cow::Borrowed(&self.channel),
+            #[cfg(feature = "redis-cluster")]
+            Transport::Cluster(_) => std::borrow::Cow::Owned(format!(
+                "{}:{{{}}}",
+                self.channel,
+                super::keys::slot_hash_tag(slot)
+            )),
+        }
     }
 
     /// A fresh waiter id.
@@ -128,13 +187,18 @@ impl Wakeups {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Register waiter `id` if the subscription is live (so any grant
+    /// Register waiter `id`, waiting for a lock in hash `slot`, if the
+    /// subscription that would carry its grant is live (so any grant
     /// published from now on reaches it); `None` if it is not.
-    pub(super) fn register(&self, id: u64) -> Option<oneshot::Receiver<Grant>> {
+    pub(super) fn register(&self, id: u64, slot: u16) -> Option<oneshot::Receiver<Grant>> {
         let mut inner = self.dispatch.lock();
         inner.up?;
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.transport, Transport::Cluster(_)) && !inner.slots.contains(&slot) {
+            return None;
+        }
         let (tx, rx) = oneshot::channel();
-        inner.waiters.insert(id, tx);
+        inner.waiters.insert(id, (slot, tx));
         Some(rx)
     }
 
@@ -143,33 +207,56 @@ impl Wakeups {
         drop(removed);
     }
 
-    /// Register waiter `id`, subscribing first if needed, by `end`.
+    /// Register waiter `id` for hash `slot`, subscribing first if needed,
+    /// by `end`.
     pub(super) async fn subscribe(
         &self,
         id: u64,
+        slot: u16,
         end: Instant,
         op_timeout: Duration,
     ) -> Result<oneshot::Receiver<Grant>, LockError> {
         // Two rounds cover a subscription that dies right after being made.
         for _ in 0..2 {
-            if let Some(rx) = self.register(id) {
+            if let Some(rx) = self.register(id, slot) {
                 return Ok(rx);
             }
             // Boxed: rare, and large.
-            Box::pin(self.connect(end, op_timeout)).await?;
+            Box::pin(self.connect(slot, end, op_timeout)).await?;
         }
-        self.register(id)
+        self.register(id, slot)
             .ok_or_else(|| LockError::BackendUnavailable("Redis pub/sub connection lost".into()))
     }
 
-    async fn connect(&self, end: Instant, op_timeout: Duration) -> Result<(), LockError> {
+    async fn connect(
+        &self,
+        slot: u16,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<(), LockError> {
+        let _ = slot;
+        match &self.transport {
+            Transport::Single(client) => self.connect_single(client, end, op_timeout).await,
+            #[cfg(feature = "redis-cluster")]
+            Transport::Cluster(nodes) => {
+                sharded::subscribe(self, nodes, slot, end, op_timeout).await
+            }
+        }
+    }
+
+    async fn connect_single(
+        &self,
+        client: &Client,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<(), LockError> {
         let _single_flight = timeout_at(end, self.connecting.lock())
             .await
             .map_err(|_| timed_out("waiting for the Redis pub/sub connection"))?;
         if self.dispatch.lock().up.is_some() {
             return Ok(());
         }
-        let pubsub = match timeout_at(end, self.client.get_async_pubsub()).await {
+        let pubsub = match timeout_at(end, client.get_async_pubsub()).await {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(e)) => return Err(redis_error(&e)),
             Err(_) => return Err(timed_out("connecting to Redis for pub/sub")),
@@ -258,6 +345,160 @@ async fn keep_alive(mut sink: PubSubSink, op_timeout: Duration, dead: oneshot::S
 
 async fn next(stream: &mut PubSubStream) -> Option<deadpool_redis::redis::Msg> {
     std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
+}
+
+/// Sharded pub/sub on a cluster.
+///
+/// One RESP3 `ClusterConnection` per backend carries every subscription:
+/// `SSUBSCRIBE` to the backend's channel of a slot is routed to the shard
+/// owning that slot (following `MOVED` while the map is stale), made the
+/// first time a waiter waits in that slot and kept. Its pushes arrive on one
+/// queue: messages go to their waiter; a `sunsubscribe` the server sends on
+/// its own (the slot moved to another shard) and a node's disconnection
+/// mean messages may have been missed, so the waiters concerned (all of
+/// them for a disconnection: the push does not say which node) re-check at
+/// once and subscribe again, which lands on the slot's new owner. A
+/// `PING` to every primary each second catches a node that stopped
+/// answering without closing its connection.
+#[cfg(feature = "redis-cluster")]
+mod sharded {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use deadpool_redis::redis::cluster_async::ClusterConnection;
+    use deadpool_redis::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    use deadpool_redis::redis::{PushInfo, PushKind, Value, cmd};
+    use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+    use tokio::time::{Instant, timeout, timeout_at};
+
+    use super::{Dispatch, KEEPALIVE, Wakeups};
+    use crate::backend::redis::cluster::Nodes;
+    use crate::backend::redis::error::{redis_error, timed_out};
+    use crate::backend::redis::keys::slot_of;
+    use crate::error::LockError;
+
+    /// Subscribe to the backend's channel of `slot`, connecting first if
+    /// needed.
+    pub(super) async fn subscribe(
+        wake: &Wakeups,
+        nodes: &Nodes,
+        slot: u16,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<(), LockError> {
+        let _single_flight = timeout_at(end, wake.connecting.lock())
+            .await
+            .map_err(|_| timed_out("waiting for the Redis pub/sub connection"))?;
+        let (generation, conn) = {
+            let inner = wake.dispatch.lock();
+            if inner.slots.contains(&slot) {
+                return Ok(());
+            }
+            (inner.up, inner.sharded.clone())
+        };
+        let (generation, mut conn) = match (generation, conn) {
+            (Some(generation), Some(conn)) => (generation, conn),
+            _ => connect(wake, nodes, end, op_timeout).await?,
+        };
+        let channel = wake.channel(slot).into_owned();
+        match timeout_at(end, conn.ssubscribe(&channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(redis_error(&e)),
+            Err(_) => return Err(timed_out("subscribing to Redis")),
+        }
+        let mut inner = wake.dispatch.lock();
+        if inner.up == Some(generation) {
+            inner.slots.insert(slot);
+        }
+        Ok(())
+    }
+
+    async fn connect(
+        wake: &Wakeups,
+        nodes: &Nodes,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<(u64, ClusterConnection), LockError> {
+        let (tx, rx) = unbounded_channel();
+        let conn = nodes.pubsub(tx, end).await?;
+        let old_reader = {
+            let mut inner = wake.dispatch.lock();
+            inner.generation += 1;
+            let generation = inner.generation;
+            let reader = tokio::spawn(read(
+                Arc::clone(&wake.dispatch),
+                generation,
+                conn.clone(),
+                rx,
+                op_timeout,
+            ));
+            inner.up = Some(generation);
+            inner.slots.clear();
+            inner.sharded = Some(conn.clone());
+            (generation, inner.reader.replace(reader.abort_handle()))
+        };
+        if let Some(old) = old_reader.1 {
+            old.abort();
+        }
+        Ok((old_reader.0, conn))
+    }
+
+    /// Deliver grants until the connection is gone, then mark it down.
+    async fn read(
+        dispatch: Arc<Dispatch>,
+        generation: u64,
+        conn: ClusterConnection,
+        mut pushes: UnboundedReceiver<PushInfo>,
+        op_timeout: Duration,
+    ) {
+        let keepalive = tokio::spawn(keep_alive(
+            Arc::clone(&dispatch),
+            generation,
+            conn,
+            op_timeout,
+        ));
+        let _cleanup = super::Cleanup {
+            dispatch: Arc::clone(&dispatch),
+            generation,
+            keepalive: keepalive.abort_handle(),
+        };
+        while let Some(push) = pushes.recv().await {
+            match push.kind {
+                PushKind::SMessage => {
+                    if let Some(Value::BulkString(payload)) = push.data.get(1) {
+                        dispatch.deliver(payload);
+                    }
+                }
+                PushKind::SUnsubscribe => {
+                    if let Some(Value::BulkString(channel)) = push.data.first() {
+                        let moved = slot_of(&String::from_utf8_lossy(channel));
+                        dispatch.lost(generation, |slot| slot == moved);
+                    }
+                }
+                PushKind::Disconnection => dispatch.lost(generation, |_| true),
+                _ => {}
+            }
+        }
+    }
+
+    async fn keep_alive(
+        dispatch: Arc<Dispatch>,
+        generation: u64,
+        mut conn: ClusterConnection,
+        op_timeout: Duration,
+    ) {
+        let every_primary = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        loop {
+            tokio::time::sleep(KEEPALIVE).await;
+            let pong = timeout(
+                op_timeout,
+                conn.route_command(cmd("PING"), every_primary.clone()),
+            );
+            if !matches!(pong.await, Ok(Ok(_))) {
+                dispatch.lost(generation, |_| true);
+            }
+        }
+    }
 }
 
 /// `"<id> <fence> <acquired ms>"`.

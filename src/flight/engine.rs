@@ -1,0 +1,173 @@
+//! Joining a flight, as the leader or as one who gets the leader's result:
+//! the part [`SingleFlight::run`](super::SingleFlight::run) and the HTTP
+//! layer share. Values are bytes here; encoding is theirs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, SharedBackend};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lock::OwnedLock;
+use crate::lock::acquire::{acquire_guarded, acquired};
+use crate::spec::AcquireRequest;
+
+/// How a flight's settings reach the engine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) max_wait: Duration,
+    pub(crate) lock_ttl: Duration,
+    pub(crate) watchdog: bool,
+}
+
+/// What joining a flight gave this caller.
+pub(crate) enum Role {
+    /// Another caller's result.
+    Shared(FlightResult),
+    /// This caller computes.
+    Leader(Box<Leader>),
+}
+
+/// The caller that computes: it holds the flight's lock (renewed by the
+/// watchdog while it computes) until it publishes or gives up. Dropped
+/// without either (the computation panicked or was cancelled), the lock is
+/// released and the next waiter computes.
+pub(crate) struct Leader {
+    backend: SharedBackend,
+    key: LockKey,
+    lock: OwnedLock,
+    keep: Duration,
+}
+
+impl Leader {
+    /// Share `value`: stored for `result_ttl` (and kept for those already
+    /// waiting), every waiter woken with it, the lock released, in one step.
+    /// If that fails the lock is released and the next waiter computes.
+    pub(crate) async fn publish(self, value: Arc<[u8]>, result_ttl: Duration) {
+        let publish = FlightPublish {
+            fence: self.lock.fence(),
+            value,
+            result_ttl,
+            keep: self.keep.max(result_ttl),
+        };
+        let owner = self.lock.info().owner().to_owned();
+        match self
+            .backend
+            .flight_publish(&self.key, &owner, &publish)
+            .await
+        {
+            Ok(()) => self.lock.released_by_backend(),
+            Err(e) => {
+                tracing::warn!(
+                    key = %self.key.digest(),
+                    code = e.code(),
+                    error = %e,
+                    "a single-flight result could not be shared; the next waiter computes"
+                );
+                let _ = self.lock.release().await;
+            }
+        }
+    }
+
+    /// Give up without a result to share (the computation failed, or its
+    /// result must not be shared): the lock goes to the next waiter, which
+    /// computes.
+    pub(crate) async fn abandon(self) {
+        let _ = self.lock.release().await;
+    }
+
+    /// The fence of the flight's lock (the result's `seq` once published).
+    pub(crate) fn fence(&self) -> u64 {
+        self.lock.fence()
+    }
+}
+
+/// Join the flight `key`: its fresh result, or its lock (then compute), or
+/// wait for whichever comes first of the leader's result and the lock (a
+/// leader that fails or dies passes the lock on). Waits at most
+/// `settings.max_wait` ([`LockError::Timeout`] after it).
+pub(crate) async fn join(
+    backend: &SharedBackend,
+    key: LockKey,
+    settings: Settings,
+) -> Result<Role, LockError> {
+    let req = AcquireRequest::fresh(key, settings.lock_ttl, settings.max_wait)?;
+    let sent = tokio::time::Instant::now();
+    match backend.flight_begin(&req).await {
+        Ok(FlightStart::Fresh(result)) => Ok(Role::Shared(result)),
+        Ok(FlightStart::Leader(lease)) => {
+            let lock = acquired(&req, Ok(lease), sent)?;
+            Ok(Role::Leader(Box::new(leader(
+                backend, &req, lock, settings,
+            ))))
+        }
+        Ok(FlightStart::Busy(wait)) => follow(backend, &req, wait, settings).await,
+        Err(e) => {
+            // The step may have taken the lock before its reply was lost.
+            if matches!(e, LockError::BackendUnavailable(_)) {
+                let _ = backend.release(req.key(), req.owner()).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Wait for the leader's result or for the lock, whichever comes first.
+async fn follow(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+    wait: FlightWait,
+    settings: Settings,
+) -> Result<Role, LockError> {
+    let FlightWait { seen, result } = wait;
+    let mut result = Some(result);
+    // Guarded: dropped when the result wins, it leaves the queue and gives
+    // back a lock handed to it meanwhile.
+    let acquire = acquire_guarded(backend, req);
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            shared = async { result.as_mut().expect("guarded by the branch condition").await },
+                if result.is_some() =>
+            {
+                match shared {
+                    Ok(shared) => return Ok(Role::Shared(shared)),
+                    // The wake-up cannot come any more: wait on the lock
+                    // alone, and read the result once it is ours.
+                    Err(_) => result = None,
+                }
+            }
+            held = &mut acquire => {
+                let lock = held?;
+                // The lock is ours: the leader failed or died, or it
+                // published and we got the lock before its wake-up.
+                return match backend.flight_result(req.key()).await {
+                    Ok(Some(shared)) if shared.seq > seen => {
+                        let _ = OwnedLock::from_parts(backend.clone(), lock, None).release().await;
+                        Ok(Role::Shared(shared))
+                    }
+                    Ok(_) => Ok(Role::Leader(Box::new(leader(backend, req, lock, settings)))),
+                    Err(e) => {
+                        let _ = OwnedLock::from_parts(backend.clone(), lock, None).release().await;
+                        Err(e)
+                    }
+                };
+            }
+        }
+    }
+}
+
+fn leader(
+    backend: &SharedBackend,
+    req: &AcquireRequest,
+    lock: crate::HeldLock,
+    settings: Settings,
+) -> Leader {
+    let watch = settings.watchdog.then(|| lock.watch(backend));
+    Leader {
+        backend: backend.clone(),
+        key: req.key().clone(),
+        lock: OwnedLock::from_parts(backend.clone(), lock, watch),
+        keep: settings.max_wait,
+    }
+}

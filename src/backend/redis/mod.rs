@@ -207,7 +207,10 @@ impl RedisBackend {
         connection_info: impl IntoConnectionInfo,
     ) -> Result<Self, LockError> {
         let client = Client::open(connection_info).map_err(|e| config_error(&e))?;
-        Ok(Self::with(Source::Single(pool), Transport::Single(Box::new(client))))
+        Ok(Self::with(
+            Source::Single(pool),
+            Transport::Single(Box::new(client)),
+        ))
     }
 
     /// A backend on a Redis Cluster (Redis 7 or newer), from the URLs (or

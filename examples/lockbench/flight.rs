@@ -105,9 +105,15 @@ pub(crate) async fn bursts(
     r.put("handler_ms", HANDLER.as_millis() as u64);
     r.put(
         "runs_per_burst_mean",
-        round(per_burst.iter().sum::<u64>() as f64 / bursts.max(1) as f64, 3),
+        round(
+            per_burst.iter().sum::<u64>() as f64 / bursts.max(1) as f64,
+            3,
+        ),
     );
-    r.put("runs_per_burst_max", per_burst.iter().copied().max().unwrap_or(0));
+    r.put(
+        "runs_per_burst_max",
+        per_burst.iter().copied().max().unwrap_or(0),
+    );
     r.put("p50_ms", ms(percentile(&lat_ns, 50.0)));
     r.put("p99_ms", ms(p99));
     r.put("max_ms", ms(lat_ns.last().copied().unwrap_or(0) as f64));

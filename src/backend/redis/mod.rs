@@ -47,6 +47,9 @@
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
 //! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → `1` for each lock the owner took; a hint, checked on every lookup |
+//! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
+//! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
+//! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |
 //!
 //! `flag` is `1` once someone queued behind the holder (so only then does a
 //! release look at the queue). A waiter's ticket is `<waiter id>@<channel>`,
@@ -82,6 +85,7 @@ mod cluster;
 mod conn;
 mod error;
 mod extras;
+mod flight;
 mod keys;
 mod ops;
 mod scripts;
@@ -98,7 +102,10 @@ use deadpool_redis::{Config, Pool, Runtime};
 use self::conn::{Pinned, Source};
 use self::error::config_error;
 use self::wake::{Transport, Wakeups};
-use super::{BoxFuture, ExtendRequest, HeldBy, Lease, LockBackend, LockStatus, join_all};
+use super::{
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
+    LockStatus, join_all,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -208,7 +215,10 @@ impl RedisBackend {
         connection_info: impl IntoConnectionInfo,
     ) -> Result<Self, LockError> {
         let client = Client::open(connection_info).map_err(|e| config_error(&e))?;
-        Ok(Self::with(Source::Single(pool), Transport::Single(client)))
+        Ok(Self::with(
+            Source::Single(pool),
+            Transport::Single(Box::new(client)),
+        ))
     }
 
     /// A backend on a Redis Cluster (Redis 7 or newer), from the URLs (or
@@ -300,8 +310,9 @@ impl RedisBackend {
     /// The index of an owner is a hash `{prefix}o:{<owner>}` (its own
     /// cluster slot) naming the locks the owner took. It is written beside
     /// acquire, release and extend in the **same round trip** (pipelined on
-    /// the one connection): no round trip more, but one more command each,
-    /// so it stays off unless lookups are wanted. It is a hint: every
+    /// the one connection; on a cluster, sent at the same time to the node
+    /// owning the owner's slot): no round trip more, but one more command
+    /// each, so it stays off unless lookups are wanted. It is a hint: every
     /// lookup checks each lock it names (held, by this owner) and drops
     /// entries that no longer hold, so a stale entry (a force release, an
     /// expiry) never gives a wrong answer. A lock whose index entry is
@@ -395,6 +406,29 @@ impl LockBackend for RedisBackend {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
         Box::pin(self.held_by_inner(owner, limit))
+    }
+
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        Box::pin(self.flight_begin_inner(req))
+    }
+
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        Box::pin(self.flight_result_inner(key))
+    }
+
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(self.flight_publish_inner(key, owner, publish))
     }
 }
 

@@ -20,6 +20,9 @@ pub(super) struct Scripts {
     pub(super) leave: Script,
     pub(super) metadata: Script,
     pub(super) owners: Script,
+    pub(super) flight_begin: Script,
+    pub(super) flight_publish: Script,
+    pub(super) flight_result: Script,
 }
 
 /// Shared helpers for the slow paths (see `common.lua`).
@@ -42,6 +45,16 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     leave: Script::new(&source(include_str!("leave.lua"))),
     metadata: Script::new(include_str!("meta.lua")),
     owners: Script::new(include_str!("owners.lua")),
+    // A flight's begin is acquire's script inside a function (its fast path
+    // included), after a look for a fresh result.
+    flight_begin: Script::new(&source(&include_str!("flight_begin.lua").replacen(
+        "-- @acquire\n",
+        include_str!("acquire.lua"),
+        1,
+    ))),
+    flight_publish: Script::new(&source(include_str!("flight_publish.lua"))),
+    // KEYS = a flight's result.
+    flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
 });
 
 /// The elements of an array reply.

@@ -211,6 +211,7 @@ for_each_backend! {
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,
+            lookups_never_list_an_expired_lock,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

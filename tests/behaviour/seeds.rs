@@ -340,6 +340,25 @@ pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
     other.release().await.unwrap();
 }
 
+pub async fn lookups_never_list_an_expired_lock(h: Harness) {
+    // An expired lock is not held, even while nothing has cleaned it up yet
+    // (a row still in PostgreSQL's table, an entry in memory's, an index
+    // entry on Redis).
+    let b = h.indexed();
+    let owner = "worker-9";
+    let short = areq(&gkey("exp:short"), owner, h.units(1), Duration::ZERO);
+    let long = areq(&gkey("exp:long"), owner, h.units(20), Duration::ZERO);
+    b.acquire(&short).await.unwrap();
+    b.acquire(&long).await.unwrap();
+    h.advance(h.units(1) + h.unit() / 2).await;
+    let found = b.held_by(owner, 10).await.unwrap();
+    let keys: Vec<_> = found.iter().map(|f| f.key.key().to_owned()).collect();
+    assert_eq!(keys, ["exp:long"], "an expired lock is not listed");
+    assert!(!b.owns(&gkey("exp:short"), owner).await.unwrap());
+    assert!(b.owns(&gkey("exp:long"), owner).await.unwrap());
+    b.release(&gkey("exp:long"), owner).await.unwrap();
+}
+
 pub async fn lookup_errors_never_name_the_owner(h: Harness) {
     // A backend without an index for lookups says so, without the token.
     let secret = "s3cret-owner-token";

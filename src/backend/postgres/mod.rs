@@ -47,7 +47,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`: `{"fence", "data"}`, the metadata of acquisition `fence`); index `locks_owner` on `owner` (lookups by owner) |
+//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`: `{"fence", "data"}`, the metadata of acquisition `fence`) |
 //! | table `locks_waiters` | one row per queued acquire call: `key`, `place`, `channel`, `ticket`, `owner`, `attempt`, `ttl_ms`, `deadline` |
 //! | table `locks_flights` | a single-flight's latest result while kept: `key` (the flight's, `f:<name>`), `seq`, `value` (`bytea`), `fresh_until`, `keep_until` |
 //! | table `locks_flight_watchers` | callers waiting for a flight's result: `key`, `channel`, `ticket`, `expires_at` |
@@ -591,7 +591,8 @@ impl LockBackend for PostgresBackend {
         Box::pin(self.status_inner(key))
     }
 
-    /// One statement, on the owner index `{table}_owner`.
+    /// One statement, scanning the lock table (no index on `owner`: one
+    /// would be written on every acquisition; see the README).
     fn held_by<'a>(
         &'a self,
         owner: &'a str,

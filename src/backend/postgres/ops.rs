@@ -144,8 +144,8 @@ fn texts(names: &Names) -> [String; COUNT] {
              SELECT count(*)::int FROM stored",
             table = names.object(""),
         ),
-        // The locks of one owner (its index: `{table}_owner`), as arrays in
-        // one row.
+        // The locks of one owner (a scan: no index on owner, see
+        // schema.sql), as arrays in one row.
         format!(
             "SELECT coalesce(array_agg(h.key ORDER BY h.key), '{{}}'), \
                coalesce(array_agg(h.fence ORDER BY h.key), '{{}}'), \

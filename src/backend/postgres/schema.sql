@@ -22,9 +22,11 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   metadata     jsonb                     -- {"fence": f, "data": {..}}: metadata of acquisition f
 );
 
--- Lookups by owner token (LockBackend::held_by). Added to tables made
--- before it by running migrate() again.
-CREATE INDEX IF NOT EXISTS "{table}_owner" ON "{schema}"."{table}" (owner);
+-- No index on owner: lookups by owner (LockBackend::held_by) scan the
+-- table, which holds only held locks and rows not swept yet. An index would
+-- be written on every acquisition (the owner changes each time); an app
+-- with many held locks that looks them up by owner often can add one:
+--   CREATE INDEX ON "{schema}"."{table}" (owner);
 
 -- Queue order of waiters.
 CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_queue" AS bigint;

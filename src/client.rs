@@ -92,8 +92,11 @@ pub struct ClientLocks {
     max_block: Duration,
     default_ttl: Option<Duration>,
     allow_global: bool,
-    allow_keys: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
+    allow_keys: Option<KeyFilter>,
 }
+
+/// The server's predicate over client-chosen keys.
+type KeyFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl Default for ClientLocks {
     fn default() -> Self {

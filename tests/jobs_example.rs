@@ -2,7 +2,6 @@
 //! step it promises (a job keeping its request's lock until it is
 //! processed; one instance of three running a singleton scheduled job).
 
-#[allow(dead_code)]
 mod common;
 
 use std::process::Command;

@@ -373,6 +373,48 @@ pub async fn lookup_errors_never_name_the_owner(h: Harness) {
     assert!(!format!("{key:?}").contains("secret-key"));
 }
 
+pub async fn lookups_jobs_and_client_locks_never_log_keys_or_owners(h: Harness) {
+    // Everything logged at any level while a secret key and owner go
+    // through lookups, a job whose lock is gone and over-limit lock headers.
+    let (logs, _guard) = crate::common::logs::Logs::capture(tracing::Level::TRACE);
+    let (key, owner) = ("user:secret-key-4711", "secret-owner-4711");
+    let b = h.indexed();
+    let lock = OwnedLock::acquire(&b, &spec(key, Duration::from_secs(30)).owner(owner))
+        .await
+        .unwrap();
+    assert_eq!(b.held_by(owner, 10).await.unwrap().len(), 1);
+    assert!(b.owns(&gkey(key), owner).await.unwrap());
+    assert!(!b.owns(&gkey(key), "secret-other-4711").await.unwrap());
+    let token = lock.into_token();
+    b.release(&gkey(key), owner).await.unwrap();
+
+    let worker = ServiceBuilder::new()
+        .layer(JobLockLayer::new(b.clone()))
+        .service(service_fn(handle));
+    let stale = Job {
+        token: Some(token),
+        lock: None,
+        outcome: "ok",
+    };
+    assert!(matches!(
+        worker.oneshot(stale).await,
+        Err(JobError::Lock(LockError::NotFound))
+    ));
+
+    let (app, runs) = charge_app(&h, ClientLocks::new().max_ttl(Duration::from_secs(1)), true);
+    let over = [("lock-key", key), ("lock-ttl", "5s"), ("lock-owner", owner)];
+    send(&app, charge(&over))
+        .await
+        .assert_rejection(400, "LOCK_NOT_ALLOWED");
+    assert_eq!(runs.load(SeqCst), 0);
+
+    let text = logs.text();
+    assert_eq!(logs.count("job not run"), 1, "logs are captured:\n{text}");
+    for secret in ["secret-key-4711", "secret-owner-4711", "secret-other-4711"] {
+        assert!(!text.contains(secret), "{secret} logged:\n{text}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The job layer (Laravel's releaseOnJobProcessedOrFailed)
 

@@ -44,8 +44,9 @@ pub(crate) fn acquired(
     }
     result.map(|lease| {
         let expiry = started + lease.ttl;
-        HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
-            .with_extras(req.metadata().cloned(), req.min_hold())
+        let mut held = HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry);
+        held.add_extras(req.metadata().cloned(), req.min_hold());
+        held
     })
 }
 

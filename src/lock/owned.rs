@@ -175,8 +175,7 @@ impl OwnedLock {
             lease,
             sent + status.ttl_remaining,
         );
-        lock.metadata = status.metadata;
-        lock.hold_until = token.hold_left().map(|left| sent + left);
+        lock.set_extras(status.metadata, token.hold_left().map(|left| sent + left));
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
 

@@ -63,6 +63,24 @@ struct SpecExtras {
     refused: Option<LockError>,
 }
 
+impl SpecExtras {
+    /// What the request gets of them, or why the spec is refused.
+    fn to_request(&self, ttl: Duration) -> Result<Option<Box<RequestExtras>>, LockError> {
+        if let Some(error) = &self.refused {
+            return Err(error.clone());
+        }
+        let metadata = match &self.metadata {
+            None => None,
+            Some(Ok(metadata)) => Some(metadata.clone()),
+            Some(Err(e)) => return Err(e.clone()),
+        };
+        Ok(RequestExtras::boxed(
+            metadata,
+            self.min_hold.map(|d| d.min(ttl)),
+        ))
+    }
+}
+
 // As derived before the extras were boxed.
 impl fmt::Debug for LockSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -269,19 +287,9 @@ impl LockSpec {
     }
 
     fn request_for(&self, key: LockKey) -> Result<AcquireRequest, LockError> {
-        let (metadata, min_hold) = match self.extras.as_deref() {
-            None => (None, None),
-            Some(extras) => {
-                if let Some(error) = &extras.refused {
-                    return Err(error.clone());
-                }
-                let metadata = match &extras.metadata {
-                    None => None,
-                    Some(Ok(metadata)) => Some(metadata.clone()),
-                    Some(Err(e)) => return Err(e.clone()),
-                };
-                (metadata, extras.min_hold.map(|d| d.min(self.ttl)))
-            }
+        let extras = match self.extras.as_deref() {
+            None => None,
+            Some(extras) => extras.to_request(self.ttl)?,
         };
         let owner: Arc<str> = match &self.owner {
             Some(owner) => {
@@ -302,7 +310,7 @@ impl LockSpec {
             } else {
                 new_attempt_id()
             },
-            extras: RequestExtras::boxed(metadata, min_hold),
+            extras,
         })
     }
 

@@ -44,9 +44,16 @@ pub(crate) fn acquired(
     }
     result.map(|lease| {
         let expiry = started + lease.ttl;
-        let mut held = HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry);
-        held.add_extras(req.metadata().cloned(), req.min_hold());
-        held
+        // The minimum hold counts from when the TTL started.
+        let hold_until = req.min_hold().map(|d| started + d);
+        HeldLock::new(
+            req.key().clone(),
+            req.owner_arc().clone(),
+            lease,
+            expiry,
+            req.metadata().cloned(),
+            hold_until,
+        )
     })
 }
 

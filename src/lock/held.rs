@@ -71,56 +71,36 @@ impl PartialEq for HeldLock {
 impl Eq for HeldLock {}
 
 impl HeldLock {
+    /// A handle with its metadata and the end of its minimum hold, if any
+    /// (built in place: no `memcpy` of a handle built first and moved).
     pub(crate) fn new(
         key: LockKey,
         owner: Arc<str>,
         lease: Lease,
         expiry: tokio::time::Instant,
+        metadata: Option<LockMetadata>,
+        hold_until: Option<tokio::time::Instant>,
     ) -> Self {
         HeldLock {
             key,
             owner,
             lease,
             expiry,
-            extras: None,
+            // No allocation when neither is there.
+            extras: (metadata.is_some() || hold_until.is_some()).then(|| {
+                Box::new(HeldExtras {
+                    metadata,
+                    hold_until,
+                })
+            }),
             signal: OnceLock::new(),
         }
-    }
-
-    /// Add its metadata and the minimum hold it was taken with (counted
-    /// from when its TTL started, `expiry - ttl`). In place: a handle is
-    /// larger than a move without a `memcpy` call.
-    pub(crate) fn add_extras(
-        &mut self,
-        metadata: Option<LockMetadata>,
-        min_hold: Option<Duration>,
-    ) {
-        let hold_until = min_hold.and_then(|d| {
-            self.expiry
-                .checked_sub(self.lease.ttl)
-                .map(|start| start + d)
-        });
-        self.set_extras(metadata, hold_until);
-    }
-
-    /// Set the metadata and the end of the minimum hold (no allocation
-    /// when neither is there).
-    pub(super) fn set_extras(
-        &mut self,
-        metadata: Option<LockMetadata>,
-        hold_until: Option<tokio::time::Instant>,
-    ) {
-        self.extras = (metadata.is_some() || hold_until.is_some()).then(|| {
-            Box::new(HeldExtras {
-                metadata,
-                hold_until,
-            })
-        });
     }
 
     /// How much longer the lock must be held after a release now (see
     /// [`LockSpec::min_hold`](crate::LockSpec::min_hold)); `None` when a
     /// release may free it.
+    #[inline]
     pub(crate) fn hold_left(&self) -> Option<Duration> {
         let left = self
             .hold_until()?
@@ -227,6 +207,7 @@ impl HeldLock {
 
     /// Until when (by this process's clock) a release only shortens the
     /// lock to this time instead of freeing it ([`LockSpec::min_hold`](crate::LockSpec::min_hold)).
+    #[inline]
     pub fn hold_until(&self) -> Option<tokio::time::Instant> {
         self.extras.as_ref()?.hold_until
     }

@@ -169,13 +169,14 @@ impl OwnedLock {
             expires_at: status.expires_at,
             ttl,
         };
-        let mut lock = HeldLock::new(
+        let lock = HeldLock::new(
             key,
             Arc::from(token.owner.as_str()),
             lease,
             sent + status.ttl_remaining,
+            status.metadata,
+            token.hold_left().map(|left| sent + left),
         );
-        lock.set_extras(status.metadata, token.hold_left().map(|left| sent + left));
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
 

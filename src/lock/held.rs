@@ -49,6 +49,22 @@ struct HeldExtras {
     hold_until: Option<tokio::time::Instant>,
 }
 
+impl HeldExtras {
+    // Out of line: the common handle has none, and `new` stays small
+    // enough to be inlined where handles are made.
+    #[cold]
+    #[inline(never)]
+    fn boxed(
+        metadata: Option<LockMetadata>,
+        hold_until: Option<tokio::time::Instant>,
+    ) -> Option<Box<HeldExtras>> {
+        Some(Box::new(HeldExtras {
+            metadata,
+            hold_until,
+        }))
+    }
+}
+
 impl Clone for HeldLock {
     fn clone(&self) -> Self {
         HeldLock {
@@ -73,6 +89,7 @@ impl Eq for HeldLock {}
 impl HeldLock {
     /// A handle with its metadata and the end of its minimum hold, if any
     /// (built in place: no `memcpy` of a handle built first and moved).
+    #[inline]
     pub(crate) fn new(
         key: LockKey,
         owner: Arc<str>,
@@ -87,12 +104,11 @@ impl HeldLock {
             lease,
             expiry,
             // No allocation when neither is there.
-            extras: (metadata.is_some() || hold_until.is_some()).then(|| {
-                Box::new(HeldExtras {
-                    metadata,
-                    hold_until,
-                })
-            }),
+            extras: if metadata.is_none() && hold_until.is_none() {
+                None
+            } else {
+                HeldExtras::boxed(metadata, hold_until)
+            },
             signal: OnceLock::new(),
         }
     }

@@ -43,15 +43,29 @@ pub struct HeldLock {
 
 /// What few locks have.
 #[derive(Clone)]
-struct HeldExtras {
+pub(crate) struct HeldExtras {
     metadata: Option<LockMetadata>,
     // Released before then, the lock is kept until then (`LockSpec::min_hold`).
     hold_until: Option<tokio::time::Instant>,
 }
 
 impl HeldExtras {
-    // Out of line: the common handle has none, and `new` stays small
-    // enough to be inlined where handles are made.
+    /// A handle's metadata and the end of its minimum hold: no allocation
+    /// when neither is there. Made before the handle's other parts, which
+    /// then go straight into place.
+    #[inline]
+    pub(crate) fn new(
+        metadata: Option<LockMetadata>,
+        hold_until: Option<tokio::time::Instant>,
+    ) -> Option<Box<HeldExtras>> {
+        if metadata.is_none() && hold_until.is_none() {
+            None
+        } else {
+            HeldExtras::boxed(metadata, hold_until)
+        }
+    }
+
+    // Out of line: the common handle has none.
     #[cold]
     #[inline(never)]
     fn boxed(
@@ -87,28 +101,22 @@ impl PartialEq for HeldLock {
 impl Eq for HeldLock {}
 
 impl HeldLock {
-    /// A handle with its metadata and the end of its minimum hold, if any
-    /// (built in place: no `memcpy` of a handle built first and moved).
+    /// A handle with its extras ([`HeldExtras::new`]), built in place: no
+    /// `memcpy` of a handle built first and moved.
     #[inline]
     pub(crate) fn new(
         key: LockKey,
         owner: Arc<str>,
         lease: Lease,
         expiry: tokio::time::Instant,
-        metadata: Option<LockMetadata>,
-        hold_until: Option<tokio::time::Instant>,
+        extras: Option<Box<HeldExtras>>,
     ) -> Self {
         HeldLock {
             key,
             owner,
             lease,
             expiry,
-            // No allocation when neither is there.
-            extras: if metadata.is_none() && hold_until.is_none() {
-                None
-            } else {
-                HeldExtras::boxed(metadata, hold_until)
-            },
+            extras,
             signal: OnceLock::new(),
         }
     }

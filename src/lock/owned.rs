@@ -7,6 +7,7 @@ use std::time::Duration;
 use smallvec::smallvec;
 
 use super::acquire::acquire_guarded;
+use super::held::HeldExtras;
 use super::release::{release_detached, release_one};
 use super::{HeldLock, LockToken};
 use crate::backend::{Lease, LockStatus, SharedBackend};
@@ -174,8 +175,7 @@ impl OwnedLock {
             Arc::from(token.owner.as_str()),
             lease,
             sent + status.ttl_remaining,
-            status.metadata,
-            token.hold_left().map(|left| sent + left),
+            HeldExtras::new(status.metadata, token.hold_left().map(|left| sent + left)),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))
     }

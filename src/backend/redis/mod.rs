@@ -78,6 +78,7 @@ mod conn;
 mod error;
 mod keys;
 mod ops;
+mod replicas;
 mod scripts;
 mod wait;
 mod wake;
@@ -91,6 +92,7 @@ use deadpool_redis::{Config, Pool, Runtime};
 
 use self::conn::{Pinned, Source};
 use self::error::config_error;
+use self::replicas::MinReplicas;
 use self::wake::{Transport, Wakeups};
 use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
 use crate::error::LockError;
@@ -126,6 +128,7 @@ pub struct RedisBackend {
     shared: Arc<Shared>,
     prefix: Arc<str>,
     op_timeout: Duration,
+    min_replicas: Option<MinReplicas>,
 }
 
 struct Shared {
@@ -139,6 +142,7 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("prefix", &self.prefix)
             .field("op_timeout", &self.op_timeout)
+            .field("min_replicas", &self.min_replicas)
             .finish_non_exhaustive()
     }
 }
@@ -263,6 +267,7 @@ impl RedisBackend {
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
+            min_replicas: None,
         }
     }
 
@@ -282,6 +287,48 @@ impl RedisBackend {
     pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
         self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
         self
+    }
+
+    /// Confirm every acquisition on `replicas` replicas of the lock's
+    /// primary (`WAIT`) before granting it; if they have not acknowledged it
+    /// within `timeout`, release the lock and fail the acquisition with
+    /// [`LockError::BackendUnavailable`] (the layer's `503`). Off by default
+    /// (`replicas` = 0 turns it off), and then it costs nothing.
+    ///
+    /// It costs two more round trips per acquisition (the lock is extended
+    /// to its TTL on the operation connection, so that the `WAIT` covers a
+    /// lock handed over by another process's release too, then `WAIT`),
+    /// plus the replicas' acknowledgement.
+    ///
+    /// What it buys: a failover to a replica that acknowledged loses no
+    /// lock granted before it, so fewer locks are lost on failover. What it
+    /// does not: replication stays asynchronous (a replica that did not
+    /// acknowledge may still be promoted, `WAIT` is no consensus), releases
+    /// and extensions are not confirmed, and a lock taken and then refused
+    /// here may already have been seen by a reader of the replicas. Fencing
+    /// stays the real protection (see the README's guarantees).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::from_url("redis://10.0.0.5:6379")?
+    ///     .min_replicas(1, Duration::from_millis(50));
+    /// assert_eq!(backend.get_min_replicas(), Some((1, Duration::from_millis(50))));
+    /// # Ok::<(), tower_lock::LockError>(())
+    /// ```
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = (replicas > 0).then_some(MinReplicas {
+            replicas,
+            timeout: timeout.clamp(Duration::from_millis(1), MAX_TTL),
+        });
+        self
+    }
+
+    /// The replicas every acquisition is confirmed on, and how long that may
+    /// take; `None` when off (see [`RedisBackend::min_replicas`]).
+    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
+        self.min_replicas.map(|m| (m.replicas, m.timeout))
     }
 
     /// The key prefix.
@@ -307,7 +354,10 @@ impl RedisBackend {
 
 impl LockBackend for RedisBackend {
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.acquire_inner(req))
+        match self.min_replicas {
+            None => Box::pin(self.acquire_inner(req)),
+            Some(min) => Box::pin(self.acquire_replicated(req, min)),
+        }
     }
 
     fn release<'a>(

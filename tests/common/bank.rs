@@ -269,6 +269,7 @@ pub fn build_example(profile_dir: &Path) {
     // already built instead of compiling another variant.
     let features: Vec<&str> = [
         ("redis", cfg!(feature = "redis")),
+        ("redis-cluster", cfg!(feature = "redis-cluster")),
         ("tls", cfg!(feature = "tls")),
         ("admin", cfg!(feature = "admin")),
         ("postgres", cfg!(feature = "postgres")),

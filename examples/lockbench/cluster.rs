@@ -11,18 +11,22 @@
 //!   (warm-up cycles are in the numerator, not in `ops`: ~200 of them);
 //! - with `--single-node URL`: `single_ops_per_s`, `single_p50_us`,
 //!   `single_p99_us`, `single_errors`, `single_server_cpu_us_per_op` and
-//!   `ratio_to_single`, measured right after the cluster run.
+//!   `ratio_to_single`: `serial` and `parallel32` alternate between the
+//!   cluster and the server in slices of one run (S seconds each, as
+//!   `ratio_to_raw` on Redis), so the ratio does not carry the machine's
+//!   drift; `contended16` runs on the server right after the cluster.
 
 use deadpool_redis::redis::{self as client, Client};
 use serde_json::Value;
 use tower_lock::SharedBackend;
 use tower_lock::backend::redis::RedisBackend;
 
-use super::args::Args;
-use super::locks::{Locker, err};
+use super::args::{Args, Workload};
+use super::locks::{LockCycle, Locker, err};
 use super::redis::tower_backend::configure;
-use super::report::{Report, round};
-use super::run_locks;
+use super::report::{Report, round, us};
+use super::timing::{Summary, Tally, alternate, run_tally};
+use super::{PARALLEL, run_locks};
 
 pub(crate) async fn run(nodes: &[String], args: &Args, mut r: Report) -> Result<Report, String> {
     let backend = RedisBackend::from_cluster_urls(nodes.iter().map(String::as_str))
@@ -32,6 +36,10 @@ pub(crate) async fn run(nodes: &[String], args: &Args, mut r: Report) -> Result<
         api: args.api,
     };
     let primaries = primaries(&nodes[0]).await?;
+    if let (Some(url), Workload::Serial | Workload::Parallel32) = (&args.single_node, args.workload)
+    {
+        return alternating(&locker, &primaries, url, args, r).await;
+    }
     let before = sample(&primaries).await?;
     run_locks(&locker, None, args, 0, &mut r).await?;
     let after = sample(&primaries).await?;
@@ -170,4 +178,104 @@ async fn sample(urls: &[String]) -> Result<Vec<Sample>, String> {
         });
     }
     Ok(out)
+}
+
+/// `serial`/`parallel32` on the server and on the cluster in alternating
+/// slices, with each side's servers' CPU summed over its own slices.
+async fn alternating(
+    cluster: &Locker,
+    primaries: &[String],
+    url: &str,
+    args: &Args,
+    mut r: Report,
+) -> Result<Report, String> {
+    let backend = RedisBackend::from_url(url).map_err(|e| format!("--single-node: {e}"))?;
+    let single = Locker {
+        backend: SharedBackend::new(configure(backend, args.min_replicas)),
+        api: args.api,
+    };
+    let server = vec![url.to_owned()];
+    let workers = if args.workload == Workload::Serial {
+        1
+    } else {
+        PARALLEL
+    };
+    let slice = async |locker: &Locker, servers: &[String], s: f64| {
+        let before = sample(servers).await?;
+        let (tally, elapsed) = run_tally(workers, s, |w| LockCycle {
+            locker: locker.clone(),
+            prefix: if workers == 1 {
+                "s:".to_owned()
+            } else {
+                format!("p{w}:")
+            },
+        })
+        .await?;
+        let after = sample(servers).await?;
+        Ok::<_, String>((tally, elapsed, before, after))
+    };
+    let (mut cpu_single, mut cpu_cluster) = (0.0, 0.0);
+    let mut scripts = vec![0u64; primaries.len()];
+    let (one, many): (Summary, Summary) = alternate(
+        args.seconds,
+        async |s| {
+            let (t, e, before, after) = slice(&single, &server, s).await?;
+            cpu_single += after[0].cpu_s - before[0].cpu_s;
+            Ok::<(Tally, _), String>((t, e))
+        },
+        async |s| {
+            let (t, e, before, after) = slice(cluster, primaries, s).await?;
+            for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+                cpu_cluster += a.cpu_s - b.cpu_s;
+                scripts[i] += a.scripts - b.scripts;
+            }
+            Ok((t, e))
+        },
+    )
+    .await?;
+    r.put(
+        "api",
+        match args.api {
+            super::args::Api::Owned => "OwnedLock",
+            super::args::Api::Backend => "LockBackend",
+        },
+    );
+    many.put(&mut r);
+    r.put("seconds", args.seconds);
+    let total = scripts.iter().sum::<u64>().max(1) as f64;
+    r.put("shards", primaries.len());
+    r.put(
+        "shard_share",
+        Value::from(
+            scripts
+                .iter()
+                .map(|&s| round(s as f64 / total, 3))
+                .collect::<Vec<_>>(),
+        ),
+    );
+    r.put(
+        "server_cpu_us_per_op",
+        round(cpu_cluster * 1e6 / (many.ops.max(1) as f64), 2),
+    );
+    r.put("single_ops_per_s", round(one.ops_per_s, 1));
+    r.put("single_p50_us", us(one.p50_ns));
+    r.put("single_p99_us", us(one.p99_ns));
+    r.put("single_errors", one.errors);
+    r.put(
+        "single_server_cpu_us_per_op",
+        round(cpu_single * 1e6 / (one.ops.max(1) as f64), 2),
+    );
+    r.put(
+        "ratio_to_single",
+        if one.ops_per_s > 0.0 {
+            Value::from(round(many.ops_per_s / one.ops_per_s, 4))
+        } else {
+            Value::Null
+        },
+    );
+    if let Some((n, ms)) = args.min_replicas {
+        r.put("min_replicas", n);
+        r.put("min_replicas_timeout_ms", ms);
+    }
+    Ok(r)
 }

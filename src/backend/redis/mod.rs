@@ -60,6 +60,12 @@
 //!
 //! # Limits
 //!
+//! - Replication is asynchronous: a lock (and its fence counter's increment)
+//!   granted just before its primary dies may be missing on the promoted
+//!   replica, which can then grant it again, even under the same fence.
+//!   [`RedisBackend::min_replicas`] confirms each acquisition on replicas
+//!   (`WAIT`) to narrow that window; the README's "Redis Cluster, replicas
+//!   and failover" says what holds across a failover.
 //! - Without persistence, a Redis restart forgets every lock (inherent in a
 //!   single-Redis lock): a later release then reports
 //!   [`LockError::NotFound`].

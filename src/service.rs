@@ -104,7 +104,7 @@ where
             None => req.uri().path(),
         });
         let backend = self.layer.backend.clone();
-        let watchdog = self.layer.watchdog;
+        let defaults = self.layer.defaults;
         let acquire = if rest.is_empty() {
             let lock = match first.to_request(&route) {
                 Ok(lock) => lock,
@@ -113,16 +113,16 @@ where
             // A backend that can answer at once (in memory) needs no future.
             match acquire_now(&backend, &lock) {
                 Some(Ok(held)) => {
-                    let locks = holding(backend, route, watchdog, held, &first);
+                    let locks = holding(backend, route, defaults, held, &first);
                     // Called now: the service made ready for this request
                     // takes it, and no clone is needed.
                     return ResponseFuture::calling(req, &mut self.inner, locks);
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
-                None => acquire_one(backend, route, first, lock, watchdog),
+                None => acquire_one(backend, route, first, lock, defaults),
             }
         } else {
-            acquire_all(backend, route, first, rest, watchdog)
+            acquire_all(backend, route, first, rest, defaults)
         };
         // The ready service goes with this request; a clone stays for the next.
         let clone = self.inner.clone();

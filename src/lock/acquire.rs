@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use smol_str::SmolStr;
 
+use super::registry::Defaults;
 use super::release::Finish;
 use super::{HeldLock, Locks};
 use crate::backend::{BoxFuture, Lease, SharedBackend};
@@ -44,6 +45,7 @@ pub(crate) fn acquired(
     result.map(|lease| {
         let expiry = started + lease.ttl;
         HeldLock::new(req.key().clone(), req.owner_arc().clone(), lease, expiry)
+            .with_extras(req.metadata().cloned(), req.min_hold())
     })
 }
 
@@ -146,11 +148,11 @@ pub(crate) fn acquire_one(
     route: SmolStr,
     spec: LockSpec,
     req: AcquireRequest,
-    watchdog: bool,
+    defaults: Defaults,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let held = acquire_guarded(&backend, &req).await?;
-        let locks = holding(backend, route, watchdog, held, &spec);
+        let locks = holding(backend, route, defaults, held, &spec);
         ready_to_run(locks).await
     })
 }
@@ -159,11 +161,11 @@ pub(crate) fn acquire_one(
 pub(crate) fn holding(
     backend: SharedBackend,
     route: SmolStr,
-    watchdog: bool,
+    defaults: Defaults,
     held: HeldLock,
     spec: &LockSpec,
 ) -> Locks {
-    let locks = Locks::new(backend, route, watchdog);
+    let locks = Locks::new(backend, route, defaults);
     // A fresh registry is never closed.
     let _ = locks.register(held, spec.get_auto_release(), spec.get_watchdog());
     locks
@@ -182,7 +184,7 @@ pub(crate) fn acquire_all(
     route: SmolStr,
     first: LockSpec,
     rest: Vec<LockSpec>,
-    watchdog: bool,
+    defaults: Defaults,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let mut reqs = Vec::with_capacity(1 + rest.len());
@@ -203,7 +205,7 @@ pub(crate) fn acquire_all(
         let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
         let start = tokio::time::Instant::now();
         let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);
-        let locks = Locks::new(backend.clone(), route, watchdog);
+        let locks = Locks::new(backend.clone(), route, defaults);
         for (req, spec) in &reqs {
             let now = tokio::time::Instant::now();
             let mut until = deadline;
@@ -242,7 +244,7 @@ async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
 /// this request is dropped meanwhile (client gone, outer timeout): the
 /// registry is closed, so nothing else would release them.
 async fn give_back(locks: &Locks) {
-    if let Some(release) = locks.release_all() {
+    if let Some(release) = locks.close_and_release_all() {
         release.await;
     }
 }

@@ -9,8 +9,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -85,24 +85,23 @@ pub(crate) type HeldLocks = SmallVec<[HeldLock; 1]>;
 /// Release `locks`: at once what the backend can answer without I/O (in
 /// memory: everything), the rest as a [`Finish`]. Outcomes are traced.
 pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<Finish<()>> {
-    locks.retain(
-        |lock| match backend.try_release_now(lock.lock_key(), lock.owner()) {
-            Some(result) => {
-                traced(lock.lock_key(), result);
-                false
-            }
-            None => true,
-        },
-    );
+    locks.retain(|lock| match release_now(backend, lock) {
+        Some(result) => {
+            traced(lock.lock_key(), result);
+            false
+        }
+        None => true,
+    });
     if locks.is_empty() {
         return None;
     }
     let backend = backend.clone();
     Finish::start(Box::pin(async move {
         for lock in locks {
+            let hold = lock.hold_left();
             traced(
                 lock.lock_key(),
-                backend.release(lock.lock_key(), lock.owner()).await,
+                give_back(&backend, lock.lock_key(), lock.owner(), hold).await,
             );
         }
     }))
@@ -116,16 +115,39 @@ pub(crate) fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
 
 /// Release one lock and answer how it went. If the caller goes away while
 /// the backend call is in flight, the call still completes, in a task.
-pub(crate) async fn release_one(
-    backend: &SharedBackend,
-    key: &LockKey,
-    owner: &Arc<str>,
-) -> Result<(), LockError> {
-    if let Some(result) = backend.try_release_now(key, owner) {
+pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Result<(), LockError> {
+    if let Some(result) = release_now(backend, lock) {
         return result;
     }
-    let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
-    Finish::new(Box::pin(async move { backend.release(&key, &owner).await })).await
+    let hold = lock.hold_left();
+    let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
+    Finish::new(Box::pin(async move {
+        give_back(&backend, &key, &owner, hold).await
+    }))
+    .await
+}
+
+/// Release `lock` at once if the backend can without I/O and nothing keeps
+/// it held longer.
+fn release_now(backend: &SharedBackend, lock: &HeldLock) -> Option<Result<(), LockError>> {
+    match lock.hold_left() {
+        None => backend.try_release_now(lock.lock_key(), lock.owner()),
+        Some(_) => None,
+    }
+}
+
+/// Give a lock back: free it, or, within its minimum hold (`hold` left),
+/// shorten it to end with the hold (owner-checked; never revives it).
+async fn give_back(
+    backend: &SharedBackend,
+    key: &LockKey,
+    owner: &str,
+    hold: Option<Duration>,
+) -> Result<(), LockError> {
+    match hold {
+        None => backend.release(key, owner).await,
+        Some(left) => backend.extend(key, owner, left).await.map(drop),
+    }
 }
 
 /// Trace the outcome of a release nobody waits for.

@@ -236,48 +236,57 @@ impl Reply {
 
 pub fn bank_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(path) = std::env::var_os("BANK_BIN") {
-            return PathBuf::from(path);
-        }
-        // This test runs as target/<profile>/deps/bank_example-<hash>.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary in target/<profile>/deps");
-        let bin = profile_dir
-            .join("examples")
-            .join(format!("bank{}", std::env::consts::EXE_SUFFIX));
-        // Always ask cargo: a no-op when the binary is fresh, and the only
-        // check that also sees a binary built with other features.
-        build_example(profile_dir);
-        assert!(bin.is_file(), "no example binary at {}", bin.display());
-        bin
+    BIN.get_or_init(|| match std::env::var_os("BANK_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => example_binary("bank"),
     })
     .clone()
 }
 
-/// `cargo build --example bank` into the same target dir and profile as this
-/// test.
-pub fn build_example(profile_dir: &Path) {
+/// Every feature of the crate (but `default`), and whether this test binary
+/// has it. A feature missing here makes the example a build of its own,
+/// minutes on a busy machine (`every_feature_reaches_the_example_build`).
+pub const FEATURES: &[(&str, bool)] = &[
+    ("redis", cfg!(feature = "redis")),
+    ("redis-cluster", cfg!(feature = "redis-cluster")),
+    ("tls", cfg!(feature = "tls")),
+    ("admin", cfg!(feature = "admin")),
+    ("postgres", cfg!(feature = "postgres")),
+    ("postgres-tls", cfg!(feature = "postgres-tls")),
+];
+
+/// The binary of example `name`, built by cargo (into the same target dir
+/// and profile as this test) if it is not fresh.
+pub fn example_binary(name: &str) -> PathBuf {
+    // This test runs as target/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary in target/<profile>/deps");
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    // Always ask cargo: a no-op when the binary is fresh, and the only
+    // check that also sees a binary built with other features.
+    build_example(profile_dir, name);
+    assert!(bin.is_file(), "no example binary at {}", bin.display());
+    bin
+}
+
+/// `cargo build --example <name>` into the same target dir and profile as
+/// this test.
+pub fn build_example(profile_dir: &Path, name: &str) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--example", "bank", "--manifest-path"])
+    cmd.args(["build", "--example", name, "--manifest-path"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     // Exactly this test binary's features, so cargo reuses the library it
     // already built instead of compiling another variant.
-    let features: Vec<&str> = [
-        ("redis", cfg!(feature = "redis")),
-        ("redis-cluster", cfg!(feature = "redis-cluster")),
-        ("tls", cfg!(feature = "tls")),
-        ("admin", cfg!(feature = "admin")),
-        ("postgres", cfg!(feature = "postgres")),
-        ("postgres-tls", cfg!(feature = "postgres-tls")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
+    let features: Vec<&str> = FEATURES
+        .iter()
+        .filter_map(|&(name, on)| on.then_some(name))
+        .collect();
     cmd.arg("--no-default-features");
     if !features.is_empty() {
         cmd.args(["--features", &features.join(",")]);
@@ -301,10 +310,10 @@ pub fn build_example(profile_dir: &Path) {
         target_dir = root;
     }
     cmd.arg("--target-dir").arg(target_dir);
-    let out = cmd.output().expect("run cargo build --example bank");
+    let out = cmd.output().expect("run cargo build --example");
     assert!(
         out.status.success(),
-        "cargo build --example bank failed:\n{}",
+        "cargo build --example {name} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -320,6 +329,9 @@ pub const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn within_timeout(test: impl std::future::Future<Output = ()>) {
+    // Built (or found fresh) before the clock starts: a first build on a
+    // busy machine can take minutes, and is not the test's to time.
+    bank_binary();
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .expect("test timed out");

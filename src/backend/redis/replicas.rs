@@ -39,13 +39,13 @@ impl RedisBackend {
         req: &AcquireRequest,
         min: MinReplicas,
     ) -> Result<Lease, LockError> {
-        self.acquire_inner(req).await?;
+        self.acquire_full(req).await?;
         match self.confirm(req, min).await {
             Ok(lease) => Ok(lease),
             Err(e) => {
                 // Not held as asked: give it back (or leave it to its TTL if
                 // Redis is away too).
-                if let Err(release) = self.release_inner(req.key(), req.owner()).await {
+                if let Err(release) = self.release_full(req.key(), req.owner()).await {
                     tracing::debug!(error = %release, "releasing an unreplicated lock failed");
                 }
                 Err(e)
@@ -57,7 +57,7 @@ impl RedisBackend {
         let start = Instant::now();
         let end = start + self.op_timeout + min.timeout;
         let mut inv = SCRIPTS.extend.prepare_invoke();
-        let slot = self.keys(&mut inv, req.key(), Keys::Lock);
+        let slot = self.keys(&mut inv, req.key(), Keys::LockAndMeta);
         inv.arg(req.owner()).arg(ceil_ms(req.ttl()));
         let (reply, conn) = self.shared.conn.eval_on(&inv, end).await?;
         // Gone already (a force release): not held as asked.

@@ -4,6 +4,7 @@
 //! cargo run --release --example bank -- --listen 127.0.0.1:3000
 //! cargo run --release --example bank -- --listen 127.0.0.1:3001 --redis redis://127.0.0.1:6379
 //! cargo run --release --features postgres --example bank -- --postgres postgres://app:pw@127.0.0.1/app
+//! cargo run --release --features redis-cluster --example bank -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
 //! ```
 //!
 //! - `POST /accounts/{id}/deposit?amount=N[&hold_ms=M][&wait_ms=W][&ttl_ms=T]`
@@ -61,7 +62,9 @@
 //! both live in that PostgreSQL database (feature `postgres`; locks in
 //! `tower_lock.locks`, balances in `bank_balances`, both created at start-up
 //! or as soon as the database answers), so several bank processes can serve
-//! the same accounts.
+//! the same accounts. `--redis-cluster URL[,URL…]` (feature `redis-cluster`)
+//! does as `--redis` on a Redis Cluster: any of its nodes will do, and
+//! naming several lets the bank start while one is down.
 //!
 //! Prints `listening on ADDR` (the bound address) once it accepts requests.
 
@@ -86,10 +89,14 @@ use tower_lock::{
 };
 
 const USAGE: &str =
-    "usage: bank [--listen ADDR] [--redis URL | --postgres URL] [--admin-token T] [--fenced]
+    "usage: bank [--listen ADDR] [--redis URL | --redis-cluster URL[,URL…] | --postgres URL] [--admin-token T] [--fenced]
 
   --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
   --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
+  --redis-cluster URL[,URL…]
+                      keep locks and balances in this Redis Cluster, known by some of
+                      its nodes (e.g. redis://127.0.0.1:7000,redis://127.0.0.1:7001;
+                      needs feature `redis-cluster`)
   --postgres URL      keep locks and balances in this PostgreSQL database
                       (e.g. postgres://user:password@127.0.0.1/bank; needs feature `postgres`)
   --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
@@ -148,6 +155,7 @@ async fn main() -> ExitCode {
 struct Args {
     listen: String,
     redis: Option<String>,
+    redis_cluster: Option<String>,
     postgres: Option<String>,
     admin_token: Option<String>,
     fenced: bool,
@@ -158,6 +166,7 @@ impl Args {
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         let mut listen = None;
         let mut redis = None;
+        let mut redis_cluster = None;
         let mut postgres = None;
         let mut admin_token = None;
         let mut fenced = None;
@@ -183,6 +192,7 @@ impl Args {
                 "-h" | "--help" => return Ok(None),
                 "--listen" => &mut listen,
                 "--redis" => &mut redis,
+                "--redis-cluster" => &mut redis_cluster,
                 "--postgres" => &mut postgres,
                 "--admin-token" => &mut admin_token,
                 _ => return Err(format!("unknown argument `{arg}`")),
@@ -198,9 +208,13 @@ impl Args {
         if redis.is_some() && postgres.is_some() {
             return Err("give --redis or --postgres, not both".to_owned());
         }
+        if redis_cluster.is_some() && (redis.is_some() || postgres.is_some()) {
+            return Err("give --redis-cluster alone, without --redis or --postgres".to_owned());
+        }
         Ok(Some(Args {
             listen: listen.unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             redis,
+            redis_cluster,
             postgres,
             admin_token,
             fenced: fenced.unwrap_or(false),
@@ -212,6 +226,9 @@ async fn run(args: Args) -> Result<(), String> {
     let bank = match (&args.redis, &args.postgres) {
         (Some(url), _) => redis_bank(url).await?,
         (None, Some(url)) => postgres_bank(url).await?,
+        (None, None) if args.redis_cluster.is_some() => {
+            redis_cluster_bank(args.redis_cluster.as_deref().unwrap_or_default()).await?
+        }
         (None, None) => Bank {
             locks: SharedBackend::new(MemoryBackend::new()),
             balances: Balances::Memory(Mutex::default()),
@@ -617,7 +634,7 @@ struct Account {
 enum Balances {
     Memory(Mutex<HashMap<String, Account>>),
     #[cfg(feature = "redis")]
-    Redis(deadpool_redis::Pool),
+    Redis(RedisStore),
     #[cfg(feature = "postgres")]
     Postgres(postgres_store::Store),
 }
@@ -627,10 +644,10 @@ impl Balances {
         match self {
             Balances::Memory(map) => Ok(memory(map).get(id).map_or(0, |a| a.balance)),
             #[cfg(feature = "redis")]
-            Balances::Redis(pool) => {
+            Balances::Redis(store) => {
                 let mut cmd = deadpool_redis::redis::cmd("GET");
                 cmd.arg(redis_balance_key(id));
-                redis_query::<Option<i64>>(pool, cmd)
+                redis_query::<Option<i64>>(store, cmd)
                     .await
                     .map(|b| b.unwrap_or(0))
             }
@@ -646,10 +663,10 @@ impl Balances {
                 Ok(())
             }
             #[cfg(feature = "redis")]
-            Balances::Redis(pool) => {
+            Balances::Redis(store) => {
                 let mut cmd = deadpool_redis::redis::cmd("SET");
                 cmd.arg(redis_balance_key(id)).arg(balance);
-                redis_query::<()>(pool, cmd).await
+                redis_query::<()>(store, cmd).await
             }
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.set(id, balance).await,
@@ -665,7 +682,7 @@ impl Balances {
         match self {
             Balances::Memory(map) => memory_fenced(map, id, fence, |account| account.balance),
             #[cfg(feature = "redis")]
-            Balances::Redis(pool) => redis_fenced::read(pool, id, fence).await,
+            Balances::Redis(store) => redis_fenced::read(store, id, fence).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.read_fenced(id, fence).await,
         }
@@ -679,7 +696,7 @@ impl Balances {
                 account.balance = balance;
             }),
             #[cfg(feature = "redis")]
-            Balances::Redis(pool) => redis_fenced::write(pool, id, balance, fence).await,
+            Balances::Redis(store) => redis_fenced::write(store, id, balance, fence).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.write_fenced(id, balance, fence).await,
         }
@@ -693,7 +710,7 @@ impl Balances {
                 Ok((a.balance, a.fence))
             }
             #[cfg(feature = "redis")]
-            Balances::Redis(pool) => redis_fenced::account(pool, id).await,
+            Balances::Redis(store) => redis_fenced::account(store, id).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.account(id).await,
         }
@@ -732,7 +749,7 @@ mod redis_fenced {
 
     use deadpool_redis::redis::Script;
 
-    use super::{ApiError, redis_query_script, stale_fence};
+    use super::{ApiError, RedisStore, redis_query_script, stale_fence};
 
     static READ: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
@@ -755,14 +772,10 @@ mod redis_fenced {
         format!("bank:fenced:{id}")
     }
 
-    pub(super) async fn read(
-        pool: &deadpool_redis::Pool,
-        id: &str,
-        fence: u64,
-    ) -> Result<i64, ApiError> {
+    pub(super) async fn read(store: &RedisStore, id: &str, fence: u64) -> Result<i64, ApiError> {
         let mut inv = READ.prepare_invoke();
         inv.key(key(id)).arg(fence);
-        let (code, balance): (i64, String) = redis_query_script(pool, inv).await?;
+        let (code, balance): (i64, String) = redis_query_script(store, inv).await?;
         if code < 0 {
             return Err(stale_fence());
         }
@@ -772,26 +785,23 @@ mod redis_fenced {
     }
 
     pub(super) async fn write(
-        pool: &deadpool_redis::Pool,
+        store: &RedisStore,
         id: &str,
         balance: i64,
         fence: u64,
     ) -> Result<(), ApiError> {
         let mut inv = WRITE.prepare_invoke();
         inv.key(key(id)).arg(balance).arg(fence);
-        match redis_query_script::<i64>(pool, inv).await? {
+        match redis_query_script::<i64>(store, inv).await? {
             1 => Ok(()),
             _ => Err(stale_fence()),
         }
     }
 
-    pub(super) async fn account(
-        pool: &deadpool_redis::Pool,
-        id: &str,
-    ) -> Result<(i64, u64), ApiError> {
+    pub(super) async fn account(store: &RedisStore, id: &str) -> Result<(i64, u64), ApiError> {
         let mut cmd = deadpool_redis::redis::cmd("HMGET");
         cmd.arg(key(id)).arg("balance").arg("fence");
-        let (balance, fence): (Option<i64>, Option<u64>) = super::redis_query(pool, cmd).await?;
+        let (balance, fence): (Option<i64>, Option<u64>) = super::redis_query(store, cmd).await?;
         Ok((balance.unwrap_or(0), fence.unwrap_or(0)))
     }
 }
@@ -804,28 +814,28 @@ fn redis_balance_key(id: &str) -> String {
 /// Run one command on a pooled connection, within [`STORE_TIMEOUT`].
 #[cfg(feature = "redis")]
 async fn redis_query<T: deadpool_redis::redis::FromRedisValue>(
-    pool: &deadpool_redis::Pool,
+    store: &RedisStore,
     cmd: deadpool_redis::redis::Cmd,
 ) -> Result<T, ApiError> {
-    redis_run(pool, async |conn| cmd.query_async::<T>(conn).await).await
+    redis_run(store, async |conn| cmd.query_async::<T>(conn).await).await
 }
 
 /// Run one script on a pooled connection, within [`STORE_TIMEOUT`].
 #[cfg(feature = "redis")]
 async fn redis_query_script<T: deadpool_redis::redis::FromRedisValue>(
-    pool: &deadpool_redis::Pool,
+    store: &RedisStore,
     invocation: deadpool_redis::redis::ScriptInvocation<'_>,
 ) -> Result<T, ApiError> {
-    redis_run(pool, async |conn| invocation.invoke_async::<T>(conn).await).await
+    redis_run(store, async |conn| invocation.invoke_async::<T>(conn).await).await
 }
 
 #[cfg(feature = "redis")]
 async fn redis_run<T>(
-    pool: &deadpool_redis::Pool,
-    f: impl AsyncFnOnce(&mut deadpool_redis::Connection) -> deadpool_redis::redis::RedisResult<T>,
+    store: &RedisStore,
+    f: impl AsyncFnOnce(&mut StoreConn) -> deadpool_redis::redis::RedisResult<T>,
 ) -> Result<T, ApiError> {
     let attempt = async {
-        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let mut conn = store.conn().await?;
         f(&mut conn).await.map_err(|e| e.to_string())
     };
     let result = match tokio::time::timeout(STORE_TIMEOUT, attempt).await {
@@ -852,9 +862,11 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
     let locks = redis_lock_backend(url)?;
     // Balances get a pool of their own, so lock waiters can never starve the
     // holder's balance read/write of connections.
-    let balances = Config::from_url(url)
-        .create_pool(Some(Runtime::Tokio1))
-        .map_err(|e| format!("bad --redis URL: {e}"))?;
+    let balances = RedisStore::Pool(
+        Config::from_url(url)
+            .create_pool(Some(Runtime::Tokio1))
+            .map_err(|e| format!("bad --redis URL: {e}"))?,
+    );
     // Redis may come up later: warn, serve, and answer 503 until it does.
     let mut ping = deadpool_redis::redis::cmd("PING");
     ping.arg("bank");
@@ -867,6 +879,142 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
         fenced: false,
         statements_computed: AtomicU64::new(0),
     })
+}
+
+/// Where Redis balances live: a server's pool, or a cluster.
+#[cfg(feature = "redis")]
+enum RedisStore {
+    Pool(deadpool_redis::Pool),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(Box<cluster::Store>),
+}
+
+/// A connection to the balances' Redis.
+#[cfg(feature = "redis")]
+enum StoreConn {
+    Pool(deadpool_redis::Connection),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(deadpool_redis::redis::cluster_async::ClusterConnection),
+}
+
+#[cfg(feature = "redis")]
+impl RedisStore {
+    async fn conn(&self) -> Result<StoreConn, String> {
+        match self {
+            RedisStore::Pool(pool) => pool
+                .get()
+                .await
+                .map(StoreConn::Pool)
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "redis-cluster")]
+            RedisStore::Cluster(store) => store.conn().await.map(StoreConn::Cluster),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl deadpool_redis::redis::aio::ConnectionLike for StoreConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a deadpool_redis::redis::Cmd,
+    ) -> deadpool_redis::redis::RedisFuture<'a, deadpool_redis::redis::Value> {
+        match self {
+            StoreConn::Pool(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            StoreConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a deadpool_redis::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> deadpool_redis::redis::RedisFuture<'a, Vec<deadpool_redis::redis::Value>> {
+        match self {
+            StoreConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            StoreConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            StoreConn::Pool(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            StoreConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(not(feature = "redis-cluster"))]
+async fn redis_cluster_bank(_urls: &str) -> Result<Bank, String> {
+    Err("--redis-cluster needs tower-lock's `redis-cluster` feature".to_owned())
+}
+
+/// Locks and balances in the Redis Cluster some of whose nodes `urls`
+/// (comma-separated) names.
+#[cfg(feature = "redis-cluster")]
+async fn redis_cluster_bank(urls: &str) -> Result<Bank, String> {
+    let nodes: Vec<String> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let locks = tower_lock::RedisBackend::from_cluster_urls(nodes.iter().map(String::as_str))
+        .map_err(|e| format!("bad --redis-cluster URLs: {e}"))?;
+    let store = RedisStore::Cluster(Box::new(cluster::Store::new(nodes)?));
+    // The cluster may come up later: warn, serve, and answer 503 until it does.
+    let mut ping = deadpool_redis::redis::cmd("PING");
+    ping.arg("bank");
+    if redis_query::<String>(&store, ping).await.is_err() {
+        eprintln!("bank: warning: the Redis Cluster does not answer yet");
+    }
+    Ok(Bank {
+        locks: SharedBackend::new(locks),
+        balances: Balances::Redis(store),
+        fenced: false,
+        statements_computed: AtomicU64::new(0),
+    })
+}
+
+/// Balances in a Redis Cluster: one connection (a multiplexed one per
+/// node), opened on first use and again after a failed attempt.
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use deadpool_redis::redis::cluster::ClusterClient;
+    use deadpool_redis::redis::cluster_async::ClusterConnection;
+    use tokio::sync::OnceCell;
+
+    pub(super) struct Store {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    }
+
+    impl Store {
+        pub(super) fn new(nodes: Vec<String>) -> Result<Self, String> {
+            let client = ClusterClient::builder(nodes)
+                // STORE_TIMEOUT bounds every call; retries just have to be
+                // quick enough to fit in it during a failover.
+                .min_retry_wait(2)
+                .max_retry_wait(100)
+                .build()
+                .map_err(|e| format!("bad --redis-cluster URLs: {e}"))?;
+            Ok(Store {
+                client,
+                conn: OnceCell::new(),
+            })
+        }
+
+        pub(super) async fn conn(&self) -> Result<ClusterConnection, String> {
+            self.conn
+                .get_or_try_init(|| self.client.get_async_connection())
+                .await
+                .cloned()
+                .map_err(|e| e.to_string())
+        }
+    }
 }
 
 /// The Redis lock backend for `url`, with a pool of its own.

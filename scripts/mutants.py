@@ -73,6 +73,12 @@ MUTANTS = [
     ("redis-stale-grant-believed", "src/backend/redis/wait.rs",
      "Ok(grant) if entries <= 1 => {",
      "Ok(grant) if entries <= 1_000 => {"),
+    ("redis-min-replicas-ignores-the-count", "src/backend/redis/replicas.rs",
+     "if acked < i64::from(min.replicas) {",
+     "if acked < i64::from(min.replicas) && false {"),
+    ("redis-failed-waiter-leaves-once", "src/backend/redis/wait.rs",
+     "Err(LockError::BackendUnavailable(e)) if Instant::now() + pause < until => {",
+     "Err(LockError::BackendUnavailable(e)) if false && Instant::now() + pause < until => {"),
     # PostgreSQL statements and functions
     ("postgres-acquire-fast-path-ignores-queue", "src/backend/postgres/ops.rs",
      "WHERE l.expires_at <= now() AND NOT l.queued \\",

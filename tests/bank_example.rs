@@ -303,6 +303,99 @@ async fn three_processes_share_one_redis() {
     .await;
 }
 
+/// Three bank processes on one Redis Cluster (`--redis-cluster`) take 300
+/// concurrent deposits on accounts whose locks live on different shards,
+/// some waiting and some not: per account, every `200` is counted exactly
+/// once and every fence is distinct; every refusal is a `429`.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_redis_cluster() {
+    use std::collections::{BTreeSet, HashMap};
+
+    use common::redis_cluster::RedisCluster;
+
+    within_timeout(async {
+        let cluster = RedisCluster::shared();
+        let urls = cluster.urls_arg();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--redis-cluster", &urls]))
+            .collect();
+        let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
+        // Accounts (unique to this test: the cluster is shared) whose locks
+        // are spread over the shards.
+        let accounts: Vec<String> = (0..4)
+            .map(|i| format!("cl{}-{i}", std::process::id()))
+            .collect();
+        let shards: BTreeSet<u16> = accounts
+            .iter()
+            .map(|a| {
+                let slot = cluster
+                    .cmd(
+                        cluster.live_port(),
+                        &["CLUSTER", "KEYSLOT", &format!("lock:{{g:account:{a}}}")],
+                    )
+                    .parse()
+                    .unwrap();
+                cluster.owner_of(slot)
+            })
+            .collect();
+        eprintln!("the accounts' locks live on {} shards", shards.len());
+
+        let mut deposits = JoinSet::new();
+        for i in 0..300u64 {
+            let http = clients[i as usize % 3].clone();
+            let account = accounts[(i as usize / 3) % accounts.len()].clone();
+            let amount = i + 1;
+            let wait_ms = [0, 20, 200, 5_000][i as usize % 4];
+            deposits.spawn(async move {
+                let path = format!(
+                    "/accounts/{account}/deposit?amount={amount}&hold_ms=1&wait_ms={wait_ms}"
+                );
+                (account, amount, http.post(&path).await)
+            });
+        }
+        let mut sums: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
+        let mut refused = 0;
+        while let Some(done) = deposits.join_next().await {
+            let (account, amount, reply) = done.unwrap();
+            match reply.status {
+                StatusCode::OK => {
+                    let entry = sums.entry(account).or_default();
+                    entry.0 += amount;
+                    entry.1.push(reply.uint("fence"));
+                }
+                StatusCode::TOO_MANY_REQUESTS => {
+                    assert!(reply.headers.contains_key(header::RETRY_AFTER));
+                    refused += 1;
+                }
+                other => panic!("{}: unexpected {other}: {}", reply.what, reply.json),
+            }
+        }
+        eprintln!("{refused} deposits refused");
+        assert_eq!(sums.len(), accounts.len(), "an account got no deposit");
+        for (account, (sum, mut fences)) in sums {
+            for http in &clients {
+                assert_eq!(
+                    http.get(&format!("/accounts/{account}"))
+                        .await
+                        .uint("balance"),
+                    sum,
+                    "{account}: the balance differs from the sum of accepted deposits"
+                );
+            }
+            let accepted = fences.len();
+            fences.sort_unstable();
+            fences.dedup();
+            assert_eq!(
+                fences.len(),
+                accepted,
+                "{account}: two deposits got the same fence"
+            );
+        }
+    })
+    .await;
+}
+
 /// Redis goes away under a running bank: requests fail closed with `503
 /// LOCK_BACKEND_UNAVAILABLE` (never waiting out their max wait, never running
 /// the handler unlocked), and the first request after Redis is back succeeds.

@@ -5,6 +5,8 @@ pub(crate) enum BackendArg {
     Memory,
     Redis(String),
     Postgres(String),
+    /// `redis-cluster://HOST:PORT[,HOST:PORT…]`: the nodes' `redis://` URLs.
+    RedisCluster(Vec<String>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,12 +62,20 @@ pub(crate) struct Args {
     pub(crate) workload: Workload,
     pub(crate) seconds: f64,
     pub(crate) api: Api,
+    /// `--single-node redis://…` (with a cluster backend): the same workload
+    /// on one server in the same run, reported beside the cluster's.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    pub(crate) single_node: Option<String>,
+    /// `--min-replicas N[:TIMEOUT_MS]` (Redis backends): `RedisBackend::min_replicas`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) min_replicas: Option<(u32, u64)>,
 }
 
 impl Args {
     /// `Ok(None)`: help was asked for.
     pub(crate) fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         let (mut backend, mut workload, mut seconds, mut api) = (None, None, None, Api::Owned);
+        let (mut single_node, mut min_replicas) = (None, None);
         while let Some(flag) = it.next() {
             if flag == "-h" || flag == "--help" {
                 return Ok(None);
@@ -89,6 +99,16 @@ impl Args {
                         BackendArg::Redis(v)
                     } else if v.starts_with("postgres://") || v.starts_with("postgresql://") {
                         BackendArg::Postgres(v)
+                    } else if let Some(nodes) = v.strip_prefix("redis-cluster://") {
+                        let nodes: Vec<String> = nodes
+                            .split(',')
+                            .filter(|n| !n.is_empty())
+                            .map(|n| format!("redis://{n}"))
+                            .collect();
+                        if nodes.is_empty() {
+                            return Err(format!("no node in `{v}`"));
+                        }
+                        BackendArg::RedisCluster(nodes)
                     } else {
                         return Err(format!("unknown backend `{v}`"));
                     });
@@ -107,6 +127,22 @@ impl Args {
                         return Err(format!("--seconds must be in (0, 86400], got {v}"));
                     }
                     seconds = Some(s);
+                }
+                "--single-node" => {
+                    let v = value()?;
+                    if !(v.starts_with("redis://") || v.starts_with("rediss://")) {
+                        return Err(format!("--single-node takes a redis:// URL, got `{v}`"));
+                    }
+                    single_node = Some(v);
+                }
+                "--min-replicas" => {
+                    let v = value()?;
+                    let (n, ms) = v.split_once(':').unwrap_or((&v, "1000"));
+                    let parsed = n.parse::<u32>().ok().zip(ms.parse::<u64>().ok());
+                    min_replicas =
+                        Some(parsed.filter(|&(n, ms)| n > 0 && ms > 0).ok_or_else(|| {
+                            format!("--min-replicas takes N or N:TIMEOUT_MS (both > 0), got `{v}`")
+                        })?);
                 }
                 "--api" => {
                     api = match value()?.as_str() {
@@ -129,11 +165,37 @@ impl Args {
                 workload.name()
             ));
         }
+        let cluster = matches!(backend, BackendArg::RedisCluster(_));
+        if cluster
+            && !matches!(
+                workload,
+                Workload::Serial | Workload::Parallel32 | Workload::Contended16
+            )
+        {
+            return Err(format!(
+                "{} is not measured on a cluster (serial, parallel32, contended16 are)",
+                workload.name()
+            ));
+        }
+        if single_node.is_some() && !cluster {
+            return Err("--single-node goes with a redis-cluster:// backend".to_owned());
+        }
+        if min_replicas.is_some()
+            && !matches!(backend, BackendArg::Redis(_) | BackendArg::RedisCluster(_))
+            || min_replicas.is_some()
+                && matches!(workload, Workload::RawSerial | Workload::RawParallel32)
+        {
+            return Err(
+                "--min-replicas needs a Redis backend and a tower-lock workload".to_owned(),
+            );
+        }
         Ok(Some(Args {
             backend,
             workload,
             seconds,
             api,
+            single_node,
+            min_replicas,
         }))
     }
 }

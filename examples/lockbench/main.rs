@@ -100,6 +100,19 @@ mod redis;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+#[cfg(feature = "redis-cluster")]
+mod cluster;
+
+#[cfg(not(feature = "redis-cluster"))]
+mod cluster {
+    use super::args::Args;
+    use super::report::Report;
+
+    pub(crate) async fn run(_nodes: &[String], _args: &Args, _r: Report) -> Result<Report, String> {
+        Err("built without the `redis-cluster` feature".into())
+    }
+}
+
 #[cfg(not(feature = "postgres"))]
 mod postgres {
     use super::args::Args;
@@ -132,11 +145,14 @@ use self::report::Report;
 
 pub(crate) const USAGE: &str = "\
 usage: lockbench --backend memory|redis://HOST:PORT|postgres://… --workload W --seconds S [--api owned|backend]
+       lockbench --backend redis-cluster://HOST:PORT[,HOST:PORT…] --workload W --seconds S [--single-node redis://HOST:PORT]
 
   W: serial | parallel32 | contended16 | http | held | flight64 | raw-serial | raw-parallel32
-     (raw-* need a redis:// or postgres:// backend)
+     (raw-* need a redis:// or postgres:// backend; a cluster runs serial, parallel32, contended16)
   S: length of the measured window, in seconds (> 0)
   --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
+  --single-node URL: with a cluster, the same workload on this one server in the same run
+  --min-replicas N[:MS]: Redis backends confirm each acquisition on N replicas (timeout MS, default 1000)
 
 Prints one JSON line on stdout.";
 
@@ -196,11 +212,13 @@ async fn run(args: Args) -> Result<Report, String> {
         BackendArg::Memory => "memory",
         BackendArg::Redis(_) => "redis",
         BackendArg::Postgres(_) => "postgres",
+        BackendArg::RedisCluster(_) => "redis-cluster",
     };
     let mut r = Report::new(backend_name, args.workload);
     match &args.backend {
         BackendArg::Redis(url) => return redis::run(url, &args, r).await,
         BackendArg::Postgres(url) => return postgres::run(url, &args, r).await,
+        BackendArg::RedisCluster(nodes) => return cluster::run(nodes, &args, r).await,
         BackendArg::Memory => {}
     }
     let locker = Locker {

@@ -50,7 +50,7 @@ pub(crate) async fn run(url: &str, args: &Args, mut r: Report) -> Result<Report,
             // drift between two runs (the raw-* workloads still report
             // the contiguous figure).
             let locker = Locker {
-                backend: tower_backend::connect(url)?,
+                backend: tower_backend::connect(url, args.min_replicas)?,
                 api: args.api,
             };
             let sha = load_release(&mut conn).await?;
@@ -94,7 +94,7 @@ pub(crate) async fn run(url: &str, args: &Args, mut r: Report) -> Result<Report,
         }
         _ => {
             let locker = Locker {
-                backend: tower_backend::connect(url)?,
+                backend: tower_backend::connect(url, args.min_replicas)?,
                 api: args.api,
             };
             // `held` compares with an empty keyspace on the same server:
@@ -104,7 +104,7 @@ pub(crate) async fn run(url: &str, args: &Args, mut r: Report) -> Result<Report,
                     let other = other_db(url)?;
                     r.put("empty_url_db", other.1);
                     Some(Locker {
-                        backend: tower_backend::connect(&other.0)?,
+                        backend: tower_backend::connect(&other.0, args.min_replicas)?,
                         api: args.api,
                     })
                 }
@@ -117,6 +117,10 @@ pub(crate) async fn run(url: &str, args: &Args, mut r: Report) -> Result<Report,
     r.put("rtt_p99_us", rtt_p99);
     if let Some(idle) = idle_rtt_p50 {
         r.put("idle_rtt_p50_us", idle);
+    }
+    if let Some((n, ms)) = args.min_replicas {
+        r.put("min_replicas", n);
+        r.put("min_replicas_timeout_ms", ms);
     }
     Ok(r)
 }
@@ -224,18 +228,33 @@ impl Cycle for RawCycle {
 }
 
 /// The tower-lock Redis backend: the only code here that names its API.
-mod tower_backend {
+pub(crate) mod tower_backend {
 
     use std::time::Duration;
 
     use tower_lock::SharedBackend;
     use tower_lock::backend::redis::RedisBackend;
 
-    pub(crate) fn connect(url: &str) -> Result<SharedBackend, String> {
-        let backend = RedisBackend::from_url(url)
-            .map_err(|e| format!("RedisBackend::from_url: {e}"))?
+    pub(crate) fn connect(
+        url: &str,
+        min_replicas: Option<(u32, u64)>,
+    ) -> Result<SharedBackend, String> {
+        let backend =
+            RedisBackend::from_url(url).map_err(|e| format!("RedisBackend::from_url: {e}"))?;
+        Ok(SharedBackend::new(configure(backend, min_replicas)))
+    }
+
+    /// The settings every lockbench Redis backend has.
+    pub(crate) fn configure(
+        backend: RedisBackend,
+        min_replicas: Option<(u32, u64)>,
+    ) -> RedisBackend {
+        let backend = backend
             .prefix("lockbench:")
             .op_timeout(Duration::from_secs(2));
-        Ok(SharedBackend::new(backend))
+        match min_replicas {
+            Some((n, ms)) => backend.min_replicas(n, Duration::from_millis(ms)),
+            None => backend,
+        }
     }
 }

@@ -23,6 +23,12 @@ impl Report {
         }
     }
 
+    /// A field already put.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
     pub(crate) fn line(&self) -> String {
         let fields: Vec<String> = self
             .0

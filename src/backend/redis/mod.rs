@@ -65,6 +65,12 @@
 //!
 //! # Limits
 //!
+//! - Replication is asynchronous: a lock (and its fence counter's increment)
+//!   granted just before its primary dies may be missing on the promoted
+//!   replica, which can then grant it again, even under the same fence.
+//!   [`RedisBackend::min_replicas`] confirms each acquisition on replicas
+//!   (`WAIT`) to narrow that window; the README's "Redis Cluster, replicas
+//!   and failover" says what holds across a failover.
 //! - Without persistence, a Redis restart forgets every lock (inherent in a
 //!   single-Redis lock): a later release then reports
 //!   [`LockError::NotFound`].
@@ -88,6 +94,7 @@ mod extras;
 mod flight;
 mod keys;
 mod ops;
+mod replicas;
 mod scripts;
 mod wait;
 mod wake;
@@ -101,6 +108,7 @@ use deadpool_redis::{Config, Pool, Runtime};
 
 use self::conn::{Pinned, Source};
 use self::error::config_error;
+use self::replicas::MinReplicas;
 use self::wake::{Transport, Wakeups};
 use super::{
     BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
@@ -139,6 +147,7 @@ pub struct RedisBackend {
     shared: Arc<Shared>,
     prefix: Arc<str>,
     op_timeout: Duration,
+    min_replicas: Option<MinReplicas>,
     index_owners: bool,
 }
 
@@ -153,6 +162,7 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("prefix", &self.prefix)
             .field("op_timeout", &self.op_timeout)
+            .field("min_replicas", &self.min_replicas)
             .field("index_owners", &self.index_owners)
             .finish_non_exhaustive()
     }
@@ -281,6 +291,7 @@ impl RedisBackend {
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
+            min_replicas: None,
             index_owners: false,
         }
     }
@@ -301,6 +312,48 @@ impl RedisBackend {
     pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
         self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
         self
+    }
+
+    /// Confirm every acquisition on `replicas` replicas of the lock's
+    /// primary (`WAIT`) before granting it; if they have not acknowledged it
+    /// within `timeout`, release the lock and fail the acquisition with
+    /// [`LockError::BackendUnavailable`] (the layer's `503`). Off by default
+    /// (`replicas` = 0 turns it off), and then it costs nothing.
+    ///
+    /// It costs two more round trips per acquisition (the lock is extended
+    /// to its TTL on the operation connection, so that the `WAIT` covers a
+    /// lock handed over by another process's release too, then `WAIT`),
+    /// plus the replicas' acknowledgement.
+    ///
+    /// What it buys: a failover to a replica that acknowledged loses no
+    /// lock granted before it, so fewer locks are lost on failover. What it
+    /// does not: replication stays asynchronous (a replica that did not
+    /// acknowledge may still be promoted, `WAIT` is no consensus), releases
+    /// and extensions are not confirmed, and a lock taken and then refused
+    /// here may already have been seen by a reader of the replicas. Fencing
+    /// stays the real protection (see the README's guarantees).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::from_url("redis://10.0.0.5:6379")?
+    ///     .min_replicas(1, Duration::from_millis(50));
+    /// assert_eq!(backend.get_min_replicas(), Some((1, Duration::from_millis(50))));
+    /// # Ok::<(), tower_lock::LockError>(())
+    /// ```
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = (replicas > 0).then_some(MinReplicas {
+            replicas,
+            timeout: timeout.clamp(Duration::from_millis(1), MAX_TTL),
+        });
+        self
+    }
+
+    /// The replicas every acquisition is confirmed on, and how long that may
+    /// take; `None` when off (see [`RedisBackend::min_replicas`]).
+    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
+        self.min_replicas.map(|m| (m.replicas, m.timeout))
     }
 
     /// Keep an index from owner tokens to their locks, so that
@@ -352,7 +405,10 @@ impl RedisBackend {
 
 impl LockBackend for RedisBackend {
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.acquire_full(req))
+        match self.min_replicas {
+            None => Box::pin(self.acquire_full(req)),
+            Some(min) => Box::pin(self.acquire_replicated(req, min)),
+        }
     }
 
     fn release<'a>(

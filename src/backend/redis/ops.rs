@@ -178,23 +178,11 @@ impl RedisBackend {
         owner: &str,
         ttl: Duration,
     ) -> Result<Lease, LockError> {
-        const WHAT: &str = "extend";
         validate_ttl(ttl)?;
         let mut inv = SCRIPTS.extend.prepare_invoke();
         self.keys(&mut inv, key, Keys::LockAndMeta);
         inv.arg(owner).arg(ceil_ms(ttl));
-        let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
-        match int_at(&reply, 0, WHAT)? {
-            1 => Ok(Lease::new(
-                uint_at(&reply, 1, WHAT)?,
-                server_time(uint_at(&reply, 2, WHAT)?),
-                server_time(uint_at(&reply, 3, WHAT)?),
-                ttl,
-            )),
-            0 => Err(LockError::NotFound),
-            -1 => Err(LockError::OwnershipMismatch),
-            _ => Err(bad_reply(WHAT)),
-        }
+        extended(self.shared.conn.eval(&inv, self.deadline()).await?, ttl)
     }
 
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -229,5 +217,22 @@ impl RedisBackend {
         )
         .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0));
         Ok(Some(super::extras::with_metadata(status, &reply)))
+    }
+}
+
+/// The lease in an extend script's reply.
+pub(super) fn extended(reply: Value, ttl: Duration) -> Result<Lease, LockError> {
+    const WHAT: &str = "extend";
+    let reply = array(reply, WHAT)?;
+    match int_at(&reply, 0, WHAT)? {
+        1 => Ok(Lease::new(
+            uint_at(&reply, 1, WHAT)?,
+            server_time(uint_at(&reply, 2, WHAT)?),
+            server_time(uint_at(&reply, 3, WHAT)?),
+            ttl,
+        )),
+        0 => Err(LockError::NotFound),
+        -1 => Err(LockError::OwnershipMismatch),
+        _ => Err(bad_reply(WHAT)),
     }
 }

@@ -44,6 +44,7 @@ impl RedisBackend {
             owner: req.owner(),
             id: wake.next_id(),
             queued: false,
+            until: deadline,
         };
         // Registered before the first attempt when the subscription is live,
         // so that attempt can already join the queue.
@@ -180,13 +181,24 @@ impl RedisBackend {
 /// Dropped without being cleared (the acquire future was cancelled, or it
 /// failed), it leaves the queue in the background, releasing the lock if it
 /// was handed over meanwhile: nobody would ever release it otherwise.
+///
+/// When Redis cannot be reached (a failover under way), leaving is retried,
+/// backing off, until the entry's own deadline, after which the scripts
+/// ignore it anyway: an entry left behind would be handed the lock by the
+/// next release, which then idles for the hand-off's whole TTL.
 struct WaitGuard<'a> {
     backend: &'a RedisBackend,
     key: &'a LockKey,
     owner: &'a str,
     id: u64,
     queued: bool,
+    /// The entry's deadline in Redis (the waiter's max wait).
+    until: Instant,
 }
+
+/// First and largest pause between attempts to leave the queue.
+const LEAVE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
@@ -202,13 +214,26 @@ impl Drop for WaitGuard<'_> {
         let key = self.key.clone();
         let owner = self.owner.to_owned();
         let id = self.id;
+        let until = self.until;
         runtime.spawn(async move {
-            let end = backend.deadline();
-            let outcome = backend
-                .leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end)
-                .await;
-            if let Err(e) = outcome {
-                tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+            let mut pause = LEAVE_RETRY_FIRST;
+            loop {
+                let end = backend.deadline();
+                let outcome = backend
+                    .leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end)
+                    .await;
+                match outcome {
+                    Err(LockError::BackendUnavailable(e)) if Instant::now() + pause < until => {
+                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LEAVE_RETRY_MAX);
+                    }
+                    Err(e) => {
+                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+                        return;
+                    }
+                    Ok(_) => return,
+                }
             }
         });
     }

@@ -1,0 +1,116 @@
+//! `min_replicas`: an acquisition confirmed by `WAIT` on the primary.
+//!
+//! `WAIT n t` answers once the replicas have acknowledged every write made
+//! on the connection it is sent on (up to the last one), or after `t` ms
+//! with how many had. The lock may have been written by another connection
+//! (a release handing it to this waiter), so the lock is first extended to
+//! its own TTL on the operation connection (a write of our own, after the
+//! hand-off in the primary's replication stream), then `WAIT` follows on
+//! that very connection: the replicas that acknowledge it have the lock.
+//! On a cluster both go to the primary owning the lock's slot.
+
+use std::time::Duration;
+
+use deadpool_redis::redis::{Value, cmd};
+use tokio::time::{Instant, timeout_at};
+
+use super::RedisBackend;
+use super::conn::Conn;
+use super::error::{redis_error, timed_out};
+use super::keys::Keys;
+use super::ops::extended;
+use super::scripts::{SCRIPTS, ceil_ms, int};
+use crate::backend::Lease;
+use crate::error::LockError;
+use crate::spec::AcquireRequest;
+
+/// What [`RedisBackend::min_replicas`] asks for.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MinReplicas {
+    pub(super) replicas: u32,
+    pub(super) timeout: Duration,
+}
+
+impl RedisBackend {
+    /// Acquire, then confirm on `n` replicas; if they do not confirm in
+    /// time, release and fail as unavailable.
+    pub(super) async fn acquire_replicated(
+        &self,
+        req: &AcquireRequest,
+        min: MinReplicas,
+    ) -> Result<Lease, LockError> {
+        self.acquire_full(req).await?;
+        match self.confirm(req, min).await {
+            Ok(lease) => Ok(lease),
+            Err(e) => {
+                // Not held as asked: give it back (or leave it to its TTL if
+                // Redis is away too).
+                if let Err(release) = self.release_full(req.key(), req.owner()).await {
+                    tracing::debug!(error = %release, "releasing an unreplicated lock failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn confirm(&self, req: &AcquireRequest, min: MinReplicas) -> Result<Lease, LockError> {
+        let start = Instant::now();
+        let end = start + self.op_timeout + min.timeout;
+        let mut inv = SCRIPTS.extend.prepare_invoke();
+        let slot = self.keys(&mut inv, req.key(), Keys::LockAndMeta);
+        inv.arg(req.owner()).arg(ceil_ms(req.ttl()));
+        let (reply, conn) = self.shared.conn.eval_on(&inv, end).await?;
+        // Gone already (a force release): not held as asked.
+        let lease = extended(reply, req.ttl()).map_err(|e| match e {
+            LockError::BackendUnavailable(_) => e,
+            _ => LockError::BackendUnavailable(
+                "the lock was gone before the replicas could confirm it".to_owned(),
+            ),
+        })?;
+        // WAIT 0 would block for good: at least 1 ms.
+        let wait_ms = ceil_ms(
+            min.timeout
+                .saturating_sub(start.elapsed())
+                .max(Duration::from_millis(1)),
+        );
+        let acked = wait_on(conn, slot, min.replicas, wait_ms, end).await?;
+        if acked < i64::from(min.replicas) {
+            return Err(LockError::BackendUnavailable(format!(
+                "the lock reached {acked} of {} replicas within {:?}",
+                min.replicas, min.timeout
+            )));
+        }
+        Ok(lease)
+    }
+}
+
+/// `WAIT replicas wait_ms` on `conn` (on a cluster, on the primary owning
+/// `slot`); the number of replicas that acknowledged.
+async fn wait_on(
+    conn: Conn,
+    slot: u16,
+    replicas: u32,
+    wait_ms: u64,
+    end: Instant,
+) -> Result<i64, LockError> {
+    let mut wait = cmd("WAIT");
+    wait.arg(replicas).arg(wait_ms);
+    let reply: Result<Value, _> = match conn {
+        Conn::Single(mut c) => timeout_at(end, wait.query_async(&mut c)).await,
+        #[cfg(feature = "redis-cluster")]
+        Conn::Cluster(mut c) => {
+            use deadpool_redis::redis::cluster_routing::{
+                Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+            };
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )));
+            timeout_at(end, c.route_command(wait, route)).await
+        }
+    }
+    .map_err(|_| timed_out("waiting for the replicas"))?;
+    #[cfg(not(feature = "redis-cluster"))]
+    let _ = slot;
+    int(&reply.map_err(|e| redis_error(&e))?, "WAIT")
+}

@@ -125,11 +125,22 @@ impl PgServer {
         .expect("a count")
     }
 
-    /// SIGKILL the postmaster and wait until it is gone (its backends
-    /// notice and exit on their own, as after a crash).
+    /// SIGKILL the postmaster and its backends, as a crash of the machine
+    /// would, and wait until the postmaster is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // The postmaster's backends outlive it for a moment (each exits
+            // when it notices), still serving their sessions: a crashed
+            // server has none, so they go too.
+            let backends = children_of(child.id());
             let _ = child.kill();
+            for pid in backends {
+                // SAFETY: kill(2) with a pid read from /proc; a pid gone
+                // meanwhile gets ESRCH, which is fine.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
             let _ = child.wait();
         }
     }
@@ -401,4 +412,23 @@ fn remove_stale() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// The pids whose parent is `pid` (from `/proc/<pid>/stat`).
+fn children_of(pid: u32) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                // "pid (comm) state ppid ...": comm may hold spaces, so
+                // read after its closing parenthesis.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }

@@ -86,6 +86,7 @@ pub mod headers;
 mod key;
 mod layer;
 mod lock;
+mod observe;
 mod path;
 mod percent;
 mod rejection;
@@ -112,6 +113,9 @@ pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
 pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
 pub use rejection::{Rejection, default_rejection};
 pub use request::LockRequest;

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::backend::{Lease, SharedBackend};
 use crate::key::LockKey;
+use crate::observe::{Meter, Since};
 use crate::watchdog::{LostSignal, WatchHandle};
 
 /// A lock that is held: its key, owner token, fencing token and expiry, and
@@ -35,6 +36,9 @@ pub struct HeldLock {
     // Made on first use: most locks are released without anyone asking.
     // A clone makes it first, so every copy shares one signal.
     signal: OnceLock<LostSignal>,
+    // Metric labels and when it was taken (nothing without feature `metrics`).
+    pub(crate) meter: Meter,
+    pub(crate) since: Since,
 }
 
 impl Clone for HeldLock {
@@ -45,6 +49,8 @@ impl Clone for HeldLock {
             lease: self.lease.clone(),
             expiry: self.expiry,
             signal: OnceLock::from(self.lost_signal().clone()),
+            meter: self.meter.clone(),
+            since: self.since,
         }
     }
 }
@@ -63,6 +69,7 @@ impl HeldLock {
         owner: Arc<str>,
         lease: Lease,
         expiry: tokio::time::Instant,
+        meter: Meter,
     ) -> Self {
         HeldLock {
             key,
@@ -70,6 +77,8 @@ impl HeldLock {
             lease,
             expiry,
             signal: OnceLock::new(),
+            meter,
+            since: Since::now(),
         }
     }
 
@@ -125,6 +134,7 @@ impl HeldLock {
             self.owner.clone(),
             self.ttl(),
             self.lost_signal().clone(),
+            self.meter.clone(),
         )
     }
 

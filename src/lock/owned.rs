@@ -12,6 +12,7 @@ use super::{HeldLock, LockToken};
 use crate::backend::{Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::Scope;
+use crate::observe::{self, Meter};
 use crate::spec::{LockSpec, owners_match};
 use crate::watchdog::WatchHandle;
 
@@ -103,8 +104,11 @@ impl OwnedLock {
         }
         // Not through `acquire_in_route`: one future less to move per call.
         let backend = backend.into();
-        let req = spec.to_request_in("")?;
-        let lock = acquire_guarded(&backend, &req).await?;
+        let meter = Meter::new(&backend, "");
+        let req = spec
+            .to_request_in("")
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&backend, &req, &meter).await?;
         Ok(Self::taken(backend, lock, spec))
     }
 
@@ -117,8 +121,11 @@ impl OwnedLock {
         route: &str,
     ) -> Result<OwnedLock, LockError> {
         let backend = backend.into();
-        let req = spec.to_request_in(route)?;
-        let lock = acquire_guarded(&backend, &req).await?;
+        let meter = Meter::new(&backend, route);
+        let req = spec
+            .to_request_in(route)
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&backend, &req, &meter).await?;
         Ok(Self::taken(backend, lock, spec))
     }
 
@@ -174,6 +181,7 @@ impl OwnedLock {
             Arc::from(token.owner.as_str()),
             lease,
             sent + status.ttl_remaining,
+            Meter::new(&backend, ""),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
@@ -223,7 +231,7 @@ impl OwnedLock {
         // From here on the release is under way: dropped before the backend
         // answers (task aborted, `select!`), it completes in a task.
         self.released = true;
-        release_one(&self.backend, &self.lock.key, &self.lock.owner).await
+        release_one(&self.backend, &self.lock).await
     }
 
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
@@ -235,7 +243,8 @@ impl OwnedLock {
         let lease = self
             .backend
             .extend(&self.lock.key, &self.lock.owner, ttl)
-            .await?;
+            .await
+            .inspect_err(|e| self.lock.meter.backend_error("extend", e))?;
         self.lock.lease = lease;
         self.lock.set_expiry(sent + ttl);
         if let Some(w) = &self.watch {

@@ -17,6 +17,7 @@ use super::{HeldLock, OwnedLock};
 use crate::backend::{LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::observe::{self, Meter};
 use crate::spec::LockSpec;
 use crate::watchdog::WatchHandle;
 
@@ -39,6 +40,8 @@ struct Registry {
     backend: SharedBackend,
     route: SmolStr,
     watchdog: bool,
+    // Labels for the locks this request takes (nothing without `metrics`).
+    meter: Meter,
     state: Mutex<RegistryState>,
 }
 
@@ -100,12 +103,18 @@ impl fmt::Debug for Locks {
 }
 
 impl Locks {
-    pub(crate) fn new(backend: SharedBackend, route: SmolStr, watchdog: bool) -> Self {
+    pub(crate) fn new(
+        backend: SharedBackend,
+        route: SmolStr,
+        watchdog: bool,
+        meter: Meter,
+    ) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,
                 route,
                 watchdog,
+                meter,
                 state: Mutex::default(),
             }),
         }
@@ -198,8 +207,11 @@ impl Locks {
                 return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
             }
         }
-        let req = spec.to_request(&self.inner.route)?;
-        let lock = acquire_guarded(&self.inner.backend, &req).await?;
+        let meter = &self.inner.meter;
+        let req = spec
+            .to_request(&self.inner.route)
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&self.inner.backend, &req, meter).await?;
         match self.register(lock.clone(), spec.get_auto_release(), spec.get_watchdog()) {
             Ok(()) => Ok(lock),
             Err(lock) => {
@@ -228,7 +240,7 @@ impl Locks {
         };
         // The registry no longer has it: if this future is dropped before
         // the backend answers, the release finishes in a task.
-        release_one(&self.inner.backend, &lock.key, &lock.owner).await
+        release_one(&self.inner.backend, &lock).await
     }
 
     /// Stop releasing this lock with the response and get an owned handle
@@ -261,7 +273,8 @@ impl Locks {
             .inner
             .backend
             .extend(&lock.key, &lock.owner, ttl)
-            .await?;
+            .await
+            .inspect_err(|e| lock.meter.backend_error("extend", e))?;
         let mut state = self.state();
         let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
         match slot {
@@ -306,6 +319,13 @@ impl Locks {
     /// process's clock, or found gone by a renewal).
     pub(crate) fn any_lost(&self) -> bool {
         self.state().slots.iter().any(|s| s.lock.is_lost())
+    }
+
+    /// Count every lock of the request known to be lost (metrics).
+    pub(crate) fn record_lost(&self) {
+        for slot in self.state().slots.iter().filter(|s| s.lock.is_lost()) {
+            slot.lock.meter.lost();
+        }
     }
 
     /// Close the registry and start releasing its auto-release locks.

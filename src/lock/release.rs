@@ -9,14 +9,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use smallvec::SmallVec;
 
 use crate::backend::{BoxFuture, SharedBackend};
 use crate::error::LockError;
-use crate::key::LockKey;
 use crate::lock::HeldLock;
 use crate::lock::registry::Locks;
 
@@ -85,25 +83,24 @@ pub(crate) type HeldLocks = SmallVec<[HeldLock; 1]>;
 /// Release `locks`: at once what the backend can answer without I/O (in
 /// memory: everything), the rest as a [`Finish`]. Outcomes are traced.
 pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<Finish<()>> {
-    locks.retain(
-        |lock| match backend.try_release_now(lock.lock_key(), lock.owner()) {
+    locks.retain(|lock| {
+        lock.meter.held(lock.since);
+        match backend.try_release_now(lock.lock_key(), lock.owner()) {
             Some(result) => {
-                traced(lock.lock_key(), result);
+                traced(lock, result);
                 false
             }
             None => true,
-        },
-    );
+        }
+    });
     if locks.is_empty() {
         return None;
     }
     let backend = backend.clone();
     Finish::start(Box::pin(async move {
         for lock in locks {
-            traced(
-                lock.lock_key(),
-                backend.release(lock.lock_key(), lock.owner()).await,
-            );
+            let result = backend.release(lock.lock_key(), lock.owner()).await;
+            traced(&lock, result);
         }
     }))
 }
@@ -116,28 +113,35 @@ pub(crate) fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
 
 /// Release one lock and answer how it went. If the caller goes away while
 /// the backend call is in flight, the call still completes, in a task.
-pub(crate) async fn release_one(
-    backend: &SharedBackend,
-    key: &LockKey,
-    owner: &Arc<str>,
-) -> Result<(), LockError> {
-    if let Some(result) = backend.try_release_now(key, owner) {
-        return result;
+pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Result<(), LockError> {
+    lock.meter.held(lock.since);
+    let result = match backend.try_release_now(&lock.key, &lock.owner) {
+        Some(result) => result,
+        None => {
+            let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
+            Finish::new(Box::pin(async move { backend.release(&key, &owner).await })).await
+        }
+    };
+    if let Err(e) = &result {
+        lock.meter.release_failed(e);
     }
-    let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
-    Finish::new(Box::pin(async move { backend.release(&key, &owner).await })).await
+    result
 }
 
-/// Trace the outcome of a release nobody waits for.
-fn traced(key: &LockKey, result: Result<(), LockError>) {
+/// Count and trace the outcome of a release nobody waits for.
+fn traced(lock: &HeldLock, result: Result<(), LockError>) {
+    let key = lock.lock_key();
     match result {
         Ok(()) => tracing::debug!(key = %key.digest(), "lock released"),
-        Err(e) => tracing::warn!(
+        Err(e) => {
+            lock.meter.release_failed(&e);
+            tracing::warn!(
             key = %key.digest(),
             code = e.code(),
             error = %e,
             "lock release failed; the lock will be freed by its TTL"
-        ),
+            )
+        }
     }
 }
 

@@ -526,6 +526,10 @@ fn default_tls() -> Result<Tls, LockError> {
 }
 
 impl LockBackend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(self.acquire_inner(req))
     }

@@ -306,6 +306,10 @@ impl RedisBackend {
 }
 
 impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(self.acquire_inner(req))
     }

@@ -34,6 +34,19 @@
 //!   read counts too: a check on the write alone would accept a stale write
 //!   made after the newer holder read but before it wrote, and that holder
 //!   would then overwrite it.
+//! - `GET /accounts/{id}/statement?work_ms=M[&result_ttl_ms=T][&fail=true]`
+//!   computes a statement through a [`SingleFlightLayer`] keyed
+//!   `statement:{id}`: concurrent requests for one account (in every bank
+//!   process sharing the store) run one computation, which sleeps `M` ms
+//!   (at most 60 000), then answers `{"account": id, "balance": n,
+//!   "computation": c}` with `c` a random number naming that computation;
+//!   the others wait and get a copy of that response (header
+//!   `single-flight: shared`). The result answers new requests for `T` ms
+//!   (default 0: only those already waiting). `fail=true` makes the
+//!   computation answer `500` (code `STATEMENT_FAILED`), which is neither
+//!   shared nor stored: one waiting request computes in its place.
+//! - `GET /stats` answers `{"statements_computed": n}`: statement
+//!   computations run by this process.
 //! - With `--admin-token T`, the admin API is mounted under `/admin` behind
 //!   `Authorization: Bearer T`: `GET /admin/locks/account:7`,
 //!   `DELETE /admin/locks/account:7` (owner in the `lock-owner` header) and
@@ -55,6 +68,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,7 +80,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router, body::Body};
 use serde_json::json;
 use tower_lock::admin::Admin;
-use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
+use tower_lock::{
+    FlightSpec, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, SingleFlight,
+    SingleFlightLayer, path_params,
+};
 
 const USAGE: &str =
     "usage: bank [--listen ADDR] [--redis URL | --postgres URL] [--admin-token T] [--fenced]
@@ -81,6 +98,16 @@ const USAGE: &str =
 
 /// TTL of an account lock unless the request says `ttl_ms`.
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How long a statement request waits for another's computation.
+const STATEMENT_MAX_WAIT: Duration = Duration::from_secs(60);
+/// TTL of a statement flight's lock (renewed while it computes): a bank
+/// killed mid-computation is replaced by a waiting one within it.
+const STATEMENT_LOCK_TTL: Duration = Duration::from_secs(3);
+/// The longest statement computation a request may ask for.
+const MAX_WORK: Duration = Duration::from_secs(60);
+/// The longest result TTL a request may ask for.
+const MAX_RESULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Upper bound on one balance read or write, so a hung store answers 503
 /// instead of keeping the request (and the account's lock) forever.
@@ -189,6 +216,7 @@ async fn run(args: Args) -> Result<(), String> {
             locks: SharedBackend::new(MemoryBackend::new()),
             balances: Balances::Memory(Mutex::default()),
             fenced: false,
+            statements_computed: AtomicU64::new(0),
         },
     };
     let bank = Bank {
@@ -239,13 +267,25 @@ struct Bank {
     balances: Balances,
     /// Deposits read and write with their lock's fence (`--fenced`).
     fenced: bool,
+    /// Statement computations run by this process.
+    statements_computed: AtomicU64,
 }
 
 fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
     let lock_account = LockLayer::new(bank.locks.clone(), deposit_lock);
+    // Statements share computations through the same store as the locks.
+    let flights = SingleFlight::new(bank.locks.clone())
+        .max_wait(STATEMENT_MAX_WAIT)
+        .lock_ttl(STATEMENT_LOCK_TTL);
+    let one_statement = SingleFlightLayer::new(flights, statement_flight);
     let mut app = Router::new()
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
-        .route("/accounts/{id}", get(balance));
+        .route("/accounts/{id}", get(balance))
+        .route(
+            "/accounts/{id}/statement",
+            get(statement).layer(one_statement),
+        )
+        .route("/stats", get(stats));
     if let Some(token) = admin_token {
         let expected: Arc<str> = Arc::from(format!("Bearer {token}"));
         let admin = Admin::new(bank.locks.clone())
@@ -440,6 +480,89 @@ async fn balance(
     }
     let balance = bank.balances.get(&id).await?;
     Ok(Json(json!({ "balance": balance })))
+}
+
+/// The single-flight of the statement route: one computation per account
+/// at a time. An invalid query shares nothing: the handler answers 400.
+fn statement_flight(req: &Request<Body>) -> Option<FlightSpec> {
+    let id = path_params(req).get("id")?.to_owned();
+    let params = StatementParams::from_uri(req.uri()).ok()?;
+    Some(FlightSpec::new(format!("statement:{id}")).result_ttl(params.result_ttl))
+}
+
+/// The query of a statement.
+struct StatementParams {
+    work: Duration,
+    result_ttl: Duration,
+    fail: bool,
+}
+
+impl StatementParams {
+    fn from_uri(uri: &Uri) -> Result<Self, ApiError> {
+        let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(uri)
+            .map_err(|_| ApiError::bad_request("the query string is malformed"))?;
+        let mut work_ms = None;
+        let mut result_ttl_ms = None;
+        let mut fail = None;
+        for (name, value) in &pairs {
+            match name.as_str() {
+                "work_ms" => set_once(&mut work_ms, name, value)?,
+                "result_ttl_ms" => set_once(&mut result_ttl_ms, name, value)?,
+                "fail" => set_once(&mut fail, name, value)?,
+                _ => {}
+            }
+        }
+        let bounded = |ms: Option<u64>, max: Duration, name: &str| {
+            let d = Duration::from_millis(ms.unwrap_or(0));
+            if d > max {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter `{name}` is over {} ms",
+                    max.as_millis()
+                )));
+            }
+            Ok(d)
+        };
+        Ok(StatementParams {
+            work: bounded(work_ms, MAX_WORK, "work_ms")?,
+            result_ttl: bounded(result_ttl_ms, MAX_RESULT_TTL, "result_ttl_ms")?,
+            fail: fail.unwrap_or(false),
+        })
+    }
+}
+
+/// One statement computation (the single-flight layer runs it once per
+/// burst): `work_ms` of work, then the balance.
+async fn statement(
+    State(bank): State<Arc<Bank>>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    uri: Uri,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let params = StatementParams::from_uri(&uri)?;
+    bank.statements_computed.fetch_add(1, Ordering::Relaxed);
+    tokio::time::sleep(params.work).await;
+    if params.fail {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "STATEMENT_FAILED",
+            "the statement computation failed (fail=true)",
+        ));
+    }
+    let balance = bank.balances.get(&id).await?;
+    // Names this computation: equal bodies came from one computation.
+    let computation = uuid::Uuid::new_v4().as_u64_pair().0;
+    Ok(Json(json!({
+        "account": id,
+        "balance": balance,
+        "computation": computation,
+    })))
+}
+
+/// `GET /stats`.
+async fn stats(State(bank): State<Arc<Bank>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "statements_computed": bank.statements_computed.load(Ordering::Relaxed),
+    }))
 }
 
 impl Bank {
@@ -742,6 +865,7 @@ async fn redis_bank(url: &str) -> Result<Bank, String> {
         locks,
         balances: Balances::Redis(balances),
         fenced: false,
+        statements_computed: AtomicU64::new(0),
     })
 }
 
@@ -781,6 +905,7 @@ async fn postgres_bank(url: &str) -> Result<Bank, String> {
         locks: SharedBackend::new(locks),
         balances: Balances::Postgres(store),
         fenced: false,
+        statements_computed: AtomicU64::new(0),
     })
 }
 

@@ -809,3 +809,208 @@ async fn admin_calls_without_the_right_token_release_and_reveal_nothing() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// Statements: one computation per burst (single-flight)
+
+/// `statements_computed` of one bank.
+async fn computed(http: &common::bank::Http) -> u64 {
+    let stats = http.get("/stats").await;
+    stats.assert_json(StatusCode::OK);
+    stats.uint("statements_computed")
+}
+
+/// `n` concurrent statement requests for `account`, spread over `clients`;
+/// their replies.
+async fn statement_burst(
+    clients: &[common::bank::Http],
+    account: &str,
+    query: &str,
+    n: usize,
+) -> Vec<common::bank::Reply> {
+    let mut set = JoinSet::new();
+    for i in 0..n {
+        let http = clients[i % clients.len()].clone();
+        let path = format!("/accounts/{account}/statement?{query}");
+        set.spawn(async move { http.get(&path).await });
+    }
+    let mut replies = Vec::new();
+    while let Some(reply) = set.join_next().await {
+        replies.push(reply.unwrap());
+    }
+    replies
+}
+
+/// Every reply is the same `200` statement of `account` (one computation);
+/// one of them says it led, the others that they shared.
+fn assert_one_statement(replies: &[common::bank::Reply], account: &str) {
+    for r in replies {
+        r.assert_json(StatusCode::OK);
+        assert_eq!(r.json, replies[0].json, "{}: another computation", r.what);
+    }
+    assert_eq!(replies[0].json["account"], account);
+    assert!(replies[0].json["balance"].is_i64());
+    assert!(replies[0].json["computation"].is_u64());
+    let leaders = replies
+        .iter()
+        .filter(|r| r.headers["single-flight"] == "leader")
+        .count();
+    assert_eq!(leaders, 1, "exactly one request computed");
+}
+
+/// Three banks sharing a store: 30 concurrent statement requests spread
+/// over them run one computation in all.
+async fn three_banks_share_one_statement(flag: &str, url: &str) {
+    let banks: Vec<Bank> = (0..3).map(|_| Bank::start_with(&[flag, url])).collect();
+    let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
+    clients[0]
+        .post("/accounts/st/deposit?amount=42")
+        .await
+        .assert_json(StatusCode::OK);
+    let mut before = 0;
+    for http in &clients {
+        before += computed(http).await;
+    }
+    let replies = statement_burst(&clients, "st", "work_ms=1500", 30).await;
+    assert_one_statement(&replies, "st");
+    assert_eq!(replies[0].json["balance"], 42);
+    let mut after = 0;
+    for http in &clients {
+        after += computed(http).await;
+    }
+    assert_eq!(after - before, 1, "the three banks computed more than once");
+}
+
+#[tokio::test]
+async fn a_statement_burst_computes_once() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let replies =
+            statement_burst(std::slice::from_ref(&http), "solo", "work_ms=1000", 12).await;
+        assert_one_statement(&replies, "solo");
+        assert_eq!(computed(&http).await, 1);
+        // The result TTL defaults to 0: the next request computes again.
+        let next = http.get("/accounts/solo/statement?work_ms=0").await;
+        next.assert_json(StatusCode::OK);
+        assert_ne!(next.json["computation"], replies[0].json["computation"]);
+        assert_eq!(computed(&http).await, 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_statement_result_ttl_answers_later_requests() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let first = http
+            .get("/accounts/cached/statement?work_ms=0&result_ttl_ms=60000")
+            .await;
+        first.assert_json(StatusCode::OK);
+        let again = http
+            .get("/accounts/cached/statement?work_ms=0&result_ttl_ms=60000")
+            .await;
+        again.assert_json(StatusCode::OK);
+        assert_eq!(again.json, first.json);
+        assert_eq!(again.headers["single-flight"], "shared");
+        assert_eq!(computed(&http).await, 1);
+    })
+    .await;
+}
+
+/// A failed computation is a `500` JSON error, never shared nor stored:
+/// each waiting request computes in turn.
+#[tokio::test]
+async fn a_failed_statement_is_500_and_not_shared() {
+    within_timeout(async {
+        let bank = Bank::start();
+        let http = bank.http();
+        let replies = statement_burst(
+            std::slice::from_ref(&http),
+            "broken",
+            "work_ms=50&fail=true&result_ttl_ms=60000",
+            4,
+        )
+        .await;
+        for r in &replies {
+            r.assert_json(StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(r.error_code(), "STATEMENT_FAILED");
+            assert_eq!(r.headers["single-flight"], "leader");
+        }
+        assert_eq!(computed(&http).await, 4);
+        // Bad parameters: 400, nothing computed.
+        for bad in [
+            "work_ms=x",
+            "work_ms=60001",
+            "fail=maybe",
+            "result_ttl_ms=-1",
+        ] {
+            let r = http.get(&format!("/accounts/broken/statement?{bad}")).await;
+            r.assert_json(StatusCode::BAD_REQUEST);
+        }
+        assert_eq!(computed(&http).await, 4);
+    })
+    .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_statement_on_redis() {
+    within_timeout(async {
+        let redis = common::redis_server::RedisServer::start();
+        three_banks_share_one_statement("--redis", &redis.url()).await;
+    })
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_statement_on_postgres() {
+    within_timeout(async {
+        let pg = common::pg_server::PgServer::start();
+        three_banks_share_one_statement("--postgres", &pg.url()).await;
+    })
+    .await;
+}
+
+/// The bank computing a statement is killed: the requests waiting in the
+/// other banks get one statement, computed by one of them once the dead
+/// leader's lock runs out.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_statement_leader_is_replaced() {
+    within_timeout(async {
+        let redis = common::redis_server::RedisServer::start();
+        let url = redis.url();
+        let leader_bank = Bank::start_with(&["--redis", &url]);
+        let banks: Vec<Bank> = (0..2)
+            .map(|_| Bank::start_with(&["--redis", &url]))
+            .collect();
+        let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
+        let leader = leader_bank.http();
+        let dying = tokio::spawn(async move {
+            let _ = leader
+                .try_send_with(Method::GET, "/accounts/dead/statement?work_ms=60000", &[])
+                .await;
+        });
+        let watcher = leader_bank.http();
+        while computed(&watcher).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let others = {
+            let clients = clients.clone();
+            tokio::spawn(async move { statement_burst(&clients, "dead", "work_ms=100", 8).await })
+        };
+        drop(leader_bank); // SIGKILL, mid-computation
+        let _ = dying.await;
+        let replies = others.await.unwrap();
+        assert_one_statement(&replies, "dead");
+        assert_eq!(
+            computed(&clients[0]).await + computed(&clients[1]).await,
+            1,
+            "one bank took over"
+        );
+    })
+    .await;
+}

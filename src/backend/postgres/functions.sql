@@ -289,10 +289,101 @@ BEGIN
 END
 $$;
 
+-- flight begin: a fresh result (code 2: seq, value; nothing taken), else
+-- acquire without queueing: taken (code 1, as acquire) or busy (code 0:
+-- remaining_us; the caller joins the flight's watchers, seq = the newest
+-- kept result's, or 0).
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_begin"(
+  p_key text, p_owner text, p_attempt bigint, p_ttl_ms bigint,
+  p_channel text, p_ticket bigint, p_keep_ms bigint,
+  OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint,
+  OUT remaining_us bigint, OUT seq bigint, OUT value bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+  a record;
+BEGIN
+  SELECT f.seq, f.value INTO seq, value FROM "{schema}"."{table}_flights" AS f
+    WHERE f.key = p_key AND f.fresh_until > now();
+  IF FOUND THEN
+    code := 2;
+    RETURN;
+  END IF;
+  SELECT * INTO a FROM "{schema}"."{table}_acquire"(
+    p_key, p_owner, p_attempt, p_ttl_ms, 0, NULL, NULL) AS x;
+  code := a.code;
+  fence := a.fence;
+  acquired_us := a.acquired_us;
+  now_us := a.now_us;
+  remaining_us := a.remaining_us;
+  IF code = 1 THEN
+    RETURN;
+  END IF;
+  INSERT INTO "{schema}"."{table}_flight_watchers" AS w (key, channel, ticket, expires_at)
+    VALUES (p_key, p_channel, p_ticket, now() + p_keep_ms * interval '1 millisecond')
+    ON CONFLICT DO NOTHING;
+  SELECT f.seq INTO seq FROM "{schema}"."{table}_flights" AS f
+    WHERE f.key = p_key AND f.keep_until > now();
+  seq := coalesce(seq, 0);
+END
+$$;
+
+-- flight publish: the leader (`p_owner`, holding `p_key` under `p_fence`)
+-- shares its result: stored unless a newer one is, every watcher told
+-- ('f <ticket> <seq>' on its channel, delivered at commit), the lock
+-- released as a release does (the oldest queued caller gets it and reads
+-- the stored result). 1 done, 0 not held (expired: passed on, not stored),
+-- -1 held by another owner or under another fence.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_publish"(
+  p_key text, p_owner text, p_fence bigint, p_value bytea,
+  p_fresh_ms bigint, p_keep_ms bigint)
+RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz := now();
+  r "{schema}"."{table}"%ROWTYPE;
+  w record;
+  h record;
+BEGIN
+  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  IF r.expires_at > v_now THEN
+    IF r.owner <> p_owner OR r.fence <> p_fence THEN
+      RETURN -1;
+    END IF;
+    INSERT INTO "{schema}"."{table}_flights" AS f (key, seq, value, fresh_until, keep_until)
+      VALUES (p_key, p_fence, p_value, v_now + p_fresh_ms * interval '1 millisecond',
+              v_now + p_keep_ms * interval '1 millisecond')
+      ON CONFLICT (key) DO UPDATE SET
+          seq = excluded.seq, value = excluded.value,
+          fresh_until = excluded.fresh_until, keep_until = excluded.keep_until
+        WHERE f.seq < excluded.seq OR f.keep_until <= v_now;
+    IF FOUND THEN
+      FOR w IN
+        DELETE FROM "{schema}"."{table}_flight_watchers" AS x WHERE x.key = p_key
+          RETURNING x.channel, x.ticket
+      LOOP
+        PERFORM pg_notify(w.channel, 'f ' || w.ticket || ' ' || p_fence);
+      END LOOP;
+    END IF;
+  END IF;
+  h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);
+  IF h.fence IS NULL THEN
+    DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  END IF;
+  IF r.expires_at > v_now THEN
+    RETURN 1;
+  END IF;
+  RETURN 0;
+END
+$$;
+
 -- sweep: one bounded step over `p_blocks` heap blocks of each table from
 -- block `p_from` (a TID range scan: the work is bounded whatever the table
 -- size). Expired locks go to their queue's head or are deleted; waiter
--- entries whose max wait ended over a minute ago are deleted. Returns the
+-- entries whose max wait ended over a minute ago are deleted, as are
+-- flight results no longer kept and flight watchers past their max wait. Returns the
 -- block to start the next step from (0 after the end) and the rows removed.
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_sweep"(
   p_from bigint, p_blocks bigint, OUT next_block bigint, OUT removed bigint)
@@ -322,9 +413,19 @@ BEGIN
     WHERE w.ctid >= v_lo AND w.ctid < v_hi AND w.deadline < v_now - interval '1 minute';
   GET DIAGNOSTICS n = ROW_COUNT;
   removed := removed + n;
+  DELETE FROM "{schema}"."{table}_flights" AS f
+    WHERE f.ctid >= v_lo AND f.ctid < v_hi AND f.keep_until <= v_now;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  removed := removed + n;
+  DELETE FROM "{schema}"."{table}_flight_watchers" AS x
+    WHERE x.ctid >= v_lo AND x.ctid < v_hi AND x.expires_at <= v_now;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  removed := removed + n;
   v_pages := greatest(
     pg_relation_size('"{schema}"."{table}"'),
-    pg_relation_size('"{schema}"."{table}_waiters"')) / current_setting('block_size')::bigint;
+    pg_relation_size('"{schema}"."{table}_waiters"'),
+    pg_relation_size('"{schema}"."{table}_flights"'),
+    pg_relation_size('"{schema}"."{table}_flight_watchers"')) / current_setting('block_size')::bigint;
   next_block := p_from + p_blocks;
   IF next_block >= v_pages THEN
     next_block := 0;

@@ -66,6 +66,8 @@ struct DispatchInner {
     up: Option<u64>,
     generation: u64,
     waiters: HashMap<i64, oneshot::Sender<Grant>>,
+    /// Flight watchers: ticket → where the published result's `seq` goes.
+    flights: HashMap<i64, oneshot::Sender<u64>>,
     reader: Option<AbortHandle>,
 }
 
@@ -76,6 +78,20 @@ impl Dispatch {
     }
 
     fn deliver(&self, payload: &str) {
+        if let Some(news) = payload.strip_prefix("f ") {
+            // "f <ticket> <seq>": a flight's result was published.
+            let Some((ticket, seq)) = news
+                .split_once(' ')
+                .and_then(|(t, s)| Some((t.parse().ok()?, s.parse().ok()?)))
+            else {
+                return;
+            };
+            let watcher = self.lock().flights.remove(&ticket);
+            if let Some(tx) = watcher {
+                let _ = tx.send(seq);
+            }
+            return;
+        }
         let Some((ticket, grant)) = parse_grant(payload) else {
             return;
         };
@@ -96,7 +112,10 @@ impl Dispatch {
             }
             inner.up = None;
             inner.reader = None;
-            std::mem::take(&mut inner.waiters)
+            (
+                std::mem::take(&mut inner.waiters),
+                std::mem::take(&mut inner.flights),
+            )
         };
         drop(dropped);
     }
@@ -147,6 +166,37 @@ impl Listener {
     pub(super) fn unregister(&self, ticket: i64) {
         let removed = self.dispatch.lock().waiters.remove(&ticket);
         drop(removed);
+    }
+
+    /// Register flight watcher `ticket`, listening first if needed, by
+    /// `end`: it hears the `seq` of the first result published to it, or
+    /// nothing if the connection dies.
+    pub(super) async fn watch_flight(
+        &self,
+        ticket: i64,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<FlightWatch, LockError> {
+        let register = || {
+            let mut inner = self.dispatch.lock();
+            inner.up?;
+            let (tx, rx) = oneshot::channel();
+            inner.flights.insert(ticket, tx);
+            Some(FlightWatch {
+                ticket,
+                rx,
+                dispatch: Arc::clone(&self.dispatch),
+            })
+        };
+        for _ in 0..2 {
+            if let Some(watch) = register() {
+                return Ok(watch);
+            }
+            Box::pin(self.connect(end, op_timeout)).await?;
+        }
+        register().ok_or_else(|| {
+            LockError::BackendUnavailable("PostgreSQL LISTEN connection lost".into())
+        })
     }
 
     /// Register `ticket`, listening first if needed, by `end`.
@@ -236,6 +286,28 @@ impl Listener {
                 Err(timed_out("waiting for PostgreSQL to LISTEN"))
             }
         }
+    }
+}
+
+/// A flight watcher's registration: [`FlightWatch::news`] resolves with the
+/// `seq` of the result published to it; dropped, it is forgotten.
+pub(super) struct FlightWatch {
+    ticket: i64,
+    rx: oneshot::Receiver<u64>,
+    dispatch: Arc<Dispatch>,
+}
+
+impl FlightWatch {
+    /// The `seq` published to this watcher; `None` if none can come any more.
+    pub(super) async fn news(&mut self) -> Option<u64> {
+        (&mut self.rx).await.ok()
+    }
+}
+
+impl Drop for FlightWatch {
+    fn drop(&mut self) {
+        let removed = self.dispatch.lock().flights.remove(&self.ticket);
+        drop(removed);
     }
 }
 

@@ -49,8 +49,10 @@
 //! |---|---|
 //! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`, reserved) |
 //! | table `locks_waiters` | one row per queued acquire call: `key`, `place`, `channel`, `ticket`, `owner`, `attempt`, `ttl_ms`, `deadline` |
+//! | table `locks_flights` | a single-flight's latest result while kept: `key` (the flight's, `f:<name>`), `seq`, `value` (`bytea`), `fresh_until`, `keep_until` |
+//! | table `locks_flight_watchers` | callers waiting for a flight's result: `key`, `channel`, `ticket`, `expires_at` |
 //! | sequences `locks_fence`, `locks_queue` | fencing tokens; queue order |
-//! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_force_release`, `locks_leave`, `locks_hand_off`, `locks_sweep`, `locks_us` | the operations |
+//! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_force_release`, `locks_leave`, `locks_hand_off`, `locks_sweep`, `locks_us`, `locks_flight_begin`, `locks_flight_publish` | the operations |
 //!
 //! (`locks` is the table name, see [`table`](PostgresBackend::table).)
 //! [`PostgresBackend::schema_sql`] returns the same SQL for teams that run
@@ -90,6 +92,7 @@
 
 mod conn;
 mod error;
+mod flight;
 mod listen;
 mod ops;
 mod schema;
@@ -106,7 +109,10 @@ use self::conn::Conns;
 use self::error::config_error;
 use self::listen::Listener;
 use self::schema::{Names, check_name};
-use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
+use super::{
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, Lease, LockBackend,
+    LockStatus, join_all,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -575,6 +581,29 @@ impl LockBackend for PostgresBackend {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(self.status_inner(key))
+    }
+
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        Box::pin(self.flight_begin_inner(req))
+    }
+
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        Box::pin(self.flight_result_inner(key))
+    }
+
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(self.flight_publish_inner(key, owner, publish))
     }
 }
 

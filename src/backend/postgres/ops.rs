@@ -27,9 +27,12 @@ pub(super) enum Statement {
     Leave,
     Status,
     Sweep,
+    FlightBegin,
+    FlightPublish,
+    FlightResult,
 }
 
-const COUNT: usize = 7;
+const COUNT: usize = 10;
 
 /// The statements of one connection, prepared when it was made.
 pub(super) struct Statements([tokio_postgres::Statement; COUNT]);
@@ -121,6 +124,22 @@ fn texts(names: &Names) -> [String; COUNT] {
             waiters = names.object("_waiters"),
         ),
         format!("SELECT next_block, removed FROM {}($1, $2)", f("sweep")),
+        format!(
+            "SELECT code, fence, acquired_us, now_us, remaining_us, seq, value \
+             FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::text, $6::bigint, \
+                     $7::bigint)",
+            f("flight_begin")
+        ),
+        format!(
+            "SELECT {}($1::text, $2::text, $3::bigint, $4::bytea, $5::bigint, $6::bigint)",
+            f("flight_publish")
+        ),
+        // Always one row: NULLs when no result is kept.
+        format!(
+            "SELECT f.seq, f.value FROM (SELECT 1) AS one \
+             LEFT JOIN {} AS f ON f.key = $1::text AND f.keep_until > now()",
+            names.object("_flights"),
+        ),
     ]
 }
 
@@ -145,7 +164,7 @@ pub(super) fn ceil_ms(d: Duration) -> i64 {
 }
 
 /// Column `i` of `row`, or a bad reply.
-fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
+pub(super) fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
     i: usize,
     what: &str,
@@ -154,13 +173,24 @@ fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
 }
 
 /// A fence (stored as a positive `bigint`).
-fn fence(row: &Row, i: usize, what: &str) -> Result<u64, LockError> {
+pub(super) fn fence(row: &Row, i: usize, what: &str) -> Result<u64, LockError> {
     u64::try_from(col::<i64>(row, i, what)?).map_err(|_| bad_reply(what))
 }
 
 /// An attempt id as stored: the same 64 bits as a `bigint`.
-fn attempt(req: &AcquireRequest) -> i64 {
+pub(super) fn attempt(req: &AcquireRequest) -> i64 {
     i64::from_ne_bytes(req.attempt().to_ne_bytes())
+}
+
+/// The lease in an acquire's row (code 1): fence, acquired µs, now µs in
+/// columns 1 to 3.
+pub(super) fn granted(row: &Row, req: &AcquireRequest, what: &str) -> Result<Lease, LockError> {
+    Ok(Lease::new(
+        fence(row, 1, what)?,
+        server_time(col(row, 2, what)?),
+        server_time(col(row, 3, what)?),
+        req.ttl(),
+    ))
 }
 
 /// What one acquire call found.
@@ -231,16 +261,7 @@ impl PostgresBackend {
             .await?;
         self.after_op();
         match col::<i32>(&row, 0, WHAT)? {
-            1 => {
-                let acquired = server_time(col(&row, 2, WHAT)?);
-                let now = server_time(col(&row, 3, WHAT)?);
-                Ok(Attempt::Acquired(Lease::new(
-                    fence(&row, 1, WHAT)?,
-                    acquired,
-                    now,
-                    req.ttl(),
-                )))
-            }
+            1 => Ok(Attempt::Acquired(granted(&row, req, WHAT)?)),
             0 => Ok(Attempt::Busy {
                 retry_after: micros(col(&row, 4, WHAT)?),
                 queued_anew: col(&row, 5, WHAT)?,

@@ -14,7 +14,7 @@ const SCHEMA_SQL: &str = include_str!("schema.sql");
 const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 
 /// The longest schema or table name accepted: the longest derived name
-/// (`<table>_force_release`) then stays within PostgreSQL's 63 bytes.
+/// (`<table>_flight_watchers`) then stays within PostgreSQL's 63 bytes.
 pub(super) const MAX_NAME: usize = 40;
 
 /// Where the backend keeps its locks: `"<schema>"."<table>"` and the objects
@@ -137,6 +137,6 @@ mod tests {
         assert!(sql.contains("\"app\".\"my_locks_acquire\""));
         assert_eq!(names.object("_waiters"), "\"app\".\"my_locks_waiters\"");
         // The longest derived identifier fits PostgreSQL's 63 bytes.
-        assert!(MAX_NAME + "_force_release".len() <= 63);
+        assert!(MAX_NAME + "_flight_watchers".len() <= 63);
     }
 }

@@ -39,4 +39,25 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}_waiters" (
   UNIQUE (channel, ticket)
 );
 
+-- Single-flight (SingleFlight, SingleFlightLayer): the latest result of
+-- each flight, while kept. The flight's lock is a row of the locks table
+-- under the flight's key ('f:<name>').
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}_flights" (
+  key          text        PRIMARY KEY,  -- the flight's LockKey::encoded()
+  seq          bigint      NOT NULL,     -- the fence it was computed under
+  value        bytea       NOT NULL,     -- the encoded result
+  fresh_until  timestamptz NOT NULL,     -- answers new callers until then
+  keep_until   timestamptz NOT NULL      -- kept for callers already waiting until then
+);
+
+-- Callers waiting for a flight's result, told through their backend's
+-- channel ('f <ticket> <seq>') when it is published.
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}_flight_watchers" (
+  key         text        NOT NULL,
+  channel     text        NOT NULL,
+  ticket      bigint      NOT NULL,
+  expires_at  timestamptz NOT NULL,    -- their max wait ends: swept after that
+  PRIMARY KEY (key, channel, ticket)
+);
+
 COMMENT ON TABLE "{schema}"."{table}" IS 'tower-lock locks, schema version 1';

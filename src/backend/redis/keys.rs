@@ -24,7 +24,7 @@ pub(super) const SLOTS: u16 = 16_384;
 /// The characters of a slot's counter tag, in enumeration order.
 const TAG_ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 /// What every counter's hash tag starts with. No [`LockKey::encoded`] starts
-/// so (they start `g:`, `r<n>:` or `h:`), so no lock key is ever a counter.
+/// so (they start `g:`, `r<n>:`, `f:` or `h:`), so no lock key is ever a counter.
 const COUNTER_TAG: &str = "fence:";
 
 /// Which keys of a lock a script is given.
@@ -37,6 +37,11 @@ pub(super) enum Keys {
     AllAndForced,
     /// The lock only.
     Lock,
+    /// [`Keys::All`], then a flight's `{E}:r` (result), `{E}:rf` (fresh
+    /// marker) and `{E}:fw` (watchers).
+    Flight,
+    /// A flight's result only.
+    FlightResult,
 }
 
 impl RedisBackend {
@@ -68,8 +73,13 @@ impl RedisBackend {
     /// Add the lock's keys to `inv` (see [`Keys`]); the lock's hash slot.
     pub(super) fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, which: Keys) -> u16 {
         let mut buf = self.lock_key(key);
-        inv.key(buf.as_str());
         let slot = slot_of(&buf);
+        if let Keys::FlightResult = which {
+            buf.push_str(":r");
+            inv.key(buf.as_str());
+            return slot;
+        }
+        inv.key(buf.as_str());
         if let Keys::Lock = which {
             return slot;
         }
@@ -77,6 +87,7 @@ impl RedisBackend {
         let base = buf.len();
         let suffixes: &[&str] = match which {
             Keys::AllAndForced => &[":q", ":w", ":fence", ":forced"],
+            Keys::Flight => &[":q", ":w", ":fence", ":r", ":rf", ":fw"],
             _ => &[":q", ":w", ":fence"],
         };
         for suffix in suffixes {

@@ -42,6 +42,9 @@
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
+//! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
+//! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
+//! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |
 //!
 //! `flag` is `1` once someone queued behind the holder (so only then does a
 //! release look at the queue). A waiter's ticket is `<waiter id>@<channel>`,
@@ -76,6 +79,7 @@
 mod cluster;
 mod conn;
 mod error;
+mod flight;
 mod keys;
 mod ops;
 mod scripts;
@@ -92,7 +96,10 @@ use deadpool_redis::{Config, Pool, Runtime};
 use self::conn::{Pinned, Source};
 use self::error::config_error;
 use self::wake::{Transport, Wakeups};
-use super::{BoxFuture, ExtendRequest, Lease, LockBackend, LockStatus, join_all};
+use super::{
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, Lease, LockBackend,
+    LockStatus, join_all,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -200,7 +207,10 @@ impl RedisBackend {
         connection_info: impl IntoConnectionInfo,
     ) -> Result<Self, LockError> {
         let client = Client::open(connection_info).map_err(|e| config_error(&e))?;
-        Ok(Self::with(Source::Single(pool), Transport::Single(client)))
+        Ok(Self::with(
+            Source::Single(pool),
+            Transport::Single(Box::new(client)),
+        ))
     }
 
     /// A backend on a Redis Cluster (Redis 7 or newer), from the URLs (or
@@ -355,6 +365,29 @@ impl LockBackend for RedisBackend {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(self.status_inner(key))
+    }
+
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        Box::pin(self.flight_begin_inner(req))
+    }
+
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        Box::pin(self.flight_result_inner(key))
+    }
+
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(self.flight_publish_inner(key, owner, publish))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use deadpool_redis::redis::Value;
+use deadpool_redis::redis::{ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use super::RedisBackend;
@@ -42,6 +42,37 @@ pub(super) enum Left {
     NotHeld(Duration),
 }
 
+/// Acquire's first two arguments (a flight's begin's too): the TTL and the
+/// stored value's tail, "<acquired ms> - <attempt> <owner>" (one argument for
+/// all: each argument costs the server time). Returns when it was sent: our
+/// clock is only stored for `status` to show; the lease counts from it too,
+/// which errs on the early side (the server's TTL starts when the script
+/// runs, after this).
+pub(super) fn acquire_args(
+    inv: &mut ScriptInvocation<'_>,
+    req: &AcquireRequest,
+    ttl_ms: u64,
+) -> SystemTime {
+    let sent_ms = unix_ms(SystemTime::now());
+    inv.arg(ttl_ms)
+        .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
+    server_time(sent_ms)
+}
+
+/// The lease in acquire's `{1, fence, acquired ms, now ms}`.
+pub(super) fn granted(
+    reply: &[Value],
+    req: &AcquireRequest,
+    what: &str,
+) -> Result<Lease, LockError> {
+    Ok(Lease::new(
+        uint_at(reply, 1, what)?,
+        server_time(uint_at(reply, 2, what)?),
+        server_time(uint_at(reply, 3, what)?),
+        req.ttl(),
+    ))
+}
+
 impl RedisBackend {
     pub(super) fn deadline(&self) -> Instant {
         Instant::now() + self.op_timeout
@@ -60,15 +91,7 @@ impl RedisBackend {
         const WHAT: &str = "acquire";
         let mut inv = SCRIPTS.acquire.prepare_invoke();
         let slot = self.keys(&mut inv, req.key(), Keys::All);
-        // Our clock is only stored for `status` to show; the lease counts
-        // from it too, which errs on the early side: the server's TTL starts
-        // when the script runs, after this.
-        let sent_ms = unix_ms(SystemTime::now());
-        let sent = server_time(sent_ms);
-        // The stored value's tail, "<acquired ms> - <attempt> <owner>": one
-        // argument for all (each argument costs the server time).
-        inv.arg(ttl_ms)
-            .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
+        let sent = acquire_args(&mut inv, req, ttl_ms);
         if let Some((wait_ms, id)) = queue {
             inv.arg(wait_ms)
                 .arg(id)
@@ -83,12 +106,7 @@ impl RedisBackend {
             other => array(other, WHAT)?,
         };
         match int_at(&reply, 0, WHAT)? {
-            1 => Ok(Attempt::Acquired(Lease::new(
-                uint_at(&reply, 1, WHAT)?,
-                server_time(uint_at(&reply, 2, WHAT)?),
-                server_time(uint_at(&reply, 3, WHAT)?),
-                req.ttl(),
-            ))),
+            1 => Ok(Attempt::Acquired(granted(&reply, req, WHAT)?)),
             0 => Ok(Attempt::Busy {
                 retry_after: remaining(int_at(&reply, 1, WHAT)?),
                 queued_anew: int_at(&reply, 2, WHAT)? == 1,

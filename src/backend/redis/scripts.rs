@@ -18,6 +18,9 @@ pub(super) struct Scripts {
     pub(super) force_release: Script,
     pub(super) status: Script,
     pub(super) leave: Script,
+    pub(super) flight_begin: Script,
+    pub(super) flight_publish: Script,
+    pub(super) flight_result: Script,
 }
 
 /// Shared helpers for the slow paths (see `common.lua`).
@@ -38,6 +41,16 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     force_release: Script::new(&source(include_str!("force_release.lua"))),
     status: Script::new(&source(include_str!("status.lua"))),
     leave: Script::new(&source(include_str!("leave.lua"))),
+    // A flight's begin is acquire's script inside a function (its fast path
+    // included), after a look for a fresh result.
+    flight_begin: Script::new(&source(&include_str!("flight_begin.lua").replacen(
+        "-- @acquire\n",
+        include_str!("acquire.lua"),
+        1,
+    ))),
+    flight_publish: Script::new(&source(include_str!("flight_publish.lua"))),
+    // KEYS = a flight's result.
+    flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
 });
 
 /// The elements of an array reply.

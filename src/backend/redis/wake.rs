@@ -45,10 +45,15 @@ pub(super) struct Grant {
     pub(super) acquired_ms: u64,
 }
 
+/// A flight's result, published to the callers that wait for it (see
+/// `flight.rs`): `"f <seq> <id>[,<id>…]\n<value>"`, one message per channel
+/// for all of that channel's watchers.
+pub(super) type FlightNews = crate::backend::FlightResult;
+
 /// Where the subscription is made.
 pub(super) enum Transport {
     /// One server: `SUBSCRIBE` to the backend's channel.
-    Single(Client),
+    Single(Box<Client>),
     /// A cluster: `SSUBSCRIBE` to the backend's channel of each hash slot
     /// it waits in, on the shard owning that slot.
     #[cfg(feature = "redis-cluster")]
@@ -75,6 +80,8 @@ struct DispatchInner {
     generation: u64,
     /// Waiter id → (hash slot of its lock, where its grant goes).
     waiters: HashMap<u64, (u16, oneshot::Sender<Grant>)>,
+    /// Flight watcher id → (hash slot of its flight, where its result goes).
+    flights: HashMap<u64, (u16, oneshot::Sender<FlightNews>)>,
     reader: Option<AbortHandle>,
     /// Cluster: the slots whose channel is subscribed on the live
     /// connection; the connection itself, to subscribe more.
@@ -91,6 +98,9 @@ impl Dispatch {
     }
 
     fn deliver(&self, payload: &[u8]) {
+        if let Some(news) = payload.strip_prefix(b"f ") {
+            return self.deliver_flight(news);
+        }
         let Some((id, grant)) = parse_grant(payload) else {
             return;
         };
@@ -99,6 +109,23 @@ impl Dispatch {
             // A waiter that is gone meanwhile leaves the queue with a script
             // that also releases a lock handed to it.
             let _ = tx.send(grant);
+        }
+    }
+
+    fn deliver_flight(&self, news: &[u8]) {
+        let Some((seq, ids, value)) = parse_flight(news) else {
+            return;
+        };
+        let result = FlightNews {
+            seq,
+            value: std::sync::Arc::from(value),
+        };
+        let watchers: Vec<_> = {
+            let mut inner = self.lock();
+            ids.filter_map(|id| inner.flights.remove(&id)).collect()
+        };
+        for (_, tx) in watchers {
+            let _ = tx.send(result.clone());
         }
     }
 
@@ -116,7 +143,10 @@ impl Dispatch {
                 inner.slots.clear();
                 inner.sharded = None;
             }
-            std::mem::take(&mut inner.waiters)
+            (
+                std::mem::take(&mut inner.waiters),
+                std::mem::take(&mut inner.flights),
+            )
         };
         drop(dropped);
     }
@@ -126,24 +156,30 @@ impl Dispatch {
     /// subscriptions and wake their waiters to re-check and subscribe again.
     #[cfg(feature = "redis-cluster")]
     fn lost(&self, generation: u64, lost: impl Fn(u16) -> bool) {
-        let dropped: Vec<_> = {
+        let dropped = {
             let mut inner = self.lock();
             if inner.up != Some(generation) {
                 return;
             }
             inner.slots.retain(|&slot| !lost(slot));
-            let ids: Vec<u64> = inner
-                .waiters
-                .iter()
-                .filter(|(_, (slot, _))| lost(*slot))
-                .map(|(&id, _)| id)
-                .collect();
-            ids.iter()
-                .filter_map(|id| inner.waiters.remove(id))
-                .collect()
+            (
+                take_where(&mut inner.waiters, &lost),
+                take_where(&mut inner.flights, &lost),
+            )
         };
         drop(dropped);
     }
+}
+
+/// The entries of `map` whose slot `lost` selects, taken out.
+#[cfg(feature = "redis-cluster")]
+fn take_where<T>(map: &mut HashMap<u64, (u16, T)>, lost: impl Fn(u16) -> bool) -> Vec<(u16, T)> {
+    let ids: Vec<u64> = map
+        .iter()
+        .filter(|(_, (slot, _))| lost(*slot))
+        .map(|(&id, _)| id)
+        .collect();
+    ids.iter().filter_map(|id| map.remove(id)).collect()
 }
 
 impl Drop for Wakeups {
@@ -192,9 +228,7 @@ impl Wakeups {
     /// published from now on reaches it); `None` if it is not.
     pub(super) fn register(&self, id: u64, slot: u16) -> Option<oneshot::Receiver<Grant>> {
         let mut inner = self.dispatch.lock();
-        inner.up?;
-        #[cfg(feature = "redis-cluster")]
-        if matches!(self.transport, Transport::Cluster(_)) && !inner.slots.contains(&slot) {
+        if !self.listening(&inner, slot) {
             return None;
         }
         let (tx, rx) = oneshot::channel();
@@ -202,9 +236,53 @@ impl Wakeups {
         Some(rx)
     }
 
+    /// Whether a message published now to this backend's channel of `slot`
+    /// reaches the reader.
+    fn listening(&self, inner: &DispatchInner, slot: u16) -> bool {
+        let _ = slot;
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.transport, Transport::Cluster(_)) && !inner.slots.contains(&slot) {
+            return false;
+        }
+        inner.up.is_some()
+    }
+
     pub(super) fn unregister(&self, id: u64) {
         let removed = self.dispatch.lock().waiters.remove(&id);
         drop(removed);
+    }
+
+    /// Register flight watcher `id` (a flight in hash `slot`), subscribing
+    /// first if needed, by `end`: its receiver gets the first result
+    /// published to it, or is dropped when the subscription dies.
+    pub(super) async fn watch_flight(
+        &self,
+        id: u64,
+        slot: u16,
+        end: Instant,
+        op_timeout: Duration,
+    ) -> Result<FlightWatch, LockError> {
+        let register = || {
+            let mut inner = self.dispatch.lock();
+            if !self.listening(&inner, slot) {
+                return None;
+            }
+            let (tx, rx) = oneshot::channel();
+            inner.flights.insert(id, (slot, tx));
+            Some(FlightWatch {
+                id,
+                rx,
+                dispatch: Arc::clone(&self.dispatch),
+            })
+        };
+        for _ in 0..2 {
+            if let Some(watch) = register() {
+                return Ok(watch);
+            }
+            Box::pin(self.connect(slot, end, op_timeout)).await?;
+        }
+        register()
+            .ok_or_else(|| LockError::BackendUnavailable("Redis pub/sub connection lost".into()))
     }
 
     /// Register waiter `id` for hash `slot`, subscribing first if needed,
@@ -287,6 +365,29 @@ impl Wakeups {
             old.abort();
         }
         Ok(())
+    }
+}
+
+/// A flight watcher's registration: [`FlightWatch::news`] resolves with the
+/// result published to it; dropped, it is forgotten.
+pub(super) struct FlightWatch {
+    id: u64,
+    rx: oneshot::Receiver<FlightNews>,
+    dispatch: Arc<Dispatch>,
+}
+
+impl FlightWatch {
+    /// The result published to this watcher; `None` if none can come any
+    /// more (the subscription died).
+    pub(super) async fn news(&mut self) -> Option<FlightNews> {
+        (&mut self.rx).await.ok()
+    }
+}
+
+impl Drop for FlightWatch {
+    fn drop(&mut self) {
+        let removed = self.dispatch.lock().flights.remove(&self.id);
+        drop(removed);
     }
 }
 
@@ -514,9 +615,28 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, Grant)> {
     Some((id, Grant { fence, acquired_ms }))
 }
 
+/// `"<seq> <id>[,<id>…]\n<value>"` (after the `"f "`).
+fn parse_flight(news: &[u8]) -> Option<(u64, impl Iterator<Item = u64> + '_, &[u8])> {
+    let line = news.iter().position(|&b| b == b'\n')?;
+    let (head, value) = (std::str::from_utf8(&news[..line]).ok()?, &news[line + 1..]);
+    let (seq, ids) = head.split_once(' ')?;
+    let seq = seq.parse().ok()?;
+    Some((seq, ids.split(',').filter_map(|id| id.parse().ok()), value))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flight_news_parses() {
+        let (seq, ids, value) = parse_flight(b"9 3,4\n{\"a\":\n1}").unwrap();
+        assert_eq!(seq, 9);
+        assert_eq!(ids.collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(value, b"{\"a\":\n1}");
+        assert!(parse_flight(b"9 3").is_none());
+        assert!(parse_flight(b"x 3\n").is_none());
+    }
 
     #[test]
     fn grants_parse_strictly() {

@@ -1,0 +1,63 @@
+-- flight publish: KEYS = the flight's lock, fence, queue, waiters, legacy
+-- fence, result, fresh, watchers (as flight_begin).
+-- ARGV = owner, fence (the leader's), value, result TTL ms (0: none), keep
+-- ms.
+-- Returns 1 (stored unless a newer result is, watchers told, lock released
+-- or handed on), 0 (not held: expired), -1 (held by another owner or under
+-- another fence).
+
+local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local result, fresh, watchers = KEYS[6], KEYS[7], KEYS[8]
+local owner, seq, value = ARGV[1], ARGV[2], ARGV[3]
+
+local current = redis.call('GET', lock)
+if not current then
+  return 0
+end
+local _, f, _, _, _, holder = string.match(current, '^(%d) (%d+) (%d+) (%S+) (%S+) (.+)$')
+if holder ~= owner or f ~= seq then
+  return -1
+end
+
+-- @helpers
+
+local stored = tonumber(redis.call('HGET', result, 'seq') or '0')
+if tonumber(seq) > stored then
+  redis.call('HSET', result, 'seq', seq, 'value', value)
+  redis.call('PEXPIRE', result, ARGV[5])
+  if ARGV[4] ~= '0' then
+    redis.call('PSETEX', fresh, ARGV[4], seq)
+  else
+    redis.call('DEL', fresh)
+  end
+  -- Every watcher, one message per channel: "f <seq> <id>,<id>…\n<value>".
+  local by_channel = {}
+  for _, ticket in ipairs(redis.call('SMEMBERS', watchers)) do
+    local id, chan = string.match(ticket, '^(%d+)@(.+)$')
+    if id then
+      local ids = by_channel[chan]
+      if not ids then
+        ids = {}
+        by_channel[chan] = ids
+      end
+      ids[#ids + 1] = id
+    end
+  end
+  for chan, ids in pairs(by_channel) do
+    -- A channel with a hash tag is a cluster's shard channel, in this
+    -- flight's slot (see hand_off).
+    local publish = 'PUBLISH'
+    if string.find(chan, '{', 1, true) then
+      publish = 'SPUBLISH'
+    end
+    redis.call(publish, chan, 'f ' .. seq .. ' ' .. table.concat(ids, ',') .. '\n' .. value)
+  end
+  redis.call('DEL', watchers)
+end
+
+-- Released as release.lua does: the next live waiter gets the lock (it then
+-- reads the result stored above), else it goes.
+if not hand_off(nil, nil) then
+  redis.call('DEL', lock)
+end
+return 1

@@ -273,6 +273,7 @@ pub fn build_example(profile_dir: &Path) {
         ("admin", cfg!(feature = "admin")),
         ("postgres", cfg!(feature = "postgres")),
         ("postgres-tls", cfg!(feature = "postgres-tls")),
+        ("metrics", cfg!(feature = "metrics")),
     ]
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))

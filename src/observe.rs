@@ -4,9 +4,10 @@
 //! A [`Meter`] carries the labels of one request's locks: the backend's
 //! static name and the matched route pattern. Without the feature it is a
 //! zero-sized type whose methods are empty, so every recording call
-//! compiles to nothing. With it, label values are a `&'static str` and an
-//! interned `Arc<str>` (one per route pattern): recording allocates nothing
-//! beyond what the facade and the installed recorder do.
+//! compiles to nothing. With it, the metric keys of each (backend, route
+//! pattern) are built once and shared: a request's recordings hand ready
+//! keys to the recorder and allocate nothing themselves (the installed
+//! recorder may; failures, which are rare, use the facade's macros).
 
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ pub(crate) fn close_span(span: &tracing::Span, outcome: &'static str, wait: Dura
 #[derive(Clone, Default)]
 pub(crate) struct Meter {
     #[cfg(feature = "metrics")]
-    labels: Option<imp::Labels>,
+    labels: Option<std::sync::Arc<imp::Keys>>,
 }
 
 impl std::fmt::Debug for Meter {
@@ -142,7 +143,10 @@ mod imp {
     use std::sync::{Arc, OnceLock, RwLock};
     use std::time::Duration;
 
-    use metrics::{SharedString, Unit, counter, describe_counter, describe_histogram, histogram};
+    use metrics::{
+        Key, Label, Level, Metadata, SharedString, Unit, counter, describe_counter,
+        describe_histogram,
+    };
 
     use super::{Meter, Since};
     use crate::backend::SharedBackend;
@@ -164,33 +168,104 @@ mod imp {
     /// series without bound.
     const MAX_ROUTES: usize = 1024;
 
-    #[derive(Clone)]
-    pub(super) struct Labels {
-        backend: &'static str,
-        route: SharedString,
+    /// The outcomes of an acquisition, in the order of [`Keys`]' arrays.
+    const OUTCOMES: [&str; 6] = [
+        "acquired",
+        "busy",
+        "timeout",
+        "unavailable",
+        "invalid",
+        "error",
+    ];
+
+    fn outcome_index(outcome: &str) -> usize {
+        OUTCOMES.iter().position(|o| *o == outcome).unwrap_or(5)
     }
 
-    /// The route pattern as a label value: one `Arc<str>` per pattern, made
-    /// the first time it is seen, then shared (a clone is a reference count).
-    fn route_label(route: &str) -> SharedString {
-        static ROUTES: OnceLock<RwLock<HashMap<Box<str>, Arc<str>>>> = OnceLock::new();
-        if route.is_empty() {
-            return SharedString::const_str("");
+    static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// The metric keys of one (backend, route pattern), built once: the
+    /// frequent recordings hand the recorder a ready key, so they allocate
+    /// nothing (the macros would build a label vector per call). The rare
+    /// ones (failures, by error code) use the macros with these labels.
+    pub(super) struct Keys {
+        backend: &'static str,
+        route: SharedString,
+        acquisitions: [Key; 6],
+        wait: [Key; 6],
+        held: Key,
+        renewals: Key,
+        lost: Key,
+    }
+
+    impl Keys {
+        #[cfg(test)]
+        pub(super) fn route(&self) -> &str {
+            &self.route
         }
+
+        fn new(backend: &'static str, route: SharedString) -> Self {
+            let labels = |extra: Option<(&'static str, &'static str)>| {
+                let mut labels = vec![
+                    Label::new("backend", backend),
+                    Label::new("route", route.clone()),
+                ];
+                if let Some((k, v)) = extra {
+                    labels.push(Label::new(k, v));
+                }
+                labels
+            };
+            let by_outcome =
+                |name| OUTCOMES.map(|o| Key::from_parts(name, labels(Some(("outcome", o)))));
+            Keys {
+                acquisitions: by_outcome(ACQUISITIONS),
+                wait: by_outcome(WAIT),
+                held: Key::from_parts(HELD, labels(None)),
+                renewals: Key::from_parts(RENEWALS, labels(None)),
+                lost: Key::from_parts(LOST, labels(None)),
+                backend,
+                route,
+            }
+        }
+    }
+
+    /// The keys of `backend` and the route pattern `route`: made the first
+    /// time the pair is seen, then shared (a clone is a reference count).
+    fn keys(backend: &'static str, route: &str) -> Arc<Keys> {
+        type Routes = HashMap<&'static str, HashMap<Box<str>, Arc<Keys>>>;
+        static ROUTES: OnceLock<RwLock<Routes>> = OnceLock::new();
         let routes = ROUTES.get_or_init(RwLock::default);
-        if let Some(label) = routes.read().unwrap_or_else(|e| e.into_inner()).get(route) {
-            return SharedString::from(label.clone());
+        let found = |routes: &Routes, route: &str| routes.get(backend)?.get(route).cloned();
+        if let Some(keys) = found(&routes.read().unwrap_or_else(|e| e.into_inner()), route) {
+            return keys;
         }
         let mut routes = routes.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(label) = routes.get(route) {
-            return SharedString::from(label.clone());
+        let count: usize = routes.values().map(HashMap::len).sum();
+        let route = if count >= MAX_ROUTES && found(&routes, route).is_none() {
+            "other"
+        } else {
+            route
+        };
+        if let Some(keys) = found(&routes, route) {
+            return keys;
         }
-        if routes.len() >= MAX_ROUTES {
-            return SharedString::const_str("other");
-        }
-        let label: Arc<str> = Arc::from(route);
-        routes.insert(Box::from(route), label.clone());
-        SharedString::from(label)
+        let label = if route.is_empty() {
+            SharedString::const_str("")
+        } else {
+            SharedString::from(Arc::<str>::from(route))
+        };
+        let keys = Arc::new(Keys::new(backend, label));
+        routes
+            .entry(backend)
+            .or_default()
+            .insert(Box::from(route), keys.clone());
+        keys
+    }
+
+    #[cfg(test)]
+    pub(super) fn keys_for_test(backend: &'static str, route: &str) -> Arc<Keys> {
+        keys(backend, route)
     }
 
     impl Meter {
@@ -198,10 +273,7 @@ mod imp {
         /// pattern `route` (empty outside a matched route).
         pub(crate) fn new(backend: &SharedBackend, route: &str) -> Self {
             Meter {
-                labels: Some(Labels {
-                    backend: backend.name(),
-                    route: route_label(route),
-                }),
+                labels: Some(keys(backend.name(), route)),
             }
         }
 
@@ -213,58 +285,61 @@ mod imp {
         /// One acquisition ended with `outcome`; `wait` is how long the
         /// backend took to answer (`None`: it was not asked).
         pub(crate) fn acquisition(&self, outcome: &'static str, wait: Option<Duration>) {
-            let Some(l) = &self.labels else { return };
-            counter!(ACQUISITIONS, "backend" => l.backend, "route" => l.route.clone(), "outcome" => outcome)
-                .increment(1);
-            if let Some(wait) = wait {
-                histogram!(WAIT, "backend" => l.backend, "route" => l.route.clone(), "outcome" => outcome)
-                    .record(wait);
-            }
+            let Some(k) = &self.labels else { return };
+            let i = outcome_index(outcome);
+            metrics::with_recorder(|r| {
+                r.register_counter(&k.acquisitions[i], &METADATA)
+                    .increment(1);
+                if let Some(wait) = wait {
+                    r.register_histogram(&k.wait[i], &METADATA)
+                        .record(wait.as_secs_f64());
+                }
+            });
         }
 
         /// `e` came from the backend during `op`; counted when the backend
         /// could not be reached (the other errors are answers).
         pub(crate) fn backend_error(&self, op: &'static str, e: &LockError) {
-            let Some(l) = &self.labels else { return };
+            let Some(k) = &self.labels else { return };
             if matches!(e, LockError::BackendUnavailable(_)) {
-                counter!(BACKEND_ERRORS, "backend" => l.backend, "route" => l.route.clone(), "op" => op)
+                counter!(BACKEND_ERRORS, "backend" => k.backend, "route" => k.route.clone(), "op" => op)
                     .increment(1);
             }
         }
 
         /// A lock taken at `since` is being released.
         pub(crate) fn held(&self, since: Since) {
-            let Some(l) = &self.labels else { return };
-            histogram!(HELD, "backend" => l.backend, "route" => l.route.clone())
-                .record(since.at.elapsed());
+            let Some(k) = &self.labels else { return };
+            let held = since.at.elapsed().as_secs_f64();
+            metrics::with_recorder(|r| r.register_histogram(&k.held, &METADATA).record(held));
         }
 
         /// A release failed with `e`.
         pub(crate) fn release_failed(&self, e: &LockError) {
-            let Some(l) = &self.labels else { return };
-            counter!(RELEASE_FAILURES, "backend" => l.backend, "route" => l.route.clone(), "code" => e.code())
+            let Some(k) = &self.labels else { return };
+            counter!(RELEASE_FAILURES, "backend" => k.backend, "route" => k.route.clone(), "code" => e.code())
                 .increment(1);
             self.backend_error("release", e);
         }
 
         /// The watchdog renewed a lock.
         pub(crate) fn renewed(&self) {
-            let Some(l) = &self.labels else { return };
-            counter!(RENEWALS, "backend" => l.backend, "route" => l.route.clone()).increment(1);
+            let Some(k) = &self.labels else { return };
+            metrics::with_recorder(|r| r.register_counter(&k.renewals, &METADATA).increment(1));
         }
 
         /// A watchdog renewal failed with `e`.
         pub(crate) fn renewal_failed(&self, e: &LockError) {
-            let Some(l) = &self.labels else { return };
-            counter!(RENEWAL_FAILURES, "backend" => l.backend, "route" => l.route.clone(), "code" => e.code())
+            let Some(k) = &self.labels else { return };
+            counter!(RENEWAL_FAILURES, "backend" => k.backend, "route" => k.route.clone(), "code" => e.code())
                 .increment(1);
             self.backend_error("extend", e);
         }
 
         /// A lock was found lost while its holder still had it.
         pub(crate) fn lost(&self) {
-            let Some(l) = &self.labels else { return };
-            counter!(LOST, "backend" => l.backend, "route" => l.route.clone()).increment(1);
+            let Some(k) = &self.labels else { return };
+            metrics::with_recorder(|r| r.register_counter(&k.lost, &METADATA).increment(1));
         }
     }
 
@@ -338,5 +413,28 @@ mod imp {
             Unit::Count,
             "Single-flight results a leader could not publish (the next waiter computes), by error code."
         );
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::imp::keys_for_test as keys;
+    use std::sync::Arc;
+
+    #[test]
+    fn keys_are_built_once_per_backend_and_route_and_bounded() {
+        let a = keys("memory", "/orders/{id}");
+        assert!(Arc::ptr_eq(&a, &keys("memory", "/orders/{id}")));
+        assert!(!Arc::ptr_eq(&a, &keys("redis", "/orders/{id}")));
+        // An app that puts raw paths where patterns belong stops growing
+        // the series at the cap: the rest share `other`.
+        for i in 0..1100 {
+            keys("custom", &format!("/raw/{i}"));
+        }
+        let other = keys("custom", "/raw/999999");
+        assert_eq!(other.route(), "other");
+        assert!(Arc::ptr_eq(&other, &keys("custom", "/raw/1000000")));
+        // Those seen before the cap keep theirs.
+        assert_eq!(keys("custom", "/raw/0").route(), "/raw/0");
     }
 }

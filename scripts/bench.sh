@@ -124,15 +124,15 @@ run() { # backend-arg workload
 for b in $BACKENDS; do
   case $b in
     memory)
-      for w in serial parallel32 contended16 http held; do run memory "$w"; done
+      for w in serial parallel32 contended16 http held flight64; do run memory "$w"; done
       ;;
     redis)
-      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held; do
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64; do
         run "$REDIS_URL" "$w"
       done
       ;;
     postgres)
-      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held; do
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64; do
         run "$PG_URL" "$w"
       done
       ;;
@@ -144,6 +144,9 @@ python3 - "$RESULTS" "$FAILED" <<'EOF'
 import json, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+# Single-flight bursts have a table of their own.
+flights = [r for r in rows if r["workload"] == "flight64"]
+rows = [r for r in rows if r["workload"] != "flight64"]
 failed = [l.split() for l in open(sys.argv[2]) if l.strip()]
 by = {(r["backend"], r["workload"]): r for r in rows}
 
@@ -181,6 +184,16 @@ for r in rows:
           f"{r['errors']} | {extras} |")
 for b, w, status in failed:
     print(f"| {b} | {w} | {status} | | | | | |")
+
+if flights:
+    print()
+    print("| backend | bursts of 64 | handler runs per burst (mean, max) | p50 ms | p99 ms | "
+          "max ms | same burst without the layer: p50, p99 ms | errors |")
+    print("|---|---:|---|---:|---:|---:|---|---:|")
+    for r in flights:
+        print(f"| {r['backend']} | {r['bursts']} | {r['runs_per_burst_mean']}, "
+              f"{r['runs_per_burst_max']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
+              f"{r['plain_p50_ms']}, {r['plain_p99_ms']} | {r['errors']} |")
 
 checks = []
 def check(name, ok, detail):
@@ -262,7 +275,22 @@ for b in ("memory", "redis", "postgres"):
               f"{x['ops_per_s']:,.0f} / {x['empty_ops_per_s']:,.0f} = {x['ratio']:.3f} "
               f"({x['held_keys']:,} keys held)")
 
-for r in rows:
+for r in flights:
+    b = r["backend"]
+    check(f"{b} flight64 one handler run per burst", r["runs_per_burst_max"] == 1,
+          f"mean {r['runs_per_burst_mean']}, max {r['runs_per_burst_max']} over {r['bursts']} bursts")
+    over = r["p99_ms"] - r["handler_ms"]
+    if b == "memory":
+        check("memory flight64 p99 <= handler + 5 ms", over <= 5,
+              f"{r['p99_ms']} ms = handler + {over:.2f} ms (the same burst without the layer: "
+              f"p99 {r['plain_p99_ms']} ms)")
+    elif "rtt_p50_us" in r:
+        limit = 2 * r["rtt_p50_us"] / 1000
+        check(f"{b} flight64 p99 <= handler + 2 RTT", over <= limit,
+              f"{r['p99_ms']} ms = handler + {over:.2f} ms vs 2 x {r['rtt_p50_us']:.1f} µs "
+              f"(the same burst without the layer: p99 {r['plain_p99_ms']} ms)")
+
+for r in rows + flights:
     if r["errors"]:
         check(f"{r['backend']} {r['workload']} without errors", False, f"{r['errors']} errors")
 for b, w, _ in failed:

@@ -44,19 +44,19 @@ pub struct LockKey {
     // Inline up to 23 bytes: most keys cost no allocation.
     key: SmolStr,
     route: Option<SmolStr>,
-    // A single-flight key (see `LockKey::flight`): a namespace of its own.
-    flight: bool,
     // SipHash of (key, route) with a per-process random seed, computed once:
     // a lock operation hashes its key without going over the bytes again.
     hash: u64,
 }
 
+/// The bit of [`LockKey::hash_code`] that marks a single-flight key: one
+/// no hash table uses (the memory table takes its slot from the low bits,
+/// its tag from the top 7 and its shard from bits 32..38).
+const FLIGHT_BIT: u64 = 1 << 45;
+
 impl PartialEq for LockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash
-            && self.key == other.key
-            && self.route == other.route
-            && self.flight == other.flight
+        self.hash == other.hash && self.key == other.key && self.route == other.route
     }
 }
 
@@ -72,7 +72,11 @@ impl Hash for LockKey {
 /// request's locks in this order).
 impl Ord for LockKey {
     fn cmp(&self, other: &Self) -> Ordering {
-        (&self.key, &self.route, self.flight).cmp(&(&other.key, &other.route, other.flight))
+        (&self.key, &self.route, self.is_flight()).cmp(&(
+            &other.key,
+            &other.route,
+            other.is_flight(),
+        ))
     }
 }
 
@@ -105,16 +109,15 @@ impl LockKey {
     /// scope can name them.
     pub(crate) fn flight(key: &str) -> Result<Self, LockError> {
         let mut k = Self::new(normalise(key)?, None);
-        k.flight = true;
-        // Not equal to the global lock of the same name, whose hash it would
-        // otherwise share.
-        k.hash = !k.hash;
+        // Marked in its hash, so it is never equal to the global lock of the
+        // same name (and the key stays as small as before).
+        k.hash |= FLIGHT_BIT;
         Ok(k)
     }
 
     /// Whether this is a single-flight key (see [`LockKey::encoded`]).
     pub fn is_flight(&self) -> bool {
-        self.flight
+        self.hash & FLIGHT_BIT != 0
     }
 
     fn new(key: SmolStr, route: Option<SmolStr>) -> Self {
@@ -126,13 +129,8 @@ impl LockKey {
         if let Some(route) = &route {
             hasher.write(route.as_bytes());
         }
-        let hash = hasher.finish();
-        LockKey {
-            key,
-            route,
-            flight: false,
-            hash,
-        }
+        let hash = hasher.finish() & !FLIGHT_BIT;
+        LockKey { key, route, hash }
     }
 
     /// A hash of the key, equal for equal keys, computed when it was made.
@@ -169,7 +167,7 @@ impl LockKey {
     /// hashed form is 66 bytes, so `max_len` must be at least that.
     pub fn encoded(&self, max_len: usize) -> String {
         let full = match &self.route {
-            None if self.flight => format!("f:{}", self.key),
+            None if self.is_flight() => format!("f:{}", self.key),
             None => format!("g:{}", self.key),
             Some(route) => format!("r{}:{}:{}", route.len(), route, self.key),
         };

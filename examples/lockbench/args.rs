@@ -16,6 +16,7 @@ pub(crate) enum Workload {
     Held,
     RawSerial,
     RawParallel32,
+    Flight64,
 }
 
 impl Workload {
@@ -28,6 +29,7 @@ impl Workload {
             "held" => Workload::Held,
             "raw-serial" => Workload::RawSerial,
             "raw-parallel32" => Workload::RawParallel32,
+            "flight64" => Workload::Flight64,
             _ => return None,
         })
     }
@@ -41,6 +43,7 @@ impl Workload {
             Workload::Held => "held",
             Workload::RawSerial => "raw-serial",
             Workload::RawParallel32 => "raw-parallel32",
+            Workload::Flight64 => "flight64",
         }
     }
 }

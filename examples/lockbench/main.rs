@@ -73,11 +73,22 @@
 //!   an empty table of the same server; the backend's schema is
 //!   `lockbench`, migrated and emptied first; `rtt_*` from `SELECT 1`.
 //!
+//! - `flight64`: bursts of 64 concurrent identical requests (one keep-alive
+//!   connection each) to an axum route behind [`SingleFlightLayer`] whose
+//!   handler sleeps 50 ms; a new key per burst, result TTL 0, bursts one
+//!   after the other for S seconds after 3 warm-up bursts. Reports
+//!   `bursts`, handler runs per burst (`runs_per_burst_mean`/`_max`: the
+//!   goal is 1), and the requests' latency (`p50_ms`, `p99_ms`, `max_ms`,
+//!   `p99_over_handler_ms` = p99 - 50 ms). Each burst alternates with one on
+//!   the same handler without the layer (`plain_p50_ms`, `plain_p99_ms`,
+//!   `p99_over_plain_ms`): what 64 concurrent requests cost here anyway.
+//!
 //! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
 //! comparison only: `a` = unlocked route / empty backend, `b` = locked route
 //! / held backend, e.g. to `perf stat` one side alone.
 
 mod args;
+mod flight;
 mod http;
 mod locks;
 mod report;
@@ -122,7 +133,7 @@ use self::report::Report;
 pub(crate) const USAGE: &str = "\
 usage: lockbench --backend memory|redis://HOST:PORT|postgres://… --workload W --seconds S [--api owned|backend]
 
-  W: serial | parallel32 | contended16 | http | held | raw-serial | raw-parallel32
+  W: serial | parallel32 | contended16 | http | held | flight64 | raw-serial | raw-parallel32
      (raw-* need a redis:// or postgres:// backend)
   S: length of the measured window, in seconds (> 0)
   --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
@@ -237,6 +248,10 @@ pub(crate) async fn run_locks(
         Workload::Http => {
             r.put("api", "LockLayer");
             http(locker.backend.clone(), args.seconds, r).await?;
+        }
+        Workload::Flight64 => {
+            r.put("api", "SingleFlightLayer");
+            flight::bursts(locker.backend.clone(), args.seconds, r).await?;
         }
         Workload::RawSerial | Workload::RawParallel32 => {
             unreachable!("rejected by the argument parser")

@@ -159,6 +159,9 @@ async fn follow(
     tokio::pin!(acquire);
     loop {
         tokio::select! {
+            // A result at hand wins over a lock handed over at the same
+            // time: taking the lock would cost a read and a release.
+            biased;
             shared = async { result.as_mut().expect("guarded by the branch condition").await },
                 if result.is_some() =>
             {

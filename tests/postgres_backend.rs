@@ -121,7 +121,10 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
         "SELECT string_agg(table_name, ',' ORDER BY table_name) FROM information_schema.tables \
          WHERE table_schema = 'tower_lock'",
     );
-    assert_eq!(tables, "locks,locks_waiters");
+    assert_eq!(
+        tables,
+        "locks,locks_flight_watchers,locks_flights,locks_waiters"
+    );
     let columns = sql(
         &server,
         "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) \
@@ -189,7 +192,7 @@ async fn custom_schema_and_table_names() {
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'app' AND p.proname LIKE 'job_locks_%'"
         ),
-        8
+        10
     );
     assert!(
         PostgresBackend::from_url(&server.url())

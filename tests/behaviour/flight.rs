@@ -253,8 +253,9 @@ pub async fn a_failed_leader_hands_over_to_exactly_one_waiter(h: Harness) {
             10 + i,
             false,
         );
+        // Queued one by one: the queue's order is known.
+        until_waiting(&h, &flights, "fails", i as usize + 1).await;
     }
-    until_waiting(&h, &flights, "fails", 5).await;
     work.open(1);
     let failed = leader.join_next().await.unwrap().unwrap();
     assert!(matches!(failed, Err(FlightError::Failed(ref e)) if e == "failed"));

@@ -90,13 +90,16 @@ pub async fn waiters_are_served_in_the_order_they_came(h: Harness) {
 pub async fn an_expired_lock_goes_to_the_queue_not_to_a_newcomer(h: Harness) {
     let key = gkey("k");
     h.backend
-        .acquire(&areq(&key, "holder", h.units(2), Duration::ZERO))
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
         .await
         .unwrap();
     let waiter = h
         .frozen_waiter(areq(&key, "waiter", h.units(10), h.units(30)))
         .await;
-    h.advance(h.units(3)).await;
+    // Only now does the holder's lease get short: however slow the waiter
+    // was to queue, it queued before the expiry.
+    h.backend.extend(&key, "holder", h.units(1)).await.unwrap();
+    h.advance(h.units(2)).await;
 
     let newcomer = h
         .backend

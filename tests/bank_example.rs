@@ -191,6 +191,30 @@ async fn a_ttl_shorter_than_the_hold_loses_an_update() {
     .await;
 }
 
+/// The example is built with exactly this test's features, so each of the
+/// crate's features must be in that list.
+#[test]
+fn every_feature_reaches_the_example_build() {
+    let manifest = include_str!("../Cargo.toml");
+    let section = manifest
+        .split("[features]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("a [features] table");
+    for line in section.lines() {
+        let Some((name, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        if name == "default" || name.starts_with('#') {
+            continue;
+        }
+        assert!(
+            common::bank::FEATURES.iter().any(|&(f, _)| f == name),
+            "feature `{name}` is missing from tests/common/bank.rs FEATURES"
+        );
+    }
+}
+
 #[test]
 fn unknown_flag_prints_usage_and_exits_2() {
     let mut child = Command::new(bank_binary())

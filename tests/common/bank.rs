@@ -258,6 +258,19 @@ pub fn bank_binary() -> PathBuf {
     .clone()
 }
 
+/// Every feature of the crate (but `default`), and whether this test binary
+/// has it. A feature missing here makes the example a build of its own,
+/// minutes on a busy machine (`every_feature_reaches_the_example_build`).
+pub const FEATURES: &[(&str, bool)] = &[
+    ("redis", cfg!(feature = "redis")),
+    ("redis-cluster", cfg!(feature = "redis-cluster")),
+    ("tls", cfg!(feature = "tls")),
+    ("admin", cfg!(feature = "admin")),
+    ("postgres", cfg!(feature = "postgres")),
+    ("postgres-tls", cfg!(feature = "postgres-tls")),
+    ("metrics", cfg!(feature = "metrics")),
+];
+
 /// `cargo build --example bank` into the same target dir and profile as this
 /// test.
 pub fn build_example(profile_dir: &Path) {
@@ -267,17 +280,10 @@ pub fn build_example(profile_dir: &Path) {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     // Exactly this test binary's features, so cargo reuses the library it
     // already built instead of compiling another variant.
-    let features: Vec<&str> = [
-        ("redis", cfg!(feature = "redis")),
-        ("tls", cfg!(feature = "tls")),
-        ("admin", cfg!(feature = "admin")),
-        ("postgres", cfg!(feature = "postgres")),
-        ("postgres-tls", cfg!(feature = "postgres-tls")),
-        ("metrics", cfg!(feature = "metrics")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
+    let features: Vec<&str> = FEATURES
+        .iter()
+        .filter_map(|&(name, on)| on.then_some(name))
+        .collect();
     cmd.arg("--no-default-features");
     if !features.is_empty() {
         cmd.args(["--features", &features.join(",")]);
@@ -320,6 +326,9 @@ pub const AUTH: (&str, &str) = ("authorization", "Bearer t0ken");
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn within_timeout(test: impl std::future::Future<Output = ()>) {
+    // Built (or found fresh) before the clock starts: a first build on a
+    // busy machine can take minutes, and is not the test's to time.
+    bank_binary();
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .expect("test timed out");

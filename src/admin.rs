@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on); `{"key", "locked": false}` when free |
+//! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on, + `"metadata"` when [`show_metadata`](Admin::show_metadata) is on); `{"key", "locked": false}` when free |
 //! | `DELETE /locks/{key}` + header `lock-owner` | release, checked against the owner token: `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the header |
 //! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
 //!
@@ -61,6 +61,7 @@ use crate::time::rfc3339;
 pub struct Admin {
     backend: SharedBackend,
     show_owner: bool,
+    show_metadata: bool,
     allow_force: bool,
 }
 
@@ -68,17 +69,19 @@ impl std::fmt::Debug for Admin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admin")
             .field("show_owner", &self.show_owner)
+            .field("show_metadata", &self.show_metadata)
             .field("allow_force", &self.allow_force)
             .finish_non_exhaustive()
     }
 }
 
 impl Admin {
-    /// Admin API over `backend`; owners hidden, force release off.
+    /// Admin API over `backend`; owners and metadata hidden, force release off.
     pub fn new(backend: impl Into<SharedBackend>) -> Self {
         Admin {
             backend: backend.into(),
             show_owner: false,
+            show_metadata: false,
             allow_force: false,
         }
     }
@@ -87,6 +90,15 @@ impl Admin {
     /// anyone who sees one can release that lock). Default off.
     pub fn show_owner(mut self, on: bool) -> Self {
         self.show_owner = on;
+        self
+    }
+
+    /// Show the metadata stored with a lock ([`LockSpec::metadata`](crate::LockSpec::metadata))
+    /// in `GET` answers, as the JSON object it is (`"metadata"`, absent
+    /// when the lock has none). Default off: metadata may name people or
+    /// say why something was locked.
+    pub fn show_metadata(mut self, on: bool) -> Self {
+        self.show_metadata = on;
         self
     }
 
@@ -176,6 +188,11 @@ async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: U
             });
             if admin.show_owner {
                 body["owner"] = Value::from(s.owner);
+            }
+            if admin.show_metadata
+                && let Some(metadata) = &s.metadata
+            {
+                body["metadata"] = metadata.to_value();
             }
             json_response(StatusCode::OK, &body)
         }

@@ -43,13 +43,24 @@ pub enum LockError {
     InvalidTtl(&'static str),
     /// The owner token is empty, too long or not printable ASCII.
     InvalidOwner(&'static str),
+    /// The lock's metadata is not a JSON object, or larger than
+    /// [`MAX_METADATA_BYTES`](crate::MAX_METADATA_BYTES).
+    InvalidMetadata(&'static str),
+    /// A lock header of a client-directed lock ([`ClientLocks`](crate::ClientLocks))
+    /// is missing or cannot be read.
+    InvalidHeader(&'static str),
+    /// A client-directed lock asks for more than the server allows: a TTL or
+    /// wait over its limit, a key outside the allowed ones, global scope
+    /// where it is not allowed.
+    NotAllowed(&'static str),
     /// The backend could not be reached or answered with an error in time.
     ///
     /// The middleware never runs a handler unlocked because of this: it
     /// answers `503 Service Unavailable`.
     BackendUnavailable(String),
-    /// The backend does not implement this operation (e.g. a third-party
-    /// backend without single-flight).
+    /// The backend does not implement this operation, or cannot as
+    /// configured (e.g. a third-party backend without single-flight, a
+    /// lookup by owner on a Redis backend without its owner index).
     Unsupported(&'static str),
 }
 
@@ -71,6 +82,9 @@ impl LockError {
             LockError::InvalidKey(_) => "LOCK_INVALID_KEY",
             LockError::InvalidTtl(_) => "LOCK_INVALID_TTL",
             LockError::InvalidOwner(_) => "LOCK_INVALID_OWNER",
+            LockError::InvalidMetadata(_) => "LOCK_INVALID_METADATA",
+            LockError::InvalidHeader(_) => "LOCK_INVALID_HEADER",
+            LockError::NotAllowed(_) => "LOCK_NOT_ALLOWED",
             LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
             LockError::Unsupported(_) => "LOCK_UNSUPPORTED",
         }
@@ -80,8 +94,9 @@ impl LockError {
     ///
     /// `429` for a busy lock (or one that ran out while the request waited
     /// for another), `503` for an unreachable backend, `400` for a
-    /// bad key/TTL/owner, `404`/`409`/`410` for release and extend errors,
-    /// `501` for an operation the backend does not implement.
+    /// bad key/TTL/owner/metadata or lock header, `404`/`409`/`410` for
+    /// release and extend errors, `501` for an operation the backend does
+    /// not implement.
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode;
         match self {
@@ -91,9 +106,12 @@ impl LockError {
             LockError::NotFound => StatusCode::NOT_FOUND,
             LockError::OwnershipMismatch => StatusCode::CONFLICT,
             LockError::AlreadyReleased => StatusCode::GONE,
-            LockError::InvalidKey(_) | LockError::InvalidTtl(_) | LockError::InvalidOwner(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            LockError::InvalidKey(_)
+            | LockError::InvalidTtl(_)
+            | LockError::InvalidOwner(_)
+            | LockError::InvalidMetadata(_)
+            | LockError::InvalidHeader(_)
+            | LockError::NotAllowed(_) => StatusCode::BAD_REQUEST,
             LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             LockError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         }
@@ -150,6 +168,9 @@ impl fmt::Display for LockError {
             LockError::InvalidKey(why) => write!(f, "invalid lock key: {why}"),
             LockError::InvalidTtl(why) => write!(f, "invalid lock TTL: {why}"),
             LockError::InvalidOwner(why) => write!(f, "invalid owner token: {why}"),
+            LockError::InvalidMetadata(why) => write!(f, "invalid lock metadata: {why}"),
+            LockError::InvalidHeader(why) => write!(f, "invalid lock header: {why}"),
+            LockError::NotAllowed(why) => write!(f, "lock not allowed: {why}"),
             LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
             LockError::Unsupported(what) => f.write_str(what),
         }
@@ -187,6 +208,10 @@ mod tests {
             LockError::InvalidKey("x"),
             LockError::InvalidTtl("x"),
             LockError::InvalidOwner("x"),
+            LockError::InvalidMetadata("x"),
+            LockError::InvalidHeader("x"),
+            LockError::NotAllowed("x"),
+            LockError::Unsupported("x"),
             LockError::BackendUnavailable("x".into()),
         ];
         let codes: Vec<_> = all.iter().map(LockError::code).collect();
@@ -202,6 +227,10 @@ mod tests {
                 "LOCK_INVALID_KEY",
                 "LOCK_INVALID_TTL",
                 "LOCK_INVALID_OWNER",
+                "LOCK_INVALID_METADATA",
+                "LOCK_INVALID_HEADER",
+                "LOCK_NOT_ALLOWED",
+                "LOCK_UNSUPPORTED",
                 "LOCK_BACKEND_UNAVAILABLE",
             ]
         );

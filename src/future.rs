@@ -155,8 +155,9 @@ where
                     let mut result = ready!(future.poll(cx));
                     let guard = guard.take().expect("guard present until the response");
                     if let Ok(res) = &mut result {
-                        for lock in guard.locks().map(Locks::kept).unwrap_or_default() {
-                            crate::headers::append(res.headers_mut(), &lock);
+                        for (lock, kept) in guard.locks().map(Locks::described).unwrap_or_default()
+                        {
+                            crate::headers::append(res.headers_mut(), &lock, kept);
                         }
                     }
                     match result {

@@ -178,6 +178,23 @@ impl LockKey {
         }
     }
 
+    /// The key whose unhashed [`encoded`](LockKey::encoded) form is
+    /// `encoded`; `None` for a hashed form or anything else.
+    pub fn from_encoded(encoded: &str) -> Option<LockKey> {
+        if let Some(key) = encoded.strip_prefix("g:") {
+            return LockKey::global(key).ok();
+        }
+        if let Some(key) = encoded.strip_prefix("f:") {
+            return LockKey::flight(key).ok();
+        }
+        let rest = encoded.strip_prefix('r')?;
+        let (len, rest) = rest.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let route = rest.get(..len)?;
+        let key = rest.get(len..)?.strip_prefix(':')?;
+        LockKey::route(route, key).ok()
+    }
+
     /// `prefix` followed by [`LockKey::encoded`].
     pub fn storage_key(&self, prefix: &str, max_len: usize) -> String {
         let mut out = String::with_capacity(prefix.len() + self.key.len() + 8);
@@ -301,6 +318,23 @@ mod tests {
         assert!(stored.starts_with("lock:h:"));
         let other = LockKey::route("/a/very/long/route/pattern", "k".repeat(511)).unwrap();
         assert_ne!(stored, other.storage_key("lock:", 128));
+    }
+
+    #[test]
+    fn encodings_decode_back() {
+        for key in [
+            LockKey::global("a:b").unwrap(),
+            LockKey::route("/o/{id}", "x:1").unwrap(),
+            LockKey::route("", "k").unwrap(),
+            LockKey::flight("report").unwrap(),
+        ] {
+            assert_eq!(LockKey::from_encoded(&key.encoded(4096)), Some(key));
+        }
+        let long = LockKey::global("k".repeat(500)).unwrap();
+        assert_eq!(LockKey::from_encoded(&long.encoded(100)), None);
+        for bad in ["", "x:1", "r:a", "r9:/a:b", "r2:/ab"] {
+            assert_eq!(LockKey::from_encoded(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tower_layer::Layer;
 
 use crate::backend::SharedBackend;
+use crate::lock::registry::Defaults;
 use crate::rejection::{Rejection, SharedRejection, default_rejection};
 use crate::service::LockService;
 
@@ -38,7 +39,7 @@ pub struct LockLayer<R> {
     pub(crate) backend: SharedBackend,
     pub(crate) locker: Arc<R>,
     pub(crate) rejection: SharedRejection,
-    pub(crate) watchdog: bool,
+    pub(crate) defaults: Defaults,
     // Whether the "not routed" warning was logged (once per layer).
     unrouted_warned: Arc<AtomicBool>,
 }
@@ -54,7 +55,7 @@ impl<R> LockLayer<R> {
             backend: backend.into(),
             locker: Arc::new(locker),
             rejection: Arc::new(default_rejection),
-            watchdog: false,
+            defaults: Defaults::default(),
             unrouted_warned: Arc::default(),
         }
     }
@@ -77,7 +78,20 @@ impl<R> LockLayer<R> {
     /// are renewed by their TTL every TTL/3 while held (see
     /// [`LockSpec::watchdog`](crate::LockSpec::watchdog)). Default off.
     pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
+        self.defaults.watchdog = on;
+        self
+    }
+
+    /// Describe every lock of a locked response in its headers (Forrst's
+    /// lock data): `lock-acquired: true`, `lock-key`, `lock-route` (route
+    /// scope), `lock-scope` (`function` or `global`), `lock-fence`,
+    /// `lock-expires-at`, and `lock-owner` only for a lock kept after the
+    /// response (auto-release off), since the owner token is the credential
+    /// to release it. Default off: then only kept locks are described (with
+    /// their owner), as the client needs those to release them later. See
+    /// [`headers`](crate::headers).
+    pub fn lock_headers(mut self, on: bool) -> Self {
+        self.defaults.lock_headers = on;
         self
     }
 
@@ -100,7 +114,7 @@ impl<R> Clone for LockLayer<R> {
             backend: self.backend.clone(),
             locker: self.locker.clone(),
             rejection: self.rejection.clone(),
-            watchdog: self.watchdog,
+            defaults: self.defaults,
             unrouted_warned: self.unrouted_warned.clone(),
         }
     }

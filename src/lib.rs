@@ -62,11 +62,13 @@
 //! | `LOCK_TIMEOUT` | 429 + `Retry-After` | still held after the max wait |
 //! | `LOCK_EXPIRED` | 429 + `Retry-After` | a lock ran out before the handler could run |
 //! | `LOCK_BACKEND_UNAVAILABLE` | 503 + `Retry-After` | the backend cannot be reached in time |
-//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | 400 | bad spec from the request (or one key in two scopes) |
+//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER`, `LOCK_INVALID_METADATA` | 400 | bad spec from the request (or one key in two scopes) |
+//! | `LOCK_INVALID_HEADER`, `LOCK_NOT_ALLOWED` | 400 | a client-directed lock ([`ClientLocks`]) with a bad header, or over the server's limits |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
 //! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] extractor on a request without locks (see [`MissingLockLayer`]) |
+//! | `LOCK_UNSUPPORTED` | 501 | a lookup the backend cannot do as configured (Redis `held_by` without its owner index) |
 //! | `LOCK_FORCE_DISABLED` | 403 | the admin API's force release while it is off (feature `admin`) |
 //!
 //! [tower]: https://docs.rs/tower
@@ -79,13 +81,16 @@
 pub mod admin;
 pub mod backend;
 mod body;
+mod client;
 mod error;
 mod flight;
 mod future;
 pub mod headers;
+pub mod job;
 mod key;
 mod layer;
 mod lock;
+mod metadata;
 mod observe;
 mod path;
 mod percent;
@@ -103,6 +108,7 @@ pub use backend::postgres::PostgresBackend;
 pub use backend::redis::RedisBackend;
 pub use backend::{LockBackend, LockStatus, SharedBackend};
 pub use body::LockBody;
+pub use client::ClientLocks;
 pub use error::LockError;
 pub use flight::{
     DEFAULT_LOCK_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAIT, FlightBody, FlightError,
@@ -112,7 +118,8 @@ pub use flight::{
 pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
-pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock};
+pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock, with_lock};
+pub use metadata::{LockMetadata, MAX_METADATA_BYTES};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;

@@ -28,8 +28,8 @@ pub(crate) fn decode_lenient(s: &str) -> Option<Cow<'_, str>> {
 
 /// `%XX` decoded, refusing what a client cannot have meant: a malformed
 /// escape or a result that is not UTF-8 is `None` (the admin API answers
-/// `400` rather than guess which lock was named).
-#[cfg(any(feature = "admin", test))]
+/// `400` rather than guess which lock was named; so does a `Lock-Key`
+/// header of [`ClientLocks`](crate::ClientLocks)).
 pub(crate) fn decode_strict(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let well_formed = bytes.iter().enumerate().all(|(i, &b)| {

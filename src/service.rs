@@ -108,7 +108,7 @@ where
         // The route label is the pattern only, never a raw path.
         let meter = Meter::new(&self.layer.backend, matched.map_or("", |p| p.as_str()));
         let backend = self.layer.backend.clone();
-        let watchdog = self.layer.watchdog;
+        let defaults = self.layer.defaults;
         let acquire = if rest.is_empty() {
             let lock = match first.to_request(&route) {
                 Ok(lock) => lock,
@@ -120,16 +120,16 @@ where
             // A backend that can answer at once (in memory) needs no future.
             match acquire_now(&backend, &lock, &meter) {
                 Some(Ok(held)) => {
-                    let locks = holding(backend, route, watchdog, held, &first, meter);
+                    let locks = holding(backend, route, defaults, held, &first, meter);
                     // Called now: the service made ready for this request
                     // takes it, and no clone is needed.
                     return ResponseFuture::calling(req, &mut self.inner, locks);
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
-                None => acquire_one(backend, route, first, lock, watchdog, meter),
+                None => acquire_one(backend, route, first, lock, defaults, meter),
             }
         } else {
-            acquire_all(backend, route, first, rest, watchdog, meter)
+            acquire_all(backend, route, first, rest, defaults, meter)
         };
         // The ready service goes with this request; a clone stays for the next.
         let clone = self.inner.clone();

@@ -7,6 +7,7 @@ use smol_str::SmolStr;
 
 use crate::error::LockError;
 use crate::key::{LockKey, Scope};
+use crate::metadata::LockMetadata;
 
 /// The longest TTL accepted (one year): longer ones are almost surely a unit
 /// mistake, and keep every backend far from integer overflow.
@@ -46,6 +47,11 @@ pub struct LockSpec {
     owner: Option<String>,
     auto_release: bool,
     watchdog: Option<bool>,
+    // Checked when set, reported when the spec is used.
+    metadata: Option<Result<LockMetadata, LockError>>,
+    min_hold: Option<Duration>,
+    // A spec that must be refused as it is used (see `LockSpec::refused`).
+    refused: Option<LockError>,
 }
 
 impl LockSpec {
@@ -60,7 +66,79 @@ impl LockSpec {
             owner: None,
             auto_release: true,
             watchdog: None,
+            metadata: None,
+            min_hold: None,
+            refused: None,
         }
+    }
+
+    /// A spec that fails with `error` where it is used: the layer answers
+    /// with `error`'s status and code (a client-directed lock with a bad
+    /// header is refused this way, see [`ClientLocks`](crate::ClientLocks)).
+    pub(crate) fn refused(error: LockError) -> Self {
+        let mut spec = LockSpec::new("-", Duration::from_secs(1));
+        spec.refused = Some(error);
+        spec
+    }
+
+    /// Store a small JSON object with the lock: who took it and why (at most
+    /// [`MAX_METADATA_BYTES`](crate::MAX_METADATA_BYTES), an object). Lookups
+    /// return it ([`LockStatus`](crate::LockStatus), [`HeldLock::metadata`](crate::HeldLock::metadata),
+    /// tokens, the admin API). Anything else is refused where the spec is
+    /// used, with [`LockError::InvalidMetadata`] (`400` from the layer).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use serde_json::json;
+    /// use tower_lock::LockSpec;
+    ///
+    /// let spec = LockSpec::new("report:2024-03", Duration::from_secs(600))
+    ///     .global()
+    ///     .metadata(json!({"by": "cron@host-3", "reason": "monthly billing"}));
+    /// assert_eq!(spec.get_metadata().unwrap().to_value()["by"], "cron@host-3");
+    /// ```
+    ///
+    /// The built-in remote backends store metadata with one more write after
+    /// the acquisition (Redis, PostgreSQL): a lock without metadata costs
+    /// nothing more.
+    pub fn metadata(mut self, metadata: serde_json::Value) -> Self {
+        self.metadata = Some(LockMetadata::new(metadata));
+        self
+    }
+
+    /// The metadata, if set and valid.
+    pub fn get_metadata(&self) -> Option<&LockMetadata> {
+        self.metadata.as_ref().and_then(|m| m.as_ref().ok())
+    }
+
+    /// Hold the lock at least `min_hold` after acquiring it, even if it is
+    /// released sooner: a release before then leaves the lock to expire at
+    /// acquisition + `min_hold` instead of freeing it (an owner-checked
+    /// extension to the time left). For singleton scheduled jobs (ShedLock's
+    /// `lockAtLeastFor`): a run that finishes early keeps the lock, so an
+    /// instance whose schedule fires a little later does not run the job
+    /// again. The TTL stays the most it is held (`lockAtMostFor`), for a
+    /// holder that crashed; a `min_hold` longer than the TTL counts as the
+    /// TTL.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::LockSpec;
+    ///
+    /// // Every instance fires at 02:00; whoever wins holds it 5 min at least, 30 at most.
+    /// let spec = LockSpec::new("nightly-report", Duration::from_secs(30 * 60))
+    ///     .global()
+    ///     .min_hold(Duration::from_secs(5 * 60));
+    /// assert_eq!(spec.get_min_hold(), Some(Duration::from_secs(300)));
+    /// ```
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// The minimum hold, if any.
+    pub fn get_min_hold(&self) -> Option<Duration> {
+        self.min_hold
     }
 
     /// Wait up to `max_wait` for a busy lock (default zero: one attempt).
@@ -156,14 +234,18 @@ impl LockSpec {
     /// [`to_request`](LockSpec::to_request) with a route not yet shared
     /// (outside a request): copied only for a route-scoped key.
     pub(crate) fn to_request_in(&self, route: &str) -> Result<AcquireRequest, LockError> {
-        let key = match self.scope {
-            Scope::Global => LockKey::global(&self.key)?,
-            Scope::Route => LockKey::route(route, &self.key)?,
-        };
-        self.request_for(key)
+        self.request_for(self.lock_key_in(route)?)
     }
 
     fn request_for(&self, key: LockKey) -> Result<AcquireRequest, LockError> {
+        if let Some(error) = &self.refused {
+            return Err(error.clone());
+        }
+        let metadata = match &self.metadata {
+            None => None,
+            Some(Ok(metadata)) => Some(metadata.clone()),
+            Some(Err(e)) => return Err(e.clone()),
+        };
         let owner: Arc<str> = match &self.owner {
             Some(owner) => {
                 validate_owner(owner)?;
@@ -183,7 +265,30 @@ impl LockSpec {
             } else {
                 new_attempt_id()
             },
+            metadata,
+            min_hold: self.min_hold.map(|d| d.min(self.ttl)),
         })
+    }
+
+    /// The key of a global spec, validated: what to ask
+    /// [`status`](crate::LockBackend::status) or [`owns`](crate::LockBackend::owns)
+    /// about. A route-scoped spec names no key outside its route:
+    /// [`LockError::InvalidKey`] (make it with [`LockKey::route`]).
+    pub fn to_lock_key(&self) -> Result<LockKey, LockError> {
+        match self.scope {
+            Scope::Global => LockKey::global(&self.key),
+            Scope::Route => Err(LockError::InvalidKey(
+                "a route-scoped spec names its key only with its route (LockKey::route)",
+            )),
+        }
+    }
+
+    /// The key the spec names (validated), in the namespace of `route`.
+    pub(crate) fn lock_key_in(&self, route: &str) -> Result<LockKey, LockError> {
+        match self.scope {
+            Scope::Global => LockKey::global(&self.key),
+            Scope::Route => LockKey::route(route, &self.key),
+        }
     }
 }
 
@@ -267,6 +372,10 @@ pub struct AcquireRequest {
     // Which attempt this is (see `attempt()`); 0 exactly when the owner
     // token was made for this acquisition alone.
     attempt: u64,
+    metadata: Option<LockMetadata>,
+    // Not the backend's business: the handles keep the lock this long at
+    // least (see `LockSpec::min_hold`).
+    min_hold: Option<Duration>,
 }
 
 impl AcquireRequest {
@@ -287,7 +396,28 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt: new_attempt_id(),
+            metadata: None,
+            min_hold: None,
         })
+    }
+
+    /// The same request, storing `metadata` with the lock.
+    pub fn with_metadata(mut self, metadata: LockMetadata) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// The metadata to store with the lock, if any (see
+    /// [`LockSpec::metadata`]). A backend stores it with the lock and
+    /// returns it in [`LockStatus::metadata`](crate::LockStatus) for this
+    /// acquisition (and only this one: a later holder has its own).
+    pub fn metadata(&self) -> Option<&LockMetadata> {
+        self.metadata.as_ref()
+    }
+
+    /// The minimum hold of the lock (see [`LockSpec::min_hold`]).
+    pub(crate) fn min_hold(&self) -> Option<Duration> {
+        self.min_hold
     }
 
     /// Which acquisition attempt this is.
@@ -322,6 +452,8 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt: 0,
+            metadata: None,
+            min_hold: None,
         })
     }
 

@@ -37,7 +37,13 @@
 //!   if another holds it. `extend` sets the remaining TTL (check it with
 //!   [`validate_ttl`]) and never revives an expired lock. **Force release**
 //!   frees whoever holds, handing over to the queue as a release does.
-//! - **Status** answers who holds the lock, with [`LockStatus::waiters`].
+//! - **Status** answers who holds the lock, with [`LockStatus::waiters`]
+//!   and the holder's [`LockStatus::metadata`]: what its acquisition carried
+//!   ([`AcquireRequest::metadata`]), never an earlier holder's.
+//! - **Lookups by owner** ([`LockBackend::held_by`]) list the locks an owner
+//!   token holds now, verified against the locks; an index they need must
+//!   not cost the default acquire/release path a round trip (make it
+//!   opt-in, or keep it in the same statement).
 //! - **Failures.** Anything that prevents an answer is
 //!   [`LockError::BackendUnavailable`], within a bounded time (an op
 //!   timeout; acquire within max wait + op timeout). A call repeated after a
@@ -80,6 +86,7 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::error::LockError;
 pub use crate::key::{KeyDigest, LockKey};
+pub use crate::metadata::{LockMetadata, MAX_METADATA_BYTES};
 pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
 pub use flight::{FlightPublish, FlightResult, FlightStart, FlightWait};
 pub use shared::SharedBackend;
@@ -145,6 +152,9 @@ pub struct LockStatus {
     /// Acquirers queued for the lock. A remote backend may still count a
     /// waiter that gave up or died, until its own max wait ends.
     pub waiters: usize,
+    /// The metadata the holder stored with this acquisition
+    /// ([`AcquireRequest::metadata`]), if any.
+    pub metadata: Option<LockMetadata>,
 }
 
 impl LockStatus {
@@ -163,13 +173,37 @@ impl LockStatus {
             expires_at,
             ttl_remaining,
             waiters: 0,
+            metadata: None,
         }
+    }
+
+    /// The same status with the holder's `metadata`.
+    pub fn with_metadata(mut self, metadata: Option<LockMetadata>) -> Self {
+        self.metadata = metadata;
+        self
     }
 
     /// The same status with `waiters` acquirers queued.
     pub fn with_waiters(mut self, waiters: usize) -> Self {
         self.waiters = waiters;
         self
+    }
+}
+
+/// One lock an owner token holds, as [`LockBackend::held_by`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldBy {
+    /// The lock's key (with its scope).
+    pub key: LockKey,
+    /// Who holds it (the owner asked about) and until when.
+    pub status: LockStatus,
+}
+
+impl HeldBy {
+    /// `key` held as `status` says.
+    pub fn new(key: LockKey, status: LockStatus) -> Self {
+        HeldBy { key, status }
     }
 }
 
@@ -223,6 +257,36 @@ pub trait LockBackend: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
+
+    // -- Lookups (SyncGuard's `getById` / `owns`). --
+
+    /// The locks `owner` holds now, at most `limit`, sorted by key.
+    ///
+    /// A generated owner token holds one lock at most; a custom one
+    /// ([`LockSpec::owner`](crate::LockSpec::owner)) may hold several. Every
+    /// answer is checked against the locks themselves: a lock is listed only
+    /// while `owner` holds it (compared in constant time). A backend may
+    /// need an index for this, and answers [`LockError::Unsupported`]
+    /// without it (Redis: `RedisBackend::index_owners`).
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>>;
+
+    /// Whether `owner` holds the lock `key` now. The default asks
+    /// [`status`](LockBackend::status) and compares the owner tokens in
+    /// constant time.
+    fn owns<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let status = self.status(key).await?;
+            Ok(status.is_some_and(|s| crate::spec::owners_match(&s.owner, owner)))
+        })
+    }
 
     /// Take the lock at once, if the answer needs neither waiting nor I/O;
     /// `None` when it needs either, and the caller then uses
@@ -365,6 +429,20 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         batch: &'a [ExtendRequest],
     ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
         (**self).extend_many(batch)
+    }
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
+        (**self).held_by(owner, limit)
+    }
+    fn owns<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        (**self).owns(key, owner)
     }
     fn try_acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
         (**self).try_acquire_now(req)

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use smol_str::SmolStr;
 
+use super::registry::Defaults;
 use super::release::Finish;
 use super::{HeldLock, Locks};
 use crate::backend::{BoxFuture, Lease, SharedBackend};
@@ -67,6 +68,7 @@ pub(crate) fn acquired(
             expiry,
             meter.clone(),
         )
+        .with_extras(req.metadata().cloned(), req.min_hold())
     })
 }
 
@@ -166,12 +168,12 @@ pub(crate) fn acquire_one(
     route: SmolStr,
     spec: LockSpec,
     req: AcquireRequest,
-    watchdog: bool,
+    defaults: Defaults,
     meter: Meter,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let held = acquire_guarded(&backend, &req, &meter).await?;
-        let locks = holding(backend, route, watchdog, held, &spec, meter);
+        let locks = holding(backend, route, defaults, held, &spec, meter);
         ready_to_run(locks).await
     })
 }
@@ -180,12 +182,12 @@ pub(crate) fn acquire_one(
 pub(crate) fn holding(
     backend: SharedBackend,
     route: SmolStr,
-    watchdog: bool,
+    defaults: Defaults,
     held: HeldLock,
     spec: &LockSpec,
     meter: Meter,
 ) -> Locks {
-    let locks = Locks::new(backend, route, watchdog, meter);
+    let locks = Locks::new(backend, route, defaults, meter);
     // A fresh registry is never closed.
     let _ = locks.register(held, spec.get_auto_release(), spec.get_watchdog());
     locks
@@ -204,7 +206,7 @@ pub(crate) fn acquire_all(
     route: SmolStr,
     first: LockSpec,
     rest: Vec<LockSpec>,
-    watchdog: bool,
+    defaults: Defaults,
     meter: Meter,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
@@ -231,7 +233,7 @@ pub(crate) fn acquire_all(
         let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
         let start = tokio::time::Instant::now();
         let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);
-        let locks = Locks::new(backend.clone(), route, watchdog, meter.clone());
+        let locks = Locks::new(backend.clone(), route, defaults, meter.clone());
         for (req, spec) in &reqs {
             let now = tokio::time::Instant::now();
             let mut until = deadline;
@@ -271,7 +273,7 @@ async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
 /// this request is dropped meanwhile (client gone, outer timeout): the
 /// registry is closed, so nothing else would release them.
 async fn give_back(locks: &Locks) {
-    if let Some(release) = locks.release_all() {
+    if let Some(release) = locks.close_and_release_all() {
         release.await;
     }
 }

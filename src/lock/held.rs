@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::backend::{Lease, SharedBackend};
 use crate::key::LockKey;
+use crate::metadata::LockMetadata;
 use crate::observe::{Meter, Since};
 use crate::watchdog::{LostSignal, WatchHandle};
 
@@ -33,6 +34,9 @@ pub struct HeldLock {
     pub(super) lease: Lease,
     // When the lock expires unless extended, by this process's clock.
     expiry: tokio::time::Instant,
+    pub(super) metadata: Option<LockMetadata>,
+    // Released before then, the lock is kept until then (`LockSpec::min_hold`).
+    pub(super) hold_until: Option<tokio::time::Instant>,
     // Made on first use: most locks are released without anyone asking.
     // A clone makes it first, so every copy shares one signal.
     signal: OnceLock<LostSignal>,
@@ -48,6 +52,8 @@ impl Clone for HeldLock {
             owner: self.owner.clone(),
             lease: self.lease.clone(),
             expiry: self.expiry,
+            metadata: self.metadata.clone(),
+            hold_until: self.hold_until,
             signal: OnceLock::from(self.lost_signal().clone()),
             meter: self.meter.clone(),
             since: self.since,
@@ -76,10 +82,39 @@ impl HeldLock {
             owner,
             lease,
             expiry,
+            metadata: None,
+            hold_until: None,
             signal: OnceLock::new(),
             meter,
             since: Since::now(),
         }
+    }
+
+    /// The same lock, with its metadata and the minimum hold it was taken
+    /// with (counted from when its TTL started, `expiry - ttl`).
+    pub(crate) fn with_extras(
+        mut self,
+        metadata: Option<LockMetadata>,
+        min_hold: Option<Duration>,
+    ) -> Self {
+        self.metadata = metadata;
+        self.hold_until = min_hold.and_then(|d| {
+            self.expiry
+                .checked_sub(self.lease.ttl)
+                .map(|start| start + d)
+        });
+        self
+    }
+
+    /// How much longer the lock must be held after a release now (see
+    /// [`LockSpec::min_hold`](crate::LockSpec::min_hold)); `None` when a
+    /// release may free it.
+    pub(crate) fn hold_left(&self) -> Option<Duration> {
+        let left = self
+            .hold_until?
+            .saturating_duration_since(tokio::time::Instant::now());
+        // Less than a millisecond is no hold (backends count whole ms).
+        (left >= Duration::from_millis(1)).then_some(left)
     }
 
     /// Whether the lock is known to be lost (see [`LostSignal`]).
@@ -172,6 +207,17 @@ impl HeldLock {
     /// The TTL granted by the last acquisition or extension.
     pub fn ttl(&self) -> Duration {
         self.lease.ttl
+    }
+
+    /// The metadata stored with the lock ([`LockSpec::metadata`](crate::LockSpec::metadata)).
+    pub fn metadata(&self) -> Option<&LockMetadata> {
+        self.metadata.as_ref()
+    }
+
+    /// Until when (by this process's clock) a release only shortens the
+    /// lock to this time instead of freeing it ([`LockSpec::min_hold`](crate::LockSpec::min_hold)).
+    pub fn hold_until(&self) -> Option<tokio::time::Instant> {
+        self.hold_until
     }
 }
 

@@ -8,8 +8,10 @@ mod owned;
 pub(crate) mod registry;
 pub(crate) mod release;
 mod token;
+mod with;
 
 pub use held::HeldLock;
 pub use owned::OwnedLock;
 pub use registry::{Locks, MissingLockLayer};
 pub use token::LockToken;
+pub use with::with_lock;

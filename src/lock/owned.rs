@@ -176,13 +176,15 @@ impl OwnedLock {
             expires_at: status.expires_at,
             ttl,
         };
-        let lock = HeldLock::new(
+        let mut lock = HeldLock::new(
             key,
             Arc::from(token.owner.as_str()),
             lease,
             sent + status.ttl_remaining,
             Meter::new(&backend, ""),
         );
+        lock.metadata = status.metadata;
+        lock.hold_until = token.hold_left().map(|left| sent + left);
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
 
@@ -232,6 +234,17 @@ impl OwnedLock {
         // answers (task aborted, `select!`), it completes in a task.
         self.released = true;
         release_one(&self.backend, &self.lock).await
+    }
+
+    /// Release every handle of `locks` (a job's set of locks: the guide's
+    /// `releaseAll`), concurrently; the first error, if any, after all were
+    /// tried.
+    pub async fn release_all(locks: impl IntoIterator<Item = OwnedLock>) -> Result<(), LockError> {
+        let releases = locks.into_iter().map(OwnedLock::release).collect();
+        crate::backend::join_all(releases)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// Set the remaining TTL to `ttl` (never revives an expired lock:

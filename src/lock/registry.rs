@@ -36,10 +36,19 @@ impl Slot {
     }
 }
 
+/// What a layer decides for every lock of its requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Defaults {
+    /// Renew locks whose spec does not say.
+    pub(crate) watchdog: bool,
+    /// Describe every lock in response headers, not only kept ones.
+    pub(crate) lock_headers: bool,
+}
+
 struct Registry {
     backend: SharedBackend,
     route: SmolStr,
-    watchdog: bool,
+    defaults: Defaults,
     // Labels for the locks this request takes (nothing without `metrics`).
     meter: Meter,
     state: Mutex<RegistryState>,
@@ -106,14 +115,14 @@ impl Locks {
     pub(crate) fn new(
         backend: SharedBackend,
         route: SmolStr,
-        watchdog: bool,
+        defaults: Defaults,
         meter: Meter,
     ) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,
                 route,
-                watchdog,
+                defaults,
                 meter,
                 state: Mutex::default(),
             }),
@@ -153,13 +162,16 @@ impl Locks {
         &self.inner.route
     }
 
-    /// Locks kept after the response (auto-release off), for the headers.
-    pub(crate) fn kept(&self) -> Vec<HeldLock> {
+    /// The locks to describe in the response's headers, and whether each
+    /// is kept after the response (auto-release off): only kept ones,
+    /// unless the layer describes every lock.
+    pub(crate) fn described(&self) -> Vec<(HeldLock, bool)> {
+        let all = self.inner.defaults.lock_headers;
         self.state()
             .slots
             .iter()
-            .filter(|s| !s.auto_release)
-            .map(|s| s.lock.clone())
+            .filter(|s| all || !s.auto_release)
+            .map(|s| (s.lock.clone(), !s.auto_release))
             .collect()
     }
 
@@ -175,7 +187,7 @@ impl Locks {
         watchdog: Option<bool>,
     ) -> Result<(), HeldLock> {
         let watch = watchdog
-            .unwrap_or(self.inner.watchdog)
+            .unwrap_or(self.inner.defaults.watchdog)
             .then(|| lock.watch(&self.inner.backend));
         let mut state = self.state();
         if state.closed {
@@ -241,6 +253,46 @@ impl Locks {
         // The registry no longer has it: if this future is dropped before
         // the backend answers, the release finishes in a task.
         release_one(&self.inner.backend, &lock).await
+    }
+
+    /// Release every lock this request holds now, kept ones
+    /// (auto-release off) included: the guide's `releaseAll`. Returns how
+    /// many were released; the first error, if any, after trying them all.
+    ///
+    /// Each is released as [`release`](Locks::release) would (a lock with a
+    /// [minimum hold](crate::LockSpec::min_hold) is kept until it ends), and a
+    /// later call on one of them says [`LockError::AlreadyReleased`]. The
+    /// request can still [`acquire`](Locks::acquire) more.
+    ///
+    /// ```
+    /// use tower_lock::Locks;
+    ///
+    /// async fn handler(locks: Locks) -> String {
+    ///     // ... the work the locks protect is done; free them before the slow part.
+    ///     let released = locks.release_all().await.unwrap_or(0);
+    ///     format!("released {released}")
+    /// }
+    /// # let _ = handler;
+    /// ```
+    pub async fn release_all(&self) -> Result<usize, LockError> {
+        let locks: HeldLocks = {
+            let mut state = self.state();
+            let slots: Vec<Slot> = state.slots.drain(..).collect();
+            let locks: HeldLocks = slots.into_iter().map(Slot::retire).collect();
+            let keys: Vec<LockKey> = locks.iter().map(|l| l.key.clone()).collect();
+            state.released.extend(keys);
+            locks
+        };
+        let results = crate::backend::join_all(
+            locks
+                .iter()
+                .map(|lock| release_one(&self.inner.backend, lock))
+                .collect(),
+        )
+        .await;
+        let n = results.len();
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(n)
     }
 
     /// Stop releasing this lock with the response and get an owned handle
@@ -338,7 +390,7 @@ impl Locks {
 
     /// Close the registry and release every lock, kept ones included (the
     /// request was rejected after taking some of its locks).
-    pub(crate) fn release_all(&self) -> Option<Finish<()>> {
+    pub(crate) fn close_and_release_all(&self) -> Option<Finish<()>> {
         self.close_and_release(true)
     }
 

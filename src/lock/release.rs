@@ -10,11 +10,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use crate::backend::{BoxFuture, SharedBackend};
 use crate::error::LockError;
+use crate::key::LockKey;
 use crate::lock::HeldLock;
 use crate::lock::registry::Locks;
 
@@ -85,7 +87,7 @@ pub(crate) type HeldLocks = SmallVec<[HeldLock; 1]>;
 pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<Finish<()>> {
     locks.retain(|lock| {
         lock.meter.held(lock.since);
-        match backend.try_release_now(lock.lock_key(), lock.owner()) {
+        match release_now(backend, lock) {
             Some(result) => {
                 traced(lock, result);
                 false
@@ -99,7 +101,8 @@ pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<F
     let backend = backend.clone();
     Finish::start(Box::pin(async move {
         for lock in locks {
-            let result = backend.release(lock.lock_key(), lock.owner()).await;
+            let hold = lock.hold_left();
+            let result = give_back(&backend, lock.lock_key(), lock.owner(), hold).await;
             traced(&lock, result);
         }
     }))
@@ -115,17 +118,44 @@ pub(crate) fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
 /// the backend call is in flight, the call still completes, in a task.
 pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Result<(), LockError> {
     lock.meter.held(lock.since);
-    let result = match backend.try_release_now(&lock.key, &lock.owner) {
+    let result = match release_now(backend, lock) {
         Some(result) => result,
         None => {
+            let hold = lock.hold_left();
             let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
-            Finish::new(Box::pin(async move { backend.release(&key, &owner).await })).await
+            Finish::new(Box::pin(async move {
+                give_back(&backend, &key, &owner, hold).await
+            }))
+            .await
         }
     };
     if let Err(e) = &result {
         lock.meter.release_failed(e);
     }
     result
+}
+
+/// Release `lock` at once if the backend can without I/O and nothing keeps
+/// it held longer.
+fn release_now(backend: &SharedBackend, lock: &HeldLock) -> Option<Result<(), LockError>> {
+    match lock.hold_left() {
+        None => backend.try_release_now(lock.lock_key(), lock.owner()),
+        Some(_) => None,
+    }
+}
+
+/// Give a lock back: free it, or, within its minimum hold (`hold` left),
+/// shorten it to end with the hold (owner-checked; never revives it).
+async fn give_back(
+    backend: &SharedBackend,
+    key: &LockKey,
+    owner: &str,
+    hold: Option<Duration>,
+) -> Result<(), LockError> {
+    match hold {
+        None => backend.release(key, owner).await,
+        Some(left) => backend.extend(key, owner, left).await.map(drop),
+    }
 }
 
 /// Count and trace the outcome of a release nobody waits for.

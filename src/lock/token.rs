@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::HeldLock;
 use crate::error::LockError;
 use crate::key::{LockKey, Scope};
+use crate::metadata::LockMetadata;
 use crate::time::unix_ms;
 
 /// A held lock as data, to move it between processes (serde).
@@ -62,6 +63,16 @@ pub struct LockToken {
     /// Absent in tokens from before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// The metadata stored with the lock ([`LockSpec::metadata`](crate::LockSpec::metadata)).
+    /// [`OwnedLock::restore`](crate::OwnedLock::restore) returns what the
+    /// backend holds, not this copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<LockMetadata>,
+    /// The end of the lock's minimum hold ([`LockSpec::min_hold`](crate::LockSpec::min_hold)),
+    /// in milliseconds since the Unix epoch: a restored lock released before
+    /// then is kept until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until_ms: Option<u64>,
 }
 
 impl LockToken {
@@ -73,7 +84,19 @@ impl LockToken {
             fence: lock.fence(),
             expires_at_ms: unix_ms(lock.expires_at()),
             ttl_ms: Some(u64::try_from(lock.ttl().as_millis()).unwrap_or(u64::MAX)),
+            metadata: lock.metadata().cloned(),
+            hold_until_ms: lock.hold_left().map(|left| {
+                unix_ms(std::time::SystemTime::now())
+                    .saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+            }),
         }
+    }
+
+    /// The minimum hold left, by the wall clock (see `hold_until_ms`).
+    pub(super) fn hold_left(&self) -> Option<std::time::Duration> {
+        let until = self.hold_until_ms?;
+        let left = until.checked_sub(unix_ms(std::time::SystemTime::now()))?;
+        Some(std::time::Duration::from_millis(left))
     }
 
     /// The validated key this token names.

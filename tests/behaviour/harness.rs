@@ -32,6 +32,9 @@ pub struct Harness {
     paused: bool,
     /// Another handle on the same store, as a second process would have.
     another: Arc<dyn Fn() -> SharedBackend + Send + Sync>,
+    /// A handle on the same store that can look locks up by owner (Redis:
+    /// with its opt-in owner index on).
+    indexed: Option<Arc<dyn Fn() -> SharedBackend + Send + Sync>>,
     /// Whatever must live as long as the backend (the server process).
     _keep: Option<Box<dyn Any + Send>>,
 }
@@ -48,7 +51,23 @@ impl Harness {
             kind,
             paused: false,
             another,
+            indexed: None,
             _keep: keep,
+        }
+    }
+
+    /// The same harness whose `indexed()` handles come from `make`.
+    pub fn with_indexed(mut self, make: Arc<dyn Fn() -> SharedBackend + Send + Sync>) -> Self {
+        self.indexed = Some(make);
+        self
+    }
+
+    /// A handle on the same store that answers lookups by owner; its locks
+    /// are indexed by owner (the main handle's may not be).
+    pub fn indexed(&self) -> SharedBackend {
+        match &self.indexed {
+            Some(make) => make(),
+            None => self.backend.clone(),
         }
     }
 
@@ -224,8 +243,16 @@ pub async fn redis_backend() -> Harness {
     let server = RedisServer::start();
     let url = server.url();
     let backend = RedisBackend::from_url(&url).expect("Redis backend for the test server");
+    let url2 = url.clone();
     let another = move || -> SharedBackend {
         SharedBackend::new(RedisBackend::from_url(&url).expect("Redis backend for the test server"))
+    };
+    let indexed = move || -> SharedBackend {
+        SharedBackend::new(
+            RedisBackend::from_url(&url2)
+                .expect("Redis backend for the test server")
+                .index_owners(true),
+        )
     };
     Harness::new(
         SharedBackend::new(backend),
@@ -233,6 +260,7 @@ pub async fn redis_backend() -> Harness {
         Arc::new(another),
         Some(Box::new(server)),
     )
+    .with_indexed(Arc::new(indexed))
 }
 
 /// A Redis backend on the Redis Cluster this test binary shares (3
@@ -252,14 +280,22 @@ pub async fn redis_cluster_backend() -> Harness {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
-    let make = move || -> SharedBackend {
+    let make = move |index_owners: bool| -> SharedBackend {
         SharedBackend::new(
             RedisBackend::from_cluster_urls(urls.iter().map(String::as_str))
                 .expect("Redis backend for the test cluster")
-                .prefix(prefix.clone()),
+                .prefix(prefix.clone())
+                .index_owners(index_owners),
         )
     };
-    Harness::new(make(), BackendKind::Redis, Arc::new(make), None)
+    let indexed = make.clone();
+    Harness::new(
+        make(false),
+        BackendKind::Redis,
+        Arc::new(move || make(false)),
+        None,
+    )
+    .with_indexed(Arc::new(move || indexed(true)))
 }
 
 /// A PostgreSQL backend on a private server started for this test, its

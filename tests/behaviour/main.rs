@@ -23,6 +23,7 @@ mod keys;
 mod lifecycle;
 mod middleware;
 mod queue;
+mod seeds;
 mod semantics;
 mod support;
 
@@ -32,6 +33,7 @@ mod tests {
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
+    pub use super::seeds::*;
     pub use super::semantics::*;
 }
 
@@ -172,6 +174,16 @@ for_each_backend! {
             the_layer_never_shares_an_oversized_body,
             the_layer_works_with_a_lock_layer_and_the_extractor,
             waiters_are_woken_by_the_result_not_by_the_lock,
+            // The seeds' APIs (issue 14).
+            metadata_round_trips_through_every_lookup,
+            bad_metadata_is_refused_before_anything_is_locked,
+            with_lock_releases_on_ok_err_and_panic,
+            release_all_frees_every_lock_of_a_request_and_a_job,
+            lookups_by_owner_are_checked_against_the_locks,
+            lookup_errors_never_name_the_owner,
+            lookups_jobs_and_client_locks_never_log_keys_or_owners,
+            job_layer_releases_when_the_job_is_processed_fails_or_panics,
+            client_directed_locks_follow_the_headers_within_limits,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -197,6 +209,10 @@ for_each_backend! {
             a_dead_leader_is_replaced_when_its_lock_runs_out,
             waiting_past_the_max_wait_times_out,
             the_layer_answers_429_after_the_max_wait,
+            metadata_belongs_to_its_acquisition,
+            min_hold_keeps_an_early_release_until_it_ends,
+            job_layer_watchdog_keeps_a_long_job_locked,
+            lookups_never_list_an_expired_lock,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

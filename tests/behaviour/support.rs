@@ -284,6 +284,17 @@ impl LockBackend for Probe {
         })
     }
 
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<tower_lock::backend::HeldBy>, LockError>> {
+        Box::pin(async move {
+            self.enter()?;
+            self.inner.held_by(owner, limit).await
+        })
+    }
+
     fn extend_many<'a>(
         &'a self,
         batch: &'a [ExtendRequest],

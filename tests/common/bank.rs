@@ -236,24 +236,9 @@ impl Reply {
 
 pub fn bank_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(path) = std::env::var_os("BANK_BIN") {
-            return PathBuf::from(path);
-        }
-        // This test runs as target/<profile>/deps/bank_example-<hash>.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary in target/<profile>/deps");
-        let bin = profile_dir
-            .join("examples")
-            .join(format!("bank{}", std::env::consts::EXE_SUFFIX));
-        // Always ask cargo: a no-op when the binary is fresh, and the only
-        // check that also sees a binary built with other features.
-        build_example(profile_dir);
-        assert!(bin.is_file(), "no example binary at {}", bin.display());
-        bin
+    BIN.get_or_init(|| match std::env::var_os("BANK_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => example_binary("bank"),
     })
     .clone()
 }
@@ -271,12 +256,31 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("metrics", cfg!(feature = "metrics")),
 ];
 
-/// `cargo build --example bank` into the same target dir and profile as this
-/// test.
-pub fn build_example(profile_dir: &Path) {
+/// The binary of example `name`, built by cargo (into the same target dir
+/// and profile as this test) if it is not fresh.
+pub fn example_binary(name: &str) -> PathBuf {
+    // This test runs as target/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary in target/<profile>/deps");
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    // Always ask cargo: a no-op when the binary is fresh, and the only
+    // check that also sees a binary built with other features.
+    build_example(profile_dir, name);
+    assert!(bin.is_file(), "no example binary at {}", bin.display());
+    bin
+}
+
+/// `cargo build --example <name>` into the same target dir and profile as
+/// this test.
+pub fn build_example(profile_dir: &Path, name: &str) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--example", "bank", "--manifest-path"])
+    cmd.args(["build", "--example", name, "--manifest-path"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     // Exactly this test binary's features, so cargo reuses the library it
     // already built instead of compiling another variant.
@@ -307,10 +311,10 @@ pub fn build_example(profile_dir: &Path) {
         target_dir = root;
     }
     cmd.arg("--target-dir").arg(target_dir);
-    let out = cmd.output().expect("run cargo build --example bank");
+    let out = cmd.output().expect("run cargo build --example");
     assert!(
         out.status.success(),
-        "cargo build --example bank failed:\n{}",
+        "cargo build --example {name} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

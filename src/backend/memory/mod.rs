@@ -33,7 +33,9 @@ use std::time::Duration;
 
 use self::queue::acquire;
 use self::table::{Inner, lock};
-use super::{BoxFuture, FlightPublish, FlightResult, FlightStart, Lease, LockBackend, LockStatus};
+use super::{
+    BoxFuture, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend, LockStatus,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -130,6 +132,16 @@ impl LockBackend for MemoryBackend {
         Box::pin(std::future::ready(Ok(self.inner.status(key))))
     }
 
+    /// A walk over every held lock (no index: acquire and release pay
+    /// nothing for lookups by owner), in O(locks held).
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
+        Box::pin(std::future::ready(Ok(self.inner.held_by(owner, limit))))
+    }
+
     fn flight_begin<'a>(
         &'a self,
         req: &'a AcquireRequest,
@@ -193,7 +205,7 @@ pub(super) mod testing {
         let (hash, shard) = b.inner.shard(key, now);
         shard
             .find(hash, key)
-            .and_then(|e| e.waiters.as_ref())
+            .and_then(|e| e.waiters())
             .map_or(0, |w| w.len())
     }
 

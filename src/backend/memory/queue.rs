@@ -13,12 +13,14 @@ use super::table::{Attempt, Entry, Inner, next_fence};
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::metadata::LockMetadata;
 use crate::spec::AcquireRequest;
 
 pub(super) struct Waiter {
     pub(super) owner: Arc<str>,
     pub(super) attempt: u64,
     pub(super) ttl: Duration,
+    pub(super) metadata: Option<LockMetadata>,
     pub(super) tx: oneshot::Sender<Lease>,
     // Tells the waiter to look again when the lock's expiry moved earlier
     // than the one it sleeps until (a hand-off to a shorter TTL, an extend).
@@ -30,10 +32,10 @@ pub(super) struct Waiter {
 /// at the head of the queue is nudged to learn the new expiry, which may
 /// come before the one it sleeps until.
 pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
-    let Some(waiters) = entry.waiters.as_mut() else {
+    let Some(extra) = entry.extra.as_mut() else {
         return false;
     };
-    while let Some(w) = waiters.pop_front() {
+    while let Some(w) = extra.waiters.pop_front() {
         let wall = SystemTime::now();
         let fence = next_fence(fence);
         let lease = Lease::new(fence, wall, wall, w.ttl);
@@ -43,6 +45,7 @@ pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
             entry.fence = fence;
             entry.acquired_at = wall;
             entry.expires = Instant::now() + w.ttl;
+            entry.set_metadata(w.metadata);
             nudge_head(entry);
             return true;
         }
@@ -54,7 +57,7 @@ pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
 /// first live one looks again (and, when it is handed the lock, nudges the
 /// next in turn), so the queue follows the new expiry in order.
 pub(super) fn nudge_head(entry: &Entry) {
-    let mut live = entry.waiters.iter().flat_map(|w| w.iter());
+    let mut live = entry.waiters().into_iter().flatten();
     if let Some(w) = live.find(|w| !w.tx.is_closed()) {
         w.nudge.notify_one();
     }

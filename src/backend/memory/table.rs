@@ -13,9 +13,10 @@ use tokio::time::Instant;
 
 use super::flight::Flights;
 use super::queue::{Waiter, nudge_head};
-use crate::backend::{Lease, LockStatus};
+use crate::backend::{HeldBy, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::metadata::LockMetadata;
 use crate::spec::{AcquireRequest, owners_match};
 
 /// Shards of the table: operations on different shards never contend.
@@ -116,11 +117,29 @@ pub(super) struct Entry {
     pub(super) fence: u64,
     pub(super) acquired_at: SystemTime,
     pub(super) expires: Instant,
-    // Boxed: 8 bytes in every entry instead of 32, as most locks never see a
-    // waiter; small entries keep a table of a million held keys in cache as
-    // far as it can be.
-    #[allow(clippy::box_collection)]
-    pub(super) waiters: Option<Box<VecDeque<Waiter>>>,
+    // Boxed: 8 bytes in every entry, as most locks never see a waiter nor
+    // carry metadata; small entries keep a table of a million held keys in
+    // cache as far as it can be.
+    pub(super) extra: Option<Box<Extra>>,
+}
+
+/// What few locks have: waiters queued, metadata.
+#[derive(Default)]
+pub(super) struct Extra {
+    pub(super) waiters: VecDeque<Waiter>,
+    pub(super) metadata: Option<LockMetadata>,
+}
+
+impl Extra {
+    /// Only metadata (made for a new entry that has some).
+    pub(super) fn with_metadata(metadata: Option<LockMetadata>) -> Option<Box<Extra>> {
+        metadata.map(|m| {
+            Box::new(Extra {
+                waiters: VecDeque::new(),
+                metadata: Some(m),
+            })
+        })
+    }
 }
 
 impl Entry {
@@ -131,11 +150,48 @@ impl Entry {
         self.attempt == req.attempt() && owners_match(&self.owner, req.owner())
     }
 
+    /// What `status` answers for this entry, held at `now`.
+    pub(super) fn status(&self, now: Instant) -> LockStatus {
+        let remaining = self.expires.saturating_duration_since(now);
+        LockStatus::new(
+            self.owner.to_string(),
+            self.fence,
+            self.acquired_at,
+            SystemTime::now() + remaining,
+            remaining,
+        )
+        .with_waiters(self.live_waiters())
+        .with_metadata(self.metadata().cloned())
+    }
+
     /// Queued acquirers still waiting.
     pub(super) fn live_waiters(&self) -> usize {
-        self.waiters
-            .as_ref()
+        self.waiters()
             .map_or(0, |w| w.iter().filter(|w| !w.tx.is_closed()).count())
+    }
+
+    /// The queue, if anyone ever queued.
+    pub(super) fn waiters(&self) -> Option<&VecDeque<Waiter>> {
+        self.extra.as_ref().map(|e| &e.waiters)
+    }
+
+    /// The queue, made if needed.
+    pub(super) fn queue(&mut self) -> &mut VecDeque<Waiter> {
+        &mut self.extra.get_or_insert_default().waiters
+    }
+
+    /// The holder's metadata.
+    pub(super) fn metadata(&self) -> Option<&LockMetadata> {
+        self.extra.as_ref().and_then(|e| e.metadata.as_ref())
+    }
+
+    /// A new holder's metadata (no allocation when it has none).
+    pub(super) fn set_metadata(&mut self, metadata: Option<LockMetadata>) {
+        match (metadata, &mut self.extra) {
+            (None, None) => {}
+            (None, Some(extra)) => extra.metadata = None,
+            (Some(m), extra) => extra.get_or_insert_default().metadata = Some(m),
+        }
     }
 }
 
@@ -186,7 +242,7 @@ impl Inner {
                 let rx = may_wait.then(|| {
                     let (tx, rx) = oneshot::channel();
                     let nudge = Arc::new(Notify::new());
-                    let waiters = entry.waiters.get_or_insert_default();
+                    let waiters = entry.queue();
                     if waiters.len() >= 64 && waiters.len().is_power_of_two() {
                         waiters.retain(|w| !w.tx.is_closed());
                     }
@@ -194,6 +250,7 @@ impl Inner {
                         owner: req.owner_arc().clone(),
                         attempt: req.attempt(),
                         ttl: req.ttl(),
+                        metadata: req.metadata().cloned(),
                         tx,
                         nudge: nudge.clone(),
                     });
@@ -217,6 +274,7 @@ impl Inner {
                 entry.attempt = req.attempt();
                 entry.fence = self.next_fence();
                 entry.acquired_at = wall;
+                entry.set_metadata(req.metadata().cloned());
             }
             entry.expires = now + req.ttl();
             let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
@@ -232,7 +290,7 @@ impl Inner {
             fence,
             acquired_at: wall,
             expires: now + req.ttl(),
-            waiters: None,
+            extra: Extra::with_metadata(req.metadata().cloned()),
         });
         Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
     }
@@ -322,17 +380,26 @@ impl Inner {
         let now = Instant::now();
         let (hash, shard) = self.shard(key, now);
         let entry = shard.find(hash, key).filter(|e| e.expires > now)?;
-        let remaining = entry.expires - now;
-        Some(
-            LockStatus::new(
-                entry.owner.to_string(),
-                entry.fence,
-                entry.acquired_at,
-                SystemTime::now() + remaining,
-                remaining,
-            )
-            .with_waiters(entry.live_waiters()),
-        )
+        Some(entry.status(now))
+    }
+
+    /// The locks `owner` holds, at most `limit`, sorted by key: a walk over
+    /// every shard (no index, so acquire and release pay nothing for this),
+    /// one shard locked at a time.
+    pub(super) fn held_by(&self, owner: &str, limit: usize) -> Vec<HeldBy> {
+        let mut found = Vec::new();
+        for shard in self.shards.iter() {
+            let now = Instant::now();
+            let shard = lock(shard);
+            for entry in shard.young.iter().chain(shard.old.iter()) {
+                if entry.expires > now && owners_match(&entry.owner, owner) {
+                    found.push(HeldBy::new(entry.key.clone(), entry.status(now)));
+                }
+            }
+        }
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        found.truncate(limit);
+        found
     }
 }
 

@@ -47,7 +47,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`, reserved) |
+//! | table `locks` | one row per held lock: `key` (primary key, [`LockKey::encoded`]), `owner`, `attempt`, `fence`, `acquired_at`, `expires_at` (`timestamptz`), `queued`, `granted_to`, `metadata` (`jsonb`: `{"fence", "data"}`, the metadata of acquisition `fence`) |
 //! | table `locks_waiters` | one row per queued acquire call: `key`, `place`, `channel`, `ticket`, `owner`, `attempt`, `ttl_ms`, `deadline` |
 //! | table `locks_flights` | a single-flight's latest result while kept: `key` (the flight's, `f:<name>`), `seq`, `value` (`bytea`), `fresh_until`, `keep_until` |
 //! | table `locks_flight_watchers` | callers waiting for a flight's result: `key`, `channel`, `ticket`, `expires_at` |
@@ -110,7 +110,7 @@ use self::error::config_error;
 use self::listen::Listener;
 use self::schema::{Names, check_name};
 use super::{
-    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, Lease, LockBackend,
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
     LockStatus, join_all,
 };
 use crate::error::LockError;
@@ -536,8 +536,20 @@ impl LockBackend for PostgresBackend {
         "postgres"
     }
 
+    /// A lock with metadata costs one more statement, after the
+    /// acquisition.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.acquire_inner(req))
+        Box::pin(async move {
+            let lease = self.acquire_inner(req).await?;
+            if let Some(metadata) = req.metadata()
+                && let Err(e) = self.store_metadata(req, lease.fence, metadata).await
+            {
+                // Never a lock without the metadata it was asked with.
+                let _ = self.release_inner(req.key(), req.owner()).await;
+                return Err(e);
+            }
+            Ok(lease)
+        })
     }
 
     fn release<'a>(
@@ -581,6 +593,16 @@ impl LockBackend for PostgresBackend {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(self.status_inner(key))
+    }
+
+    /// One statement, scanning the lock table (no index on `owner`: one
+    /// would be written on every acquisition; see the README).
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
+        Box::pin(self.held_by_inner(owner, limit))
     }
 
     fn flight_begin<'a>(

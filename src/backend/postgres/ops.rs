@@ -12,9 +12,10 @@ use tokio_postgres::{Client, Row};
 use super::PostgresBackend;
 use super::error::bad_reply;
 use super::schema::Names;
-use crate::backend::{Lease, LockStatus};
+use crate::backend::{HeldBy, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::metadata::LockMetadata;
 use crate::spec::AcquireRequest;
 
 /// Which prepared statement.
@@ -27,12 +28,14 @@ pub(super) enum Statement {
     Leave,
     Status,
     Sweep,
+    StoreMetadata,
+    HeldBy,
     FlightBegin,
     FlightPublish,
     FlightResult,
 }
 
-const COUNT: usize = 10;
+const COUNT: usize = 12;
 
 /// The statements of one connection, prepared when it was made.
 pub(super) struct Statements([tokio_postgres::Statement; COUNT]);
@@ -114,16 +117,49 @@ fn texts(names: &Names) -> [String; COUNT] {
             "SELECT code, fence, acquired_us, remaining_us FROM {}($1, $2, $3, $4, $5)",
             f("leave")
         ),
-        // Always one row: NULLs when the lock is free.
+        // Always one row: NULLs when the lock is free. The metadata only
+        // if stored for this very acquisition (see `StoreMetadata`).
         format!(
             "SELECT l.owner, l.fence, {us}(l.acquired_at), {us}(l.expires_at), {us}(now()), \
-               (SELECT count(*) FROM {waiters} AS w WHERE w.key = l.key AND w.deadline > now()) \
+               (SELECT count(*) FROM {waiters} AS w WHERE w.key = l.key AND w.deadline > now()), \
+               {metadata} \
              FROM (SELECT 1) AS one \
              LEFT JOIN {table} AS l ON l.key = $1 AND l.expires_at > now()",
             table = names.object(""),
             waiters = names.object("_waiters"),
+            metadata = METADATA,
         ),
         format!("SELECT next_block, removed FROM {}($1, $2)", f("sweep")),
+        // The `metadata` column holds {"fence": <fence>, "data": <object>}:
+        // tagged with the acquisition it belongs to, so a later holder (a
+        // hand-off, a take-over after expiry) never shows it, and no
+        // statement that changes the holder has to clear it.
+        format!(
+            "WITH stored AS ( \
+               UPDATE {table} AS l \
+               SET metadata = jsonb_build_object('fence', $3::bigint, 'data', $4::text::jsonb) \
+               WHERE l.key = $1::text AND l.owner = $2::text AND l.fence = $3::bigint \
+                 AND l.expires_at > now() \
+               RETURNING 1) \
+             SELECT count(*)::int FROM stored",
+            table = names.object(""),
+        ),
+        // The locks of one owner (a scan: no index on owner, see
+        // schema.sql), as arrays in one row.
+        format!(
+            "SELECT coalesce(array_agg(h.key ORDER BY h.key), '{{}}'), \
+               coalesce(array_agg(h.fence ORDER BY h.key), '{{}}'), \
+               coalesce(array_agg({us}(h.acquired_at) ORDER BY h.key), '{{}}'), \
+               coalesce(array_agg({us}(h.expires_at) ORDER BY h.key), '{{}}'), \
+               coalesce(array_agg(h.meta ORDER BY h.key), '{{}}'), \
+               {us}(now()) \
+             FROM (SELECT l.key, l.fence, l.acquired_at, l.expires_at, {metadata} AS meta \
+                   FROM {table} AS l \
+                   WHERE l.owner = $1::text AND l.expires_at > now() \
+                   ORDER BY l.key LIMIT $2::bigint) AS h",
+            table = names.object(""),
+            metadata = METADATA,
+        ),
         format!(
             "SELECT code, fence, acquired_us, now_us, remaining_us, seq, value \
              FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::text, $6::bigint, \
@@ -142,6 +178,11 @@ fn texts(names: &Names) -> [String; COUNT] {
         ),
     ]
 }
+
+/// The metadata of the lock row `l`, as JSON text, if it belongs to its
+/// current acquisition.
+const METADATA: &str = "CASE WHEN (l.metadata->>'fence')::bigint = l.fence \
+     THEN (l.metadata->'data')::text END";
 
 /// A server timestamp (µs since the Unix epoch) as a `SystemTime`, within
 /// [epoch, end of year 9999]: a garbled reply must not overflow a
@@ -401,6 +442,7 @@ impl PostgresBackend {
         let expires_us: i64 = col(&row, 3, WHAT)?;
         let now_us: i64 = col(&row, 4, WHAT)?;
         let waiters: i64 = col(&row, 5, WHAT)?;
+        let metadata: Option<String> = col(&row, 6, WHAT)?;
         Ok(Some(
             LockStatus::new(
                 owner,
@@ -409,8 +451,83 @@ impl PostgresBackend {
                 server_time(expires_us),
                 micros(expires_us.saturating_sub(now_us)),
             )
-            .with_waiters(usize::try_from(waiters).unwrap_or(0)),
+            .with_waiters(usize::try_from(waiters).unwrap_or(0))
+            .with_metadata(metadata.and_then(|m| LockMetadata::from_json(&m).ok())),
         ))
+    }
+
+    /// Store `metadata` with `req`'s acquisition `fence`, if it still holds.
+    pub(super) async fn store_metadata(
+        &self,
+        req: &AcquireRequest,
+        fence: u64,
+        metadata: &LockMetadata,
+    ) -> Result<(), LockError> {
+        let stored = self.stored_key(req.key());
+        let fence = i64::try_from(fence).map_err(|_| bad_reply("metadata"))?;
+        self.shared
+            .conns
+            .query_one(
+                Statement::StoreMetadata,
+                &[&stored, &req.owner(), &fence, &metadata.as_json()],
+                self.deadline(),
+                self.op_timeout,
+            )
+            .await
+            .map(drop)
+    }
+
+    /// The locks `owner` holds, at most `limit`, by key. A lock whose stored
+    /// key is hashed (its encoding was longer than the column's limit)
+    /// cannot name its key and is left out.
+    pub(super) async fn held_by_inner(
+        &self,
+        owner: &str,
+        limit: usize,
+    ) -> Result<Vec<HeldBy>, LockError> {
+        const WHAT: &str = "held by";
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let row = self
+            .shared
+            .conns
+            .query_one(
+                Statement::HeldBy,
+                &[&owner, &limit],
+                self.deadline(),
+                self.op_timeout,
+            )
+            .await?;
+        let keys: Vec<String> = col(&row, 0, WHAT)?;
+        let fences: Vec<i64> = col(&row, 1, WHAT)?;
+        let acquired: Vec<i64> = col(&row, 2, WHAT)?;
+        let expires: Vec<i64> = col(&row, 3, WHAT)?;
+        let metadata: Vec<Option<String>> = col(&row, 4, WHAT)?;
+        let now_us: i64 = col(&row, 5, WHAT)?;
+        let mut found = Vec::with_capacity(keys.len());
+        for (i, stored) in keys.iter().enumerate() {
+            let Some(key) = LockKey::from_encoded(stored) else {
+                continue;
+            };
+            let (Some(&f), Some(&a), Some(&e), Some(m)) = (
+                fences.get(i),
+                acquired.get(i),
+                expires.get(i),
+                metadata.get(i),
+            ) else {
+                return Err(bad_reply(WHAT));
+            };
+            let status = LockStatus::new(
+                owner.to_owned(),
+                u64::try_from(f).map_err(|_| bad_reply(WHAT))?,
+                server_time(a),
+                server_time(e),
+                micros(e.saturating_sub(now_us)),
+            )
+            .with_metadata(m.as_deref().and_then(|m| LockMetadata::from_json(m).ok()));
+            found.push(HeldBy::new(key, status));
+        }
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
     }
 
     /// One bounded sweep step from `from_block`: (next block, rows removed).

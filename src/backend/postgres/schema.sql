@@ -19,8 +19,14 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   expires_at   timestamptz NOT NULL,     -- database clock
   queued       boolean     NOT NULL DEFAULT false, -- someone queued behind the holder
   granted_to   text,                     -- '<channel> <ticket>' of the waiter it was handed to
-  metadata     jsonb                     -- reserved for lock metadata
+  metadata     jsonb                     -- {"fence": f, "data": {..}}: metadata of acquisition f
 );
+
+-- No index on owner: lookups by owner (LockBackend::held_by) scan the
+-- table, which holds only held locks and rows not swept yet. An index would
+-- be written on every acquisition (the owner changes each time); an app
+-- with many held locks that looks them up by owner often can add one:
+--   CREATE INDEX ON "{schema}"."{table}" (owner);
 
 -- Queue order of waiters.
 CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_queue" AS bigint;

@@ -1,4 +1,4 @@
--- extend: KEYS = lock; ARGV = owner, ttl ms
+-- extend: KEYS = lock, meta; ARGV = owner, ttl ms
 -- Returns {1, fence, acquired ms, now ms}, {0} (not held), {-1} (other owner).
 local lock = KEYS[1]
 local current = redis.call('GET', lock)
@@ -10,5 +10,9 @@ if holder ~= ARGV[1] then
   return {-1}
 end
 redis.call('PEXPIRE', lock, ARGV[2])
+-- The metadata beside it (if any) lives as long.
+if KEYS[2] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
 local t = redis.call('TIME')
 return {1, f, a, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}

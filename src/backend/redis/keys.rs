@@ -35,8 +35,10 @@ pub(super) enum Keys {
     All,
     /// [`Keys::All`], then `{E}:forced` (force release's nonce).
     AllAndForced,
-    /// The lock only.
-    Lock,
+    /// The lock, then `{E}:m` (its metadata).
+    LockAndMeta,
+    /// [`Keys::All`], then `{E}:m` (its metadata).
+    AllAndMeta,
     /// [`Keys::All`], then a flight's `{E}:r` (result), `{E}:rf` (fresh
     /// marker) and `{E}:fw` (watchers).
     Flight,
@@ -80,13 +82,16 @@ impl RedisBackend {
             return slot;
         }
         inv.key(buf.as_str());
-        if let Keys::Lock = which {
+        let base = buf.len();
+        if let Keys::LockAndMeta = which {
+            buf.push_str(":m");
+            inv.key(buf.as_str());
             return slot;
         }
         inv.key(self.counter_key(slot).as_str());
-        let base = buf.len();
         let suffixes: &[&str] = match which {
             Keys::AllAndForced => &[":q", ":w", ":fence", ":forced"],
+            Keys::AllAndMeta => &[":q", ":w", ":fence", ":m"],
             Keys::Flight => &[":q", ":w", ":fence", ":r", ":rf", ":fw"],
             _ => &[":q", ":w", ":fence"],
         };
@@ -218,6 +223,20 @@ fn slot_tag(slot: u16) -> &'static str {
 #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
 pub(super) fn slot_hash_tag(slot: u16) -> String {
     format!("{COUNTER_TAG}{}", slot_tag(slot))
+}
+
+impl RedisBackend {
+    /// `{prefix}o:{<owner>}`: the owner index of `owner` (opt-in), in the
+    /// owner's own hash tag (braces escaped as in lock keys).
+    pub(super) fn owner_key(&self, owner: &str) -> String {
+        let escaped = escape_braces(owner);
+        let mut buf = String::with_capacity(self.prefix.len() + escaped.len() + 4);
+        buf.push_str(&self.prefix);
+        buf.push_str("o:{");
+        buf.push_str(&escaped);
+        buf.push('}');
+        buf
+    }
 }
 
 /// Injective escaping of `\`, `{` and `}` (as `\\`, `\(`, `\)`).

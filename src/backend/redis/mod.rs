@@ -5,7 +5,10 @@
 //!
 //! - **One round trip per operation**: acquire, release, extend, force
 //!   release and status are each one Lua script, atomic on the server, called
-//!   by hash (`EVALSHA`; reloaded after `SCRIPT FLUSH` or a restart).
+//!   by hash (`EVALSHA`; reloaded after `SCRIPT FLUSH` or a restart). A lock
+//!   taken with metadata costs one more (the metadata is stored after the
+//!   acquisition); the opt-in owner index adds a command to the same round
+//!   trip, not a round trip.
 //! - **Expiry on the server's clock**: TTLs are `PX`/`PEXPIRE` on the
 //!   server, and waiters' deadlines and hand-offs use the server's `TIME`.
 //!   A lock taken on the fast path (free, nobody waiting) reports
@@ -42,6 +45,8 @@
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
+//! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
+//! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → `1` for each lock the owner took; a hint, checked on every lookup |
 //! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
 //! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
 //! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |
@@ -79,6 +84,7 @@
 mod cluster;
 mod conn;
 mod error;
+mod extras;
 mod flight;
 mod keys;
 mod ops;
@@ -97,7 +103,7 @@ use self::conn::{Pinned, Source};
 use self::error::config_error;
 use self::wake::{Transport, Wakeups};
 use super::{
-    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, Lease, LockBackend,
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
     LockStatus, join_all,
 };
 use crate::error::LockError;
@@ -133,6 +139,7 @@ pub struct RedisBackend {
     shared: Arc<Shared>,
     prefix: Arc<str>,
     op_timeout: Duration,
+    index_owners: bool,
 }
 
 struct Shared {
@@ -146,6 +153,7 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("prefix", &self.prefix)
             .field("op_timeout", &self.op_timeout)
+            .field("index_owners", &self.index_owners)
             .finish_non_exhaustive()
     }
 }
@@ -273,6 +281,7 @@ impl RedisBackend {
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
+            index_owners: false,
         }
     }
 
@@ -292,6 +301,32 @@ impl RedisBackend {
     pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
         self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
         self
+    }
+
+    /// Keep an index from owner tokens to their locks, so that
+    /// [`LockBackend::held_by`] can answer (default off: it then answers
+    /// [`LockError::Unsupported`]).
+    ///
+    /// The index of an owner is a hash `{prefix}o:{<owner>}` (its own
+    /// cluster slot) naming the locks the owner took. It is written beside
+    /// acquire, release and extend in the **same round trip** (pipelined on
+    /// the one connection; on a cluster, sent at the same time to the node
+    /// owning the owner's slot): no round trip more, but one more command
+    /// each, so it stays off unless lookups are wanted. It is a hint: every
+    /// lookup checks each lock it names (held, by this owner) and drops
+    /// entries that no longer hold, so a stale entry (a force release, an
+    /// expiry) never gives a wrong answer. A lock whose index entry is
+    /// missing (taken while the index was off, or an index write that
+    /// failed) is not found by owner; [`LockBackend::owns`] and `status`
+    /// always ask the lock itself.
+    pub fn index_owners(mut self, on: bool) -> Self {
+        self.index_owners = on;
+        self
+    }
+
+    /// Whether the owner index is kept.
+    pub fn get_index_owners(&self) -> bool {
+        self.index_owners
     }
 
     /// The key prefix.
@@ -321,7 +356,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.acquire_inner(req))
+        Box::pin(self.acquire_full(req))
     }
 
     fn release<'a>(
@@ -329,7 +364,7 @@ impl LockBackend for RedisBackend {
         key: &'a LockKey,
         owner: &'a str,
     ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.release_inner(key, owner))
+        Box::pin(self.release_full(key, owner))
     }
 
     fn extend<'a>(
@@ -338,7 +373,7 @@ impl LockBackend for RedisBackend {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.extend_inner(key, owner, ttl))
+        Box::pin(self.extend_full(key, owner, ttl))
     }
 
     /// All extensions go out together on the one multiplexed connection, so
@@ -351,7 +386,7 @@ impl LockBackend for RedisBackend {
         Box::pin(join_all(
             batch
                 .iter()
-                .map(|r| self.extend_inner(&r.key, &r.owner, r.ttl))
+                .map(|r| self.extend_full(&r.key, &r.owner, r.ttl))
                 .collect(),
         ))
     }
@@ -365,6 +400,16 @@ impl LockBackend for RedisBackend {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(self.status_inner(key))
+    }
+
+    /// Through the owner index ([`index_owners`](RedisBackend::index_owners));
+    /// [`LockError::Unsupported`] without it.
+    fn held_by<'a>(
+        &'a self,
+        owner: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
+        Box::pin(self.held_by_inner(owner, limit))
     }
 
     fn flight_begin<'a>(

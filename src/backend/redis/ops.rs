@@ -181,7 +181,7 @@ impl RedisBackend {
         const WHAT: &str = "extend";
         validate_ttl(ttl)?;
         let mut inv = SCRIPTS.extend.prepare_invoke();
-        self.keys(&mut inv, key, Keys::Lock);
+        self.keys(&mut inv, key, Keys::LockAndMeta);
         inv.arg(owner).arg(ceil_ms(ttl));
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
@@ -213,22 +213,21 @@ impl RedisBackend {
     ) -> Result<Option<LockStatus>, LockError> {
         const WHAT: &str = "status";
         let mut inv = SCRIPTS.status.prepare_invoke();
-        self.keys(&mut inv, key, Keys::All);
+        self.keys(&mut inv, key, Keys::AllAndMeta);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         if reply.is_empty() {
             return Ok(None);
         }
         let left = remaining(int_at(&reply, 3, WHAT)?);
         let now: SystemTime = server_time(uint_at(&reply, 4, WHAT)?);
-        Ok(Some(
-            LockStatus::new(
-                string_at(&reply, 0, WHAT)?,
-                uint_at(&reply, 1, WHAT)?,
-                server_time(uint_at(&reply, 2, WHAT)?),
-                now + left,
-                left,
-            )
-            .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0)),
-        ))
+        let status = LockStatus::new(
+            string_at(&reply, 0, WHAT)?,
+            uint_at(&reply, 1, WHAT)?,
+            server_time(uint_at(&reply, 2, WHAT)?),
+            now + left,
+            left,
+        )
+        .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0));
+        Ok(Some(super::extras::with_metadata(status, &reply)))
     }
 }

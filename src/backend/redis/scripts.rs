@@ -18,6 +18,8 @@ pub(super) struct Scripts {
     pub(super) force_release: Script,
     pub(super) status: Script,
     pub(super) leave: Script,
+    pub(super) metadata: Script,
+    pub(super) owners: Script,
     pub(super) flight_begin: Script,
     pub(super) flight_publish: Script,
     pub(super) flight_result: Script,
@@ -41,6 +43,8 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     force_release: Script::new(&source(include_str!("force_release.lua"))),
     status: Script::new(&source(include_str!("status.lua"))),
     leave: Script::new(&source(include_str!("leave.lua"))),
+    metadata: Script::new(include_str!("meta.lua")),
+    owners: Script::new(include_str!("owners.lua")),
     // A flight's begin is acquire's script inside a function (its fast path
     // included), after a look for a fresh result.
     flight_begin: Script::new(&source(&include_str!("flight_begin.lua").replacen(

@@ -1,0 +1,176 @@
+//! What a lock may carry beyond the lock itself: its metadata (a key beside
+//! it, written only when there is some) and the opt-in owner index (a hint
+//! in the owner's own hash tag, checked against the locks on every lookup).
+//! With neither, an operation is the one script of `ops.rs`, as before.
+
+use deadpool_redis::redis::Value;
+
+use super::RedisBackend;
+use super::keys::Keys;
+use super::scripts::{SCRIPTS, array, ceil_ms, int, string_at};
+use crate::backend::{HeldBy, Lease, LockStatus, join_all};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::metadata::LockMetadata;
+use crate::spec::{AcquireRequest, owners_match};
+
+/// An owner index operation (see `owners.lua`).
+enum Index<'a> {
+    Add(&'a LockKey, u64),
+    Del(&'a LockKey),
+    Keep(u64),
+}
+
+impl RedisBackend {
+    /// Acquire, with the owner index written in the same round trip (when
+    /// on) and the metadata stored right after (when given).
+    pub(super) async fn acquire_full(&self, req: &AcquireRequest) -> Result<Lease, LockError> {
+        let lease = if self.index_owners {
+            // A waiter's lock may be handed over up to its max wait later.
+            let ttl = ceil_ms(req.ttl()).saturating_add(ceil_ms(req.max_wait()));
+            let (lease, _) = tokio::join!(
+                self.acquire_inner(req),
+                self.index(req.owner(), Index::Add(req.key(), ttl))
+            );
+            lease?
+        } else {
+            self.acquire_inner(req).await?
+        };
+        if let Some(metadata) = req.metadata()
+            && let Err(e) = self.store_metadata(req, lease.fence, metadata).await
+        {
+            // Never a lock without the metadata it was asked with.
+            let _ = self.release_inner(req.key(), req.owner()).await;
+            return Err(e);
+        }
+        Ok(lease)
+    }
+
+    /// Release, and drop the index entry in the same round trip (when on):
+    /// whatever the answer, `owner` does not hold the lock afterwards.
+    pub(super) async fn release_full(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+        if !self.index_owners {
+            return self.release_inner(key, owner).await;
+        }
+        let (released, _) = tokio::join!(
+            self.release_inner(key, owner),
+            self.index(owner, Index::Del(key))
+        );
+        released
+    }
+
+    /// Extend, and keep the index alive as long (when on), in one round trip.
+    pub(super) async fn extend_full(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LockError> {
+        if !self.index_owners {
+            return self.extend_inner(key, owner, ttl).await;
+        }
+        let (extended, _) = tokio::join!(
+            self.extend_inner(key, owner, ttl),
+            self.index(owner, Index::Keep(ceil_ms(ttl)))
+        );
+        extended
+    }
+
+    async fn store_metadata(
+        &self,
+        req: &AcquireRequest,
+        fence: u64,
+        metadata: &LockMetadata,
+    ) -> Result<(), LockError> {
+        let mut inv = SCRIPTS.metadata.prepare_invoke();
+        self.keys(&mut inv, req.key(), Keys::LockAndMeta);
+        inv.arg(req.owner()).arg(fence).arg(metadata.as_json());
+        // 0: the lock is not this acquisition's any more (it ran out); the
+        // handle learns that as any lost lock.
+        int(
+            &self.shared.conn.eval(&inv, self.deadline()).await?,
+            "metadata",
+        )
+        .map(drop)
+    }
+
+    async fn index(&self, owner: &str, op: Index<'_>) -> Result<Value, LockError> {
+        let mut inv = SCRIPTS.owners.prepare_invoke();
+        inv.key(self.owner_key(owner));
+        match op {
+            Index::Add(key, ttl) => inv.arg("add").arg(key.encoded(usize::MAX)).arg(ttl),
+            Index::Del(key) => inv.arg("del").arg(key.encoded(usize::MAX)),
+            Index::Keep(ttl) => inv.arg("keep").arg(ttl),
+        };
+        self.shared.conn.eval(&inv, self.deadline()).await
+    }
+
+    /// The metadata in a status reply (its 7th element), if any.
+    pub(super) fn metadata_at(reply: &[Value]) -> Option<LockMetadata> {
+        let text = string_at(reply, 6, "status").ok()?;
+        LockMetadata::from_json(&text).ok()
+    }
+
+    /// The locks `owner` holds, from its index, each checked against the
+    /// lock (entries that no longer hold are dropped from the index).
+    pub(super) async fn held_by_inner(
+        &self,
+        owner: &str,
+        limit: usize,
+    ) -> Result<Vec<HeldBy>, LockError> {
+        if !self.index_owners {
+            return Err(LockError::Unsupported(
+                "lookups by owner need the owner index (RedisBackend::index_owners)",
+            ));
+        }
+        let mut inv = SCRIPTS.owners.prepare_invoke();
+        inv.key(self.owner_key(owner)).arg("list");
+        let fields = array(
+            self.shared.conn.eval(&inv, self.deadline()).await?,
+            "owners",
+        )?;
+        let mut keys = Vec::with_capacity(fields.len());
+        let mut stale = Vec::new();
+        for i in 0..fields.len() {
+            let field = string_at(&fields, i, "owners")?;
+            match LockKey::from_encoded(&field) {
+                Some(key) => keys.push(key),
+                None => stale.push(field),
+            }
+        }
+        // All statuses in one pipelined round trip.
+        let statuses = join_all(keys.iter().map(|k| self.status_inner(k)).collect()).await;
+        let mut found = Vec::new();
+        for (key, status) in keys.into_iter().zip(statuses) {
+            match status? {
+                Some(s) if owners_match(&s.owner, owner) => found.push(HeldBy::new(key, s)),
+                _ => stale.push(key.encoded(usize::MAX)),
+            }
+        }
+        if !stale.is_empty() {
+            let drops = stale.iter().map(|field| {
+                let mut inv = SCRIPTS.owners.prepare_invoke();
+                inv.key(self.owner_key(owner))
+                    .arg("del")
+                    .arg(field.as_str());
+                inv
+            });
+            let drops: Vec<_> = drops.collect();
+            let _ = join_all(
+                drops
+                    .iter()
+                    .map(|inv| self.shared.conn.eval(inv, self.deadline()))
+                    .collect(),
+            )
+            .await;
+        }
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        found.truncate(limit);
+        Ok(found)
+    }
+}
+
+/// A status reply with its metadata attached.
+pub(super) fn with_metadata(status: LockStatus, reply: &[Value]) -> LockStatus {
+    status.with_metadata(RedisBackend::metadata_at(reply))
+}

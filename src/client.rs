@@ -1,0 +1,304 @@
+//! [`ClientLocks`]: client-directed locks (Forrst's `atomicLock`), asked for
+//! with request headers and bounded by the server's limits.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Request};
+
+use crate::error::LockError;
+use crate::headers::{LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL};
+use crate::key::Scope;
+use crate::percent;
+use crate::request::LockRequest;
+use crate::spec::LockSpec;
+
+/// A [`LockRequest`] that lets the **client** ask for a lock with its
+/// request (Forrst's `atomicLock` extension), within limits the server sets.
+/// Opt-in: a route takes client-directed locks only under a layer built
+/// with it.
+///
+/// | request header | Forrst option | value |
+/// |---|---|---|
+/// | `Lock-Key` | `key` | the key, percent-encoded as in the response header; **no header, no lock** |
+/// | `Lock-TTL` | `ttl` | whole seconds, or with a unit: `500ms`, `30s`, `5m`, `1h`; required unless [`default_ttl`](ClientLocks::default_ttl) is set |
+/// | `Lock-Block` | `block` | how long to wait for a busy lock, same format; default `0` (no wait) |
+/// | `Lock-Owner` | `owner` | a custom owner token (1 to 128 bytes of visible ASCII) |
+/// | `Lock-Auto-Release` | `auto_release` | `true` (default) or `false`: keep the lock after the response |
+/// | `Lock-Scope` | `scope` | `function` (default; also `route`): the route's namespace, or `global` |
+///
+/// Server-side limits: [`max_ttl`](ClientLocks::max_ttl) (default 60 s),
+/// [`max_block`](ClientLocks::max_block) (default 5 s), which keys are
+/// allowed ([`allow_keys`](ClientLocks::allow_keys), default any valid key),
+/// and whether `global` is allowed ([`allow_global`](ClientLocks::allow_global),
+/// default no: each route's locks live in its own namespace, so a client
+/// cannot lock what another route uses). A bad or over-limit header is
+/// answered `400` with the layer's JSON error and a code:
+///
+/// | code | when |
+/// |---|---|
+/// | `LOCK_INVALID_HEADER` | a header cannot be read (not a number with a unit, not `true`/`false`, an unknown scope, a repeated header, `Lock-TTL` missing) |
+/// | `LOCK_NOT_ALLOWED` | over `max_ttl` or `max_block`, a key the server does not allow, `global` where it is not allowed |
+/// | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | as for any spec |
+///
+/// Messages never echo the key or the owner. Add
+/// [`LockLayer::lock_headers`](crate::LockLayer::lock_headers) to answer
+/// with the lock's data (Forrst's `key`, `acquired`, `owner`, `scope`,
+/// `expires_at`) on every locked response.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, routing::post};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_lock::{ClientLocks, LockLayer, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let client_locks = ClientLocks::new()
+///     .max_ttl(Duration::from_secs(30))
+///     .max_block(Duration::from_secs(2))
+///     // A prefix list as the key pattern: no regex engine needed.
+///     .allow_keys(|key: &str| key.starts_with("user:") || key.starts_with("order:"));
+/// let layer = LockLayer::new(MemoryBackend::new(), client_locks).lock_headers(true);
+/// let app = Router::new().route("/charge", post(|| async { "charged" }).layer(layer));
+///
+/// let req = Request::post("/charge")
+///     .header("lock-key", "user:123")
+///     .header("lock-ttl", "10s")
+///     .body(Body::empty())
+///     .unwrap();
+/// let res = app.clone().oneshot(req).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::OK);
+/// assert_eq!(res.headers()["lock-key"], "user:123");
+/// assert_eq!(res.headers()["lock-scope"], "function");
+///
+/// let too_long = Request::post("/charge")
+///     .header("lock-key", "user:123")
+///     .header("lock-ttl", "1h")
+///     .body(Body::empty())
+///     .unwrap();
+/// assert_eq!(app.oneshot(too_long).await.unwrap().status(), StatusCode::BAD_REQUEST);
+/// # }
+/// ```
+///
+/// The key pattern is a predicate rather than a regular expression: a
+/// prefix list or a `match` covers what servers allow in practice, costs
+/// nothing to compile, and keeps a regex engine out of the dependencies.
+#[derive(Clone)]
+pub struct ClientLocks {
+    max_ttl: Duration,
+    max_block: Duration,
+    default_ttl: Option<Duration>,
+    allow_global: bool,
+    allow_keys: Option<KeyFilter>,
+}
+
+/// The server's predicate over client-chosen keys.
+type KeyFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+impl Default for ClientLocks {
+    fn default() -> Self {
+        ClientLocks::new()
+    }
+}
+
+impl fmt::Debug for ClientLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientLocks")
+            .field("max_ttl", &self.max_ttl)
+            .field("max_block", &self.max_block)
+            .field("default_ttl", &self.default_ttl)
+            .field("allow_global", &self.allow_global)
+            .field("allow_keys", &self.allow_keys.is_some())
+            .finish()
+    }
+}
+
+impl ClientLocks {
+    /// The default limits: TTL at most 60 s (and required), block at most
+    /// 5 s, any valid key, route scope only.
+    pub fn new() -> Self {
+        ClientLocks {
+            max_ttl: Duration::from_secs(60),
+            max_block: Duration::from_secs(5),
+            default_ttl: None,
+            allow_global: false,
+            allow_keys: None,
+        }
+    }
+
+    /// The longest TTL a client may ask for.
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+
+    /// The longest a client may ask to wait for a busy lock.
+    pub fn max_block(mut self, max_block: Duration) -> Self {
+        self.max_block = max_block;
+        self
+    }
+
+    /// The TTL when the request has no `Lock-TTL` (default: none, the
+    /// header is required, as in Forrst).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = Some(ttl);
+        self
+    }
+
+    /// Allow `Lock-Scope: global` (default off).
+    pub fn allow_global(mut self, on: bool) -> Self {
+        self.allow_global = on;
+        self
+    }
+
+    /// Allow only keys (the decoded `Lock-Key`) for which `allowed` is true.
+    pub fn allow_keys(mut self, allowed: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        self.allow_keys = Some(Arc::new(allowed));
+        self
+    }
+
+    /// The longest TTL a client may ask for.
+    pub fn get_max_ttl(&self) -> Duration {
+        self.max_ttl
+    }
+
+    /// The longest a client may wait.
+    pub fn get_max_block(&self) -> Duration {
+        self.max_block
+    }
+
+    /// The spec a request asks for: `Ok(None)` without `Lock-Key`.
+    pub fn spec_for<B>(&self, request: &Request<B>) -> Result<Option<LockSpec>, LockError> {
+        let headers = request.headers();
+        let one = |name: &HeaderName| -> Result<Option<&str>, LockError> {
+            let mut values = headers.get_all(name).iter();
+            let Some(value) = values.next() else {
+                return Ok(None);
+            };
+            if values.next().is_some() {
+                return Err(LockError::InvalidHeader("a lock header is repeated"));
+            }
+            value
+                .to_str()
+                .map(|v| Some(v.trim()))
+                .map_err(|_| LockError::InvalidHeader("a lock header is not visible ASCII"))
+        };
+        let Some(raw_key) = one(&LOCK_KEY)? else {
+            return Ok(None);
+        };
+        let key = percent::decode_strict(raw_key).ok_or(LockError::InvalidHeader(
+            "Lock-Key is not valid percent-encoded UTF-8",
+        ))?;
+        if let Some(allowed) = &self.allow_keys
+            && !allowed(&key)
+        {
+            return Err(LockError::NotAllowed("this lock key is not allowed here"));
+        }
+        let ttl = match one(&LOCK_TTL)? {
+            Some(v) => parse_duration(v).ok_or(LockError::InvalidHeader(
+                "Lock-TTL is not a duration such as 30s",
+            ))?,
+            None => self
+                .default_ttl
+                .ok_or(LockError::InvalidHeader("Lock-TTL is required"))?,
+        };
+        if ttl > self.max_ttl {
+            return Err(LockError::NotAllowed(
+                "Lock-TTL is over this server's maximum",
+            ));
+        }
+        let block = match one(&LOCK_BLOCK)? {
+            Some(v) => parse_duration(v).ok_or(LockError::InvalidHeader(
+                "Lock-Block is not a duration such as 5s",
+            ))?,
+            None => Duration::ZERO,
+        };
+        if block > self.max_block {
+            return Err(LockError::NotAllowed(
+                "Lock-Block is over this server's maximum",
+            ));
+        }
+        let scope = match one(&LOCK_SCOPE)?.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("function" | "route") => Scope::Route,
+            Some("global") if self.allow_global => Scope::Global,
+            Some("global") => {
+                return Err(LockError::NotAllowed(
+                    "global lock scope is not allowed here",
+                ));
+            }
+            Some(_) => {
+                return Err(LockError::InvalidHeader(
+                    "Lock-Scope must be function or global",
+                ));
+            }
+        };
+        let auto_release = match one(&LOCK_AUTO_RELEASE)?
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(_) => {
+                return Err(LockError::InvalidHeader(
+                    "Lock-Auto-Release must be true or false",
+                ));
+            }
+        };
+        let mut spec = LockSpec::new(key, ttl)
+            .max_wait(block)
+            .scope(scope)
+            .auto_release(auto_release);
+        if let Some(owner) = one(&LOCK_OWNER)? {
+            spec = spec.owner(owner);
+        }
+        Ok(Some(spec))
+    }
+}
+
+impl<B> LockRequest<B> for ClientLocks {
+    type Specs = Option<LockSpec>;
+
+    fn lock_request(&self, request: &Request<B>) -> Option<LockSpec> {
+        match self.spec_for(request) {
+            Ok(spec) => spec,
+            // Refused where the layer uses it: 400 with the error's code.
+            Err(e) => Some(LockSpec::refused(e)),
+        }
+    }
+}
+
+/// `30` (seconds), `500ms`, `30s`, `5m`, `1h`.
+fn parse_duration(v: &str) -> Option<Duration> {
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 12 {
+        return None;
+    }
+    let n: u64 = v[..digits].parse().ok()?;
+    let ms = match &v[digits..] {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        for bad in ["", "s", "-1", "1.5s", "1d", "10 s", "9999999999999"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -90,8 +90,18 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let ((first, rest), unrouted) = crate::path::reading_unrouted(|| {
             let mut specs = self.layer.locker.lock_request(&req).into_iter();
-            // Empty for the common single lock: no allocation.
-            (specs.next(), specs.collect::<Vec<LockSpec>>())
+            let first = specs.next();
+            // Empty for the common single lock: no allocation. Collected
+            // only after a first spec: with none (the common pass-through),
+            // the rest is only drained, which inlines to nothing for the
+            // usual `Option` or empty `Vec`.
+            let rest = if first.is_some() {
+                specs.collect::<Vec<LockSpec>>()
+            } else {
+                specs.for_each(drop);
+                Vec::new()
+            };
+            (first, rest)
         });
         if unrouted {
             self.layer.warn_unrouted();

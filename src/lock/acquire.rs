@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use smol_str::SmolStr;
 
+use super::held::HeldExtras;
 use super::registry::Defaults;
 use super::release::Finish;
 use super::{HeldLock, Locks};
@@ -61,14 +62,17 @@ pub(crate) fn acquired(
     });
     result.map(|lease| {
         let expiry = started + lease.ttl;
+        // The minimum hold counts from when the TTL started.
+        let hold_until = req.min_hold().map(|d| started + d);
+        let extras = HeldExtras::new(req.metadata().cloned(), hold_until);
         HeldLock::new(
             req.key().clone(),
             req.owner_arc().clone(),
             lease,
             expiry,
+            extras,
             meter.clone(),
         )
-        .with_extras(req.metadata().cloned(), req.min_hold())
     })
 }
 

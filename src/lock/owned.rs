@@ -7,6 +7,7 @@ use std::time::Duration;
 use smallvec::smallvec;
 
 use super::acquire::acquire_guarded;
+use super::held::HeldExtras;
 use super::release::{release_detached, release_one};
 use super::{HeldLock, LockToken};
 use crate::backend::{Lease, LockStatus, SharedBackend};
@@ -176,15 +177,14 @@ impl OwnedLock {
             expires_at: status.expires_at,
             ttl,
         };
-        let mut lock = HeldLock::new(
+        let lock = HeldLock::new(
             key,
             Arc::from(token.owner.as_str()),
             lease,
             sent + status.ttl_remaining,
+            HeldExtras::new(status.metadata, token.hold_left().map(|left| sent + left)),
             Meter::new(&backend, ""),
         );
-        lock.metadata = status.metadata;
-        lock.hold_until = token.hold_left().map(|left| sent + left);
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
 

@@ -137,6 +137,7 @@ pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Res
 
 /// Release `lock` at once if the backend can without I/O and nothing keeps
 /// it held longer.
+#[inline]
 fn release_now(backend: &SharedBackend, lock: &HeldLock) -> Option<Result<(), LockError>> {
     match lock.hold_left() {
         None => backend.try_release_now(lock.lock_key(), lock.owner()),

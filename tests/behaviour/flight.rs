@@ -160,6 +160,37 @@ pub async fn a_burst_computes_once(h: Harness) {
     assert_flight_free(&h, &flights, "report").await;
 }
 
+/// A result too large to travel in a wake-up message (PostgreSQL sends
+/// at most 3800 bytes in its notification) is still shared: the waiters
+/// read it from the store.
+pub async fn a_large_result_is_shared(h: Harness) {
+    let flights = flights(&h);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let mut set = JoinSet::new();
+    for i in 0..4 {
+        let (caller, runs, gate) = (flights.clone(), runs.clone(), gate.clone());
+        set.spawn(async move {
+            caller
+                .run("large", Duration::ZERO, move || async move {
+                    runs.fetch_add(1, SeqCst);
+                    gate.acquire().await.expect("open").forget();
+                    Ok::<_, String>(format!("{i}:{}", "x".repeat(20_000)))
+                })
+                .await
+        });
+        until_waiting(&h, &flights, "large", i).await;
+    }
+    gate.add_permits(1);
+    let mut values = Vec::new();
+    while let Some(outcome) = set.join_next().await {
+        values.push(outcome.unwrap().expect("a value"));
+    }
+    assert_eq!(runs.load(SeqCst), 1, "computed once");
+    assert_eq!(values[0].len(), 20_002);
+    assert!(values.windows(2).all(|w| w[0] == w[1]));
+}
+
 /// The same burst with callers on another handle of the store (another
 /// process, for a server backend): still one computation.
 pub async fn a_burst_across_two_handles_computes_once(h: Harness) {

@@ -165,6 +165,7 @@ for_each_backend! {
             // Single-flight.
             a_burst_computes_once,
             a_burst_across_two_handles_computes_once,
+            a_large_result_is_shared,
             a_zero_result_ttl_answers_only_the_waiting,
             a_failed_leader_hands_over_to_exactly_one_waiter,
             an_oversized_result_is_not_shared,

@@ -2,10 +2,10 @@
 //! a row of the locks table under its `f:` key; its latest result is a row
 //! of `<table>_flights` and the callers waiting for it are rows of
 //! `<table>_flight_watchers` (see `schema.sql`). A begin and a publish are
-//! one function call each (`functions.sql`); a watcher hears the result's
-//! `seq` through its backend's `LISTEN` channel (a `NOTIFY` payload is
-//! limited to 8000 bytes, so the value is not in it) and reads the result
-//! with one more statement.
+//! one function call each (`functions.sql`); a watcher hears the result
+//! through its backend's `LISTEN` channel: its `seq`, and its value when
+//! that is at most 3800 bytes (in hex: a `NOTIFY` payload is limited to
+//! 8000 bytes); a larger one it reads with one more statement.
 
 use std::time::Duration;
 
@@ -71,9 +71,17 @@ impl PostgresBackend {
                 Ok(FlightStart::Busy(FlightWait {
                     seen,
                     result: Box::pin(async move {
-                        let seq = watch.news().await.ok_or_else(gone)?;
+                        let news = watch.news().await.ok_or_else(gone)?;
+                        if let Some(value) = news.value.filter(|_| news.seq > seen) {
+                            return Ok(FlightResult {
+                                seq: news.seq,
+                                value: value.into(),
+                            });
+                        }
                         match backend.flight_result_inner(&key).await? {
-                            Some(result) if result.seq > seen && result.seq >= seq => Ok(result),
+                            Some(result) if result.seq > seen && result.seq >= news.seq => {
+                                Ok(result)
+                            }
                             _ => Err(gone()),
                         }
                     }),

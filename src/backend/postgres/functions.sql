@@ -329,7 +329,8 @@ $$;
 
 -- flight publish: the leader (`p_owner`, holding `p_key` under `p_fence`)
 -- shares its result: stored unless a newer one is, every watcher told
--- ('f <ticket> <seq>' on its channel, delivered at commit), the lock
+-- ('f <ticket> <seq>[ <value in hex, up to 3800 bytes>]' on its channel,
+-- delivered at commit), the lock
 -- released as a release does (the oldest queued caller gets it and reads
 -- the stored result). 1 done, 0 not held (expired: passed on, not stored),
 -- -1 held by another owner or under another fence.
@@ -343,6 +344,7 @@ DECLARE
   r "{schema}"."{table}"%ROWTYPE;
   w record;
   h record;
+  v_news text;
 BEGIN
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   IF NOT FOUND THEN
@@ -360,11 +362,17 @@ BEGIN
           fresh_until = excluded.fresh_until, keep_until = excluded.keep_until
         WHERE f.seq < excluded.seq OR f.keep_until <= v_now;
     IF FOUND THEN
+      -- A small result travels in the notification itself (hex: payloads
+      -- are text of at most 8000 bytes), so its watchers need no read.
+      v_news := ' ' || p_fence;
+      IF octet_length(p_value) <= 3800 THEN
+        v_news := v_news || ' ' || encode(p_value, 'hex');
+      END IF;
       FOR w IN
         DELETE FROM "{schema}"."{table}_flight_watchers" AS x WHERE x.key = p_key
           RETURNING x.channel, x.ticket
       LOOP
-        PERFORM pg_notify(w.channel, 'f ' || w.ticket || ' ' || p_fence);
+        PERFORM pg_notify(w.channel, 'f ' || w.ticket || v_news);
       END LOOP;
     END IF;
   END IF;

@@ -66,8 +66,8 @@ struct DispatchInner {
     up: Option<u64>,
     generation: u64,
     waiters: HashMap<i64, oneshot::Sender<Grant>>,
-    /// Flight watchers: ticket → where the published result's `seq` goes.
-    flights: HashMap<i64, oneshot::Sender<u64>>,
+    /// Flight watchers: ticket → where the published result's news goes.
+    flights: HashMap<i64, oneshot::Sender<FlightNews>>,
     reader: Option<AbortHandle>,
 }
 
@@ -79,16 +79,12 @@ impl Dispatch {
 
     fn deliver(&self, payload: &str) {
         if let Some(news) = payload.strip_prefix("f ") {
-            // "f <ticket> <seq>": a flight's result was published.
-            let Some((ticket, seq)) = news
-                .split_once(' ')
-                .and_then(|(t, s)| Some((t.parse().ok()?, s.parse().ok()?)))
-            else {
+            let Some((ticket, news)) = parse_flight(news) else {
                 return;
             };
             let watcher = self.lock().flights.remove(&ticket);
             if let Some(tx) = watcher {
-                let _ = tx.send(seq);
+                let _ = tx.send(news);
             }
             return;
         }
@@ -289,17 +285,24 @@ impl Listener {
     }
 }
 
+/// What a watcher hears of a published result: its `seq`, and its value
+/// when it was small enough to travel in the notification.
+pub(super) struct FlightNews {
+    pub(super) seq: u64,
+    pub(super) value: Option<Vec<u8>>,
+}
+
 /// A flight watcher's registration: [`FlightWatch::news`] resolves with the
-/// `seq` of the result published to it; dropped, it is forgotten.
+/// news of the result published to it; dropped, it is forgotten.
 pub(super) struct FlightWatch {
     ticket: i64,
-    rx: oneshot::Receiver<u64>,
+    rx: oneshot::Receiver<FlightNews>,
     dispatch: Arc<Dispatch>,
 }
 
 impl FlightWatch {
-    /// The `seq` published to this watcher; `None` if none can come any more.
-    pub(super) async fn news(&mut self) -> Option<u64> {
+    /// The news published to this watcher; `None` if none can come any more.
+    pub(super) async fn news(&mut self) -> Option<FlightNews> {
         (&mut self.rx).await.ok()
     }
 }
@@ -409,9 +412,57 @@ fn parse_grant(payload: &str) -> Option<(i64, Grant)> {
     Some((ticket, Grant { fence, acquired_us }))
 }
 
+/// `"<ticket> <seq>[ <value in hex>]"` (after the `"f "`).
+fn parse_flight(news: &str) -> Option<(i64, FlightNews)> {
+    let mut parts = news.split(' ');
+    let ticket = parts.next()?.parse().ok()?;
+    let seq = parts.next()?.parse().ok()?;
+    let value = match parts.next() {
+        Some(hex) => Some(from_hex(hex)?),
+        None => None,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((ticket, FlightNews { seq, value }))
+}
+
+/// Bytes from lowercase or uppercase hex (PostgreSQL's `encode(.., 'hex')`).
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let hex = hex.as_bytes();
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    hex.chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flight_news_parses_strictly() {
+        let (t, n) = parse_flight("7 42").unwrap();
+        assert_eq!((t, n.seq, n.value), (7, 42, None));
+        let (_, n) = parse_flight("7 42 7b7dFF").unwrap();
+        assert_eq!(n.value.unwrap(), b"{}\xff");
+        let (_, n) = parse_flight("7 42 ").unwrap();
+        assert_eq!(n.value.unwrap(), b"");
+        assert!(parse_flight("7 42 abc").is_none());
+        assert!(parse_flight("7 42 zz").is_none());
+        assert!(parse_flight("7").is_none());
+        assert!(parse_flight("7 42 00 x").is_none());
+    }
 
     #[test]
     fn grants_parse_strictly() {

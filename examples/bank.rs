@@ -48,6 +48,11 @@
 //!   shared nor stored: one waiting request computes in its place.
 //! - `GET /stats` answers `{"statements_computed": n}`: statement
 //!   computations run by this process.
+//! - With `--metrics` (needs tower-lock's feature `metrics`), `GET /metrics`
+//!   answers tower-lock's metrics in the Prometheus text format (through
+//!   `metrics-exporter-prometheus`): acquisitions of the deposit route by
+//!   outcome (`acquired`, `busy`, ...), wait and held time histograms,
+//!   statement flights by outcome, and the rest of the README's table.
 //! - With `--admin-token T`, the admin API is mounted under `/admin` behind
 //!   `Authorization: Bearer T`: `GET /admin/locks/account:7`,
 //!   `DELETE /admin/locks/account:7` (owner in the `lock-owner` header) and
@@ -89,7 +94,7 @@ use tower_lock::{
 };
 
 const USAGE: &str =
-    "usage: bank [--listen ADDR] [--redis URL | --redis-cluster URL[,URL…] | --postgres URL] [--admin-token T] [--fenced]
+    "usage: bank [--listen ADDR] [--redis URL | --redis-cluster URL[,URL…] | --postgres URL] [--admin-token T] [--fenced] [--metrics]
 
   --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
   --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
@@ -101,6 +106,8 @@ const USAGE: &str =
                       (e.g. postgres://user:password@127.0.0.1/bank; needs feature `postgres`)
   --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
   --fenced            refuse deposits whose lock is stale (fencing tokens checked by the store)
+  --metrics           serve tower-lock's metrics at GET /metrics, Prometheus text format
+                      (needs feature `metrics`)
   -h, --help          show this help";
 
 /// TTL of an account lock unless the request says `ttl_ms`.
@@ -159,6 +166,7 @@ struct Args {
     postgres: Option<String>,
     admin_token: Option<String>,
     fenced: bool,
+    metrics: bool,
 }
 
 impl Args {
@@ -170,21 +178,27 @@ impl Args {
         let mut postgres = None;
         let mut admin_token = None;
         let mut fenced = None;
+        let mut metrics = None;
         while let Some(arg) = args.next() {
             // Accept both `--flag value` and `--flag=value`.
             let (flag, inline) = match arg.split_once('=') {
                 Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
                 _ => (arg.as_str(), None),
             };
-            if flag == "--fenced" {
+            let switch = match flag {
+                "--fenced" => Some(&mut fenced),
+                "--metrics" => Some(&mut metrics),
+                _ => None,
+            };
+            if let Some(switch) = switch {
                 // A switch: `--fenced`, or `--fenced=true|false`.
                 let on = match inline.as_deref() {
                     None | Some("true") => true,
                     Some("false") => false,
-                    Some(other) => return Err(format!("--fenced takes no value (got `{other}`)")),
+                    Some(other) => return Err(format!("{flag} takes no value (got `{other}`)")),
                 };
-                if fenced.replace(on).is_some() {
-                    return Err("--fenced given twice".to_owned());
+                if switch.replace(on).is_some() {
+                    return Err(format!("{flag} given twice"));
                 }
                 continue;
             }
@@ -218,6 +232,7 @@ impl Args {
             postgres,
             admin_token,
             fenced: fenced.unwrap_or(false),
+            metrics: metrics.unwrap_or(false),
         }))
     }
 }
@@ -240,7 +255,13 @@ async fn run(args: Args) -> Result<(), String> {
         fenced: args.fenced,
         ..bank
     };
-    let app = router(Arc::new(bank), args.admin_token.as_deref());
+    // Before anything records: metrics go to the recorder installed then.
+    let metrics = if args.metrics {
+        Some(install_metrics()?)
+    } else {
+        None
+    };
+    let app = router(Arc::new(bank), args.admin_token.as_deref(), metrics);
 
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -288,7 +309,7 @@ struct Bank {
     statements_computed: AtomicU64,
 }
 
-fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
+fn router(bank: Arc<Bank>, admin_token: Option<&str>, metrics: Option<Metrics>) -> Router {
     let lock_account = LockLayer::new(bank.locks.clone(), deposit_lock);
     // Statements share computations through the same store as the locks.
     let flights = SingleFlight::new(bank.locks.clone())
@@ -303,6 +324,14 @@ fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
             get(statement).layer(one_statement),
         )
         .route("/stats", get(stats));
+    #[cfg(feature = "metrics")]
+    if let Some(handle) = metrics {
+        app = app.route("/metrics", get(move || render_metrics(handle.clone())));
+    }
+    #[cfg(not(feature = "metrics"))]
+    if let Some(never) = metrics {
+        match never {}
+    }
     if let Some(token) = admin_token {
         let expected: Arc<str> = Arc::from(format!("Bearer {token}"));
         let admin = Admin::new(bank.locks.clone())
@@ -318,6 +347,59 @@ fn router(bank: Arc<Bank>, admin_token: Option<&str>) -> Router {
     }
     app.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
         .with_state(bank)
+}
+
+/// `--metrics`: the handle that renders what the process recorded.
+#[cfg(feature = "metrics")]
+type Metrics = metrics_exporter_prometheus::PrometheusHandle;
+#[cfg(not(feature = "metrics"))]
+type Metrics = std::convert::Infallible;
+
+/// Install the Prometheus recorder for the whole process. Its default
+/// features are off (no HTTP listener of its own: `/metrics` is a route of
+/// this app), so upkeep (draining histogram samples) is ours.
+#[cfg(feature = "metrics")]
+fn install_metrics() -> Result<Metrics, String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    /// Seconds, from a fast in-memory acquisition to a long hold.
+    const BUCKETS: &[f64] = &[
+        0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        10.0, 30.0, 60.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        // Histograms, not the exporter's default summaries: they aggregate
+        // over several bank processes.
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| format!("--metrics: {e}"))?;
+    tower_lock::describe_metrics();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+#[cfg(not(feature = "metrics"))]
+fn install_metrics() -> Result<Metrics, String> {
+    Err("--metrics needs tower-lock's `metrics` feature".to_owned())
+}
+
+/// `GET /metrics`.
+#[cfg(feature = "metrics")]
+async fn render_metrics(handle: Metrics) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
+    )
+        .into_response()
 }
 
 /// The admin API's guard: `Authorization: Bearer <token>` or 401.

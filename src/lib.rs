@@ -91,6 +91,7 @@ mod key;
 mod layer;
 mod lock;
 mod metadata;
+mod observe;
 mod path;
 mod percent;
 mod rejection;
@@ -119,6 +120,9 @@ pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
 pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock, with_lock};
 pub use metadata::{LockMetadata, MAX_METADATA_BYTES};
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
 pub use rejection::{Rejection, default_rejection};
 pub use request::LockRequest;

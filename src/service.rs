@@ -14,6 +14,7 @@ use crate::body::LockBody;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
 use crate::lock::acquire::{acquire_all, acquire_now, acquire_one, holding};
+use crate::observe::{self, Meter};
 use crate::request::LockRequest;
 use crate::spec::LockSpec;
 
@@ -108,31 +109,37 @@ where
         let Some(first) = first else {
             return ResponseFuture::passthrough(self.inner.call(req));
         };
+        let matched = req.extensions().get::<MatchedPath>();
         // Inline up to 23 bytes: most route patterns cost no allocation.
-        let route = SmolStr::new(match req.extensions().get::<MatchedPath>() {
+        let route = SmolStr::new(match matched {
             Some(path) => path.as_str(),
             None => req.uri().path(),
         });
+        // The route label is the pattern only, never a raw path.
+        let meter = Meter::new(&self.layer.backend, matched.map_or("", |p| p.as_str()));
         let backend = self.layer.backend.clone();
         let defaults = self.layer.defaults;
         let acquire = if rest.is_empty() {
             let lock = match first.to_request(&route) {
                 Ok(lock) => lock,
-                Err(e) => return ResponseFuture::rejected(&self.layer.rejection, &e),
+                Err(e) => {
+                    meter.acquisition(observe::error_outcome(&e), None);
+                    return ResponseFuture::rejected(&self.layer.rejection, &e);
+                }
             };
             // A backend that can answer at once (in memory) needs no future.
-            match acquire_now(&backend, &lock) {
+            match acquire_now(&backend, &lock, &meter) {
                 Some(Ok(held)) => {
-                    let locks = holding(backend, route, defaults, held, &first);
+                    let locks = holding(backend, route, defaults, held, &first, meter);
                     // Called now: the service made ready for this request
                     // takes it, and no clone is needed.
                     return ResponseFuture::calling(req, &mut self.inner, locks);
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
-                None => acquire_one(backend, route, first, lock, defaults),
+                None => acquire_one(backend, route, first, lock, defaults, meter),
             }
         } else {
-            acquire_all(backend, route, first, rest, defaults)
+            acquire_all(backend, route, first, rest, defaults, meter)
         };
         // The ready service goes with this request; a clone stays for the next.
         let clone = self.inner.clone();

@@ -223,6 +223,14 @@ impl HeldBy {
 /// - Every failure to reach the store is [`LockError::BackendUnavailable`],
 ///   within a bounded time.
 pub trait LockBackend: Send + Sync + 'static {
+    /// A short static name for the kind of store (`memory`, `redis`,
+    /// `postgres`): the `backend` label of the crate's metrics (feature
+    /// `metrics`). Never a URL or anything per instance. The default is
+    /// `custom`.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
     /// Take the lock described by `req`, waiting up to its max wait.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>>;
 
@@ -395,6 +403,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<(), LockError>> {
         (**self).release(key, owner)
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
     fn extend<'a>(
         &'a self,

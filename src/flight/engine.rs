@@ -10,6 +10,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::OwnedLock;
 use crate::lock::acquire::{acquire_guarded, acquired};
+use crate::observe::{self, Meter};
 use crate::spec::AcquireRequest;
 
 /// How a flight's settings reach the engine.
@@ -58,6 +59,7 @@ impl Leader {
         {
             Ok(()) => self.lock.released_by_backend(),
             Err(e) => {
+                observe::flight_publish_failed(&self.backend, &e);
                 tracing::warn!(
                     key = %self.key.digest(),
                     code = e.code(),
@@ -91,17 +93,46 @@ pub(crate) async fn join(
     key: LockKey,
     settings: Settings,
 ) -> Result<Role, LockError> {
+    let (outcome, role) = match begin(backend, key, settings).await {
+        Ok((outcome, role)) => (outcome, Ok(role)),
+        Err(e) => (observe::error_outcome(&e), Err(e)),
+    };
+    observe::flight(backend, outcome);
+    role
+}
+
+/// [`join`], with the outcome to count: `fresh` (a stored result), `leader`
+/// or `shared` (a result published while this caller waited).
+async fn begin(
+    backend: &SharedBackend,
+    key: LockKey,
+    settings: Settings,
+) -> Result<(&'static str, Role), LockError> {
     let req = AcquireRequest::fresh(key, settings.lock_ttl, settings.max_wait)?;
     let sent = tokio::time::Instant::now();
     match backend.flight_begin(&req).await {
-        Ok(FlightStart::Fresh(result)) => Ok(Role::Shared(result)),
+        Ok(FlightStart::Fresh(result)) => Ok(("fresh", Role::Shared(result))),
         Ok(FlightStart::Leader(lease)) => {
-            let lock = acquired(&req, Ok(lease), sent)?;
-            Ok(Role::Leader(Box::new(leader(
-                backend, &req, lock, settings,
-            ))))
+            // A flight's lock is counted as a flight, not as a lock.
+            let lock = acquired(
+                &req,
+                Ok(lease),
+                sent,
+                sent,
+                &Meter::none(),
+                &tracing::Span::none(),
+            )?;
+            let leader = leader(backend, &req, lock, settings);
+            Ok(("leader", Role::Leader(Box::new(leader))))
         }
-        Ok(FlightStart::Busy(wait)) => follow(backend, &req, wait, settings).await,
+        Ok(FlightStart::Busy(wait)) => {
+            let role = follow(backend, &req, wait, settings).await?;
+            let outcome = match role {
+                Role::Shared(_) => "shared",
+                Role::Leader(_) => "leader",
+            };
+            Ok((outcome, role))
+        }
         Err(e) => {
             // The step may have taken the lock before its reply was lost.
             if matches!(e, LockError::BackendUnavailable(_)) {
@@ -123,7 +154,8 @@ async fn follow(
     let mut result = Some(result);
     // Guarded: dropped when the result wins, it leaves the queue and gives
     // back a lock handed to it meanwhile.
-    let acquire = acquire_guarded(backend, req);
+    let meter = Meter::none();
+    let acquire = acquire_guarded(backend, req, &meter);
     tokio::pin!(acquire);
     loop {
         tokio::select! {

@@ -12,6 +12,7 @@ use super::release::Finish;
 use super::{HeldLock, Locks};
 use crate::backend::{BoxFuture, Lease, SharedBackend};
 use crate::error::LockError;
+use crate::observe::{self, Meter, acquire_span};
 use crate::spec::{AcquireRequest, LockSpec};
 
 // ---------------------------------------------------------------------------
@@ -22,27 +23,43 @@ use crate::spec::{AcquireRequest, LockSpec};
 pub(crate) fn acquire_now(
     backend: &SharedBackend,
     req: &AcquireRequest,
+    meter: &Meter,
 ) -> Option<Result<HeldLock, LockError>> {
     let sent = tokio::time::Instant::now();
     let result = backend.try_acquire_now(req)?;
-    Some(acquired(req, result, sent))
+    let span = acquire_span(req.key(), req.max_wait());
+    Some(acquired(req, result, sent, sent, meter, &span))
 }
 
-/// The outcome of an acquisition, traced; `started` is when the lock's TTL
-/// began at the earliest.
+/// The outcome of an acquisition, counted and traced (in `span`, made by
+/// [`acquire_span`]); `sent` is when the backend was asked, `started` when
+/// the lock's TTL began at the earliest.
 pub(crate) fn acquired(
     req: &AcquireRequest,
     result: Result<Lease, LockError>,
+    sent: tokio::time::Instant,
     started: tokio::time::Instant,
+    meter: &Meter,
+    span: &tracing::Span,
 ) -> Result<HeldLock, LockError> {
-    match &result {
+    // The clock is read only for someone: metrics compiled in, or a span.
+    if cfg!(feature = "metrics") || !span.is_disabled() {
+        let outcome = observe::outcome(&result);
+        let wait = sent.elapsed();
+        meter.acquisition(outcome, Some(wait));
+        observe::close_span(span, outcome, wait);
+    }
+    span.in_scope(|| match &result {
         Ok(lease) => tracing::debug!(
             key = %req.key().digest(),
             fence = lease.fence,
             "lock acquired"
         ),
-        Err(e) => tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired"),
-    }
+        Err(e) => {
+            meter.backend_error("acquire", e);
+            tracing::debug!(key = %req.key().digest(), code = e.code(), "lock not acquired")
+        }
+    });
     result.map(|lease| {
         let expiry = started + lease.ttl;
         // The minimum hold counts from when the TTL started.
@@ -54,6 +71,7 @@ pub(crate) fn acquired(
             lease,
             expiry,
             extras,
+            meter.clone(),
         )
     })
 }
@@ -66,8 +84,9 @@ pub(crate) fn acquired(
 pub(crate) async fn acquire_guarded(
     backend: &SharedBackend,
     req: &AcquireRequest,
+    meter: &Meter,
 ) -> Result<HeldLock, LockError> {
-    if let Some(result) = acquire_now(backend, req) {
+    if let Some(result) = acquire_now(backend, req, meter) {
         return result;
     }
     /// Until `done`, releases what the call may have taken, from `Drop`.
@@ -102,15 +121,11 @@ pub(crate) async fn acquire_guarded(
     let acquire = backend.acquire(req);
     // The span only when someone listens: building one costs more than an
     // in-memory acquisition.
-    let result = if tracing::enabled!(tracing::Level::DEBUG) {
-        let span = tracing::debug_span!(
-            "tower_lock.acquire",
-            key = %req.key().digest(),
-            max_wait_ms = req.max_wait().as_millis() as u64
-        );
-        tracing::Instrument::instrument(acquire, span).await
-    } else {
+    let span = acquire_span(req.key(), req.max_wait());
+    let result = if span.is_disabled() {
         acquire.await
+    } else {
+        tracing::Instrument::instrument(acquire, span.clone()).await
     };
     // An unreachable backend may still have taken the lock (the reply came
     // after the op timeout, or the connection broke after sending): the
@@ -129,7 +144,7 @@ pub(crate) async fn acquire_guarded(
         ),
         _ => sent,
     };
-    acquired(req, result, started)
+    acquired(req, result, sent, started, meter, &span)
 }
 
 /// When a lock granted after a wait started its TTL, by this process's
@@ -158,10 +173,11 @@ pub(crate) fn acquire_one(
     spec: LockSpec,
     req: AcquireRequest,
     defaults: Defaults,
+    meter: Meter,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
-        let held = acquire_guarded(&backend, &req).await?;
-        let locks = holding(backend, route, defaults, held, &spec);
+        let held = acquire_guarded(&backend, &req, &meter).await?;
+        let locks = holding(backend, route, defaults, held, &spec, meter);
         ready_to_run(locks).await
     })
 }
@@ -173,8 +189,9 @@ pub(crate) fn holding(
     defaults: Defaults,
     held: HeldLock,
     spec: &LockSpec,
+    meter: Meter,
 ) -> Locks {
-    let locks = Locks::new(backend, route, defaults);
+    let locks = Locks::new(backend, route, defaults, meter);
     // A fresh registry is never closed.
     let _ = locks.register(held, spec.get_auto_release(), spec.get_watchdog());
     locks
@@ -194,11 +211,15 @@ pub(crate) fn acquire_all(
     first: LockSpec,
     rest: Vec<LockSpec>,
     defaults: Defaults,
+    meter: Meter,
 ) -> BoxFuture<'static, Result<Locks, LockError>> {
     Box::pin(async move {
         let mut reqs = Vec::with_capacity(1 + rest.len());
         for spec in std::iter::once(&first).chain(&rest) {
-            reqs.push((spec.to_request(&route)?, spec));
+            let req = spec
+                .to_request(&route)
+                .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+            reqs.push((req, spec));
         }
         reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
         reqs.dedup_by(|a, b| a.0.key() == b.0.key());
@@ -207,14 +228,16 @@ pub(crate) fn acquire_all(
             .windows(2)
             .any(|w| w[0].0.key().key() == w[1].0.key().key())
         {
-            return Err(LockError::InvalidKey(
+            let e = LockError::InvalidKey(
                 "a request cannot lock one key in both route and global scope",
-            ));
+            );
+            meter.acquisition(observe::error_outcome(&e), None);
+            return Err(e);
         }
         let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
         let start = tokio::time::Instant::now();
         let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);
-        let locks = Locks::new(backend.clone(), route, defaults);
+        let locks = Locks::new(backend.clone(), route, defaults, meter.clone());
         for (req, spec) in &reqs {
             let now = tokio::time::Instant::now();
             let mut until = deadline;
@@ -222,7 +245,7 @@ pub(crate) fn acquire_all(
                 until = until.min(expiry);
             }
             let req = req.with_max_wait(req.max_wait().min(until.saturating_duration_since(now)));
-            match acquire_guarded(&backend, &req).await {
+            match acquire_guarded(&backend, &req, &meter).await {
                 Ok(lock) => {
                     let _ = locks.register(lock, spec.get_auto_release(), spec.get_watchdog());
                 }
@@ -245,6 +268,7 @@ async fn ready_to_run(locks: Locks) -> Result<Locks, LockError> {
         return Ok(locks);
     }
     tracing::warn!("a lock ran out before the handler could run; the request is refused");
+    locks.record_lost();
     give_back(&locks).await;
     Err(LockError::Expired)
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use crate::backend::{Lease, SharedBackend};
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
+use crate::observe::{Meter, Since};
 use crate::watchdog::{LostSignal, WatchHandle};
 
 /// A lock that is held: its key, owner token, fencing token and expiry, and
@@ -39,6 +40,9 @@ pub struct HeldLock {
     // Made on first use: most locks are released without anyone asking.
     // A clone makes it first, so every copy shares one signal.
     signal: OnceLock<LostSignal>,
+    // Metric labels and when it was taken (nothing without feature `metrics`).
+    pub(crate) meter: Meter,
+    pub(crate) since: Since,
 }
 
 /// What few locks have.
@@ -88,6 +92,8 @@ impl Clone for HeldLock {
             expiry: self.expiry,
             extras: self.extras.clone(),
             signal: OnceLock::from(self.lost_signal().clone()),
+            meter: self.meter.clone(),
+            since: self.since,
         }
     }
 }
@@ -110,6 +116,7 @@ impl HeldLock {
         lease: Lease,
         expiry: tokio::time::Instant,
         extras: Option<Box<HeldExtras>>,
+        meter: Meter,
     ) -> Self {
         HeldLock {
             key,
@@ -118,6 +125,8 @@ impl HeldLock {
             expiry,
             extras,
             signal: OnceLock::new(),
+            meter,
+            since: Since::now(),
         }
     }
 
@@ -185,6 +194,7 @@ impl HeldLock {
             self.owner.clone(),
             self.ttl(),
             self.lost_signal().clone(),
+            self.meter.clone(),
         )
     }
 

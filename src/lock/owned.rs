@@ -13,6 +13,7 @@ use super::{HeldLock, LockToken};
 use crate::backend::{Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::Scope;
+use crate::observe::{self, Meter};
 use crate::spec::{LockSpec, owners_match};
 use crate::watchdog::WatchHandle;
 
@@ -104,8 +105,11 @@ impl OwnedLock {
         }
         // Not through `acquire_in_route`: one future less to move per call.
         let backend = backend.into();
-        let req = spec.to_request_in("")?;
-        let lock = acquire_guarded(&backend, &req).await?;
+        let meter = Meter::new(&backend, "");
+        let req = spec
+            .to_request_in("")
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&backend, &req, &meter).await?;
         Ok(Self::taken(backend, lock, spec))
     }
 
@@ -118,8 +122,11 @@ impl OwnedLock {
         route: &str,
     ) -> Result<OwnedLock, LockError> {
         let backend = backend.into();
-        let req = spec.to_request_in(route)?;
-        let lock = acquire_guarded(&backend, &req).await?;
+        let meter = Meter::new(&backend, route);
+        let req = spec
+            .to_request_in(route)
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&backend, &req, &meter).await?;
         Ok(Self::taken(backend, lock, spec))
     }
 
@@ -176,6 +183,7 @@ impl OwnedLock {
             lease,
             sent + status.ttl_remaining,
             HeldExtras::new(status.metadata, token.hold_left().map(|left| sent + left)),
+            Meter::new(&backend, ""),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))
     }
@@ -248,7 +256,8 @@ impl OwnedLock {
         let lease = self
             .backend
             .extend(&self.lock.key, &self.lock.owner, ttl)
-            .await?;
+            .await
+            .inspect_err(|e| self.lock.meter.backend_error("extend", e))?;
         self.lock.lease = lease;
         self.lock.set_expiry(sent + ttl);
         if let Some(w) = &self.watch {

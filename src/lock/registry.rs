@@ -17,6 +17,7 @@ use super::{HeldLock, OwnedLock};
 use crate::backend::{LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::observe::{self, Meter};
 use crate::spec::LockSpec;
 use crate::watchdog::WatchHandle;
 
@@ -48,6 +49,8 @@ struct Registry {
     backend: SharedBackend,
     route: SmolStr,
     defaults: Defaults,
+    // Labels for the locks this request takes (nothing without `metrics`).
+    meter: Meter,
     state: Mutex<RegistryState>,
 }
 
@@ -109,12 +112,18 @@ impl fmt::Debug for Locks {
 }
 
 impl Locks {
-    pub(crate) fn new(backend: SharedBackend, route: SmolStr, defaults: Defaults) -> Self {
+    pub(crate) fn new(
+        backend: SharedBackend,
+        route: SmolStr,
+        defaults: Defaults,
+        meter: Meter,
+    ) -> Self {
         Locks {
             inner: Arc::new(Registry {
                 backend,
                 route,
                 defaults,
+                meter,
                 state: Mutex::default(),
             }),
         }
@@ -210,8 +219,11 @@ impl Locks {
                 return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
             }
         }
-        let req = spec.to_request(&self.inner.route)?;
-        let lock = acquire_guarded(&self.inner.backend, &req).await?;
+        let meter = &self.inner.meter;
+        let req = spec
+            .to_request(&self.inner.route)
+            .inspect_err(|e| meter.acquisition(observe::error_outcome(e), None))?;
+        let lock = acquire_guarded(&self.inner.backend, &req, meter).await?;
         match self.register(lock.clone(), spec.get_auto_release(), spec.get_watchdog()) {
             Ok(()) => Ok(lock),
             Err(lock) => {
@@ -313,7 +325,8 @@ impl Locks {
             .inner
             .backend
             .extend(&lock.key, &lock.owner, ttl)
-            .await?;
+            .await
+            .inspect_err(|e| lock.meter.backend_error("extend", e))?;
         let mut state = self.state();
         let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
         match slot {
@@ -358,6 +371,13 @@ impl Locks {
     /// process's clock, or found gone by a renewal).
     pub(crate) fn any_lost(&self) -> bool {
         self.state().slots.iter().any(|s| s.lock.is_lost())
+    }
+
+    /// Count every lock of the request known to be lost (metrics).
+    pub(crate) fn record_lost(&self) {
+        for slot in self.state().slots.iter().filter(|s| s.lock.is_lost()) {
+            slot.lock.meter.lost();
+        }
     }
 
     /// Close the registry and start releasing its auto-release locks.

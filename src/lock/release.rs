@@ -85,12 +85,15 @@ pub(crate) type HeldLocks = SmallVec<[HeldLock; 1]>;
 /// Release `locks`: at once what the backend can answer without I/O (in
 /// memory: everything), the rest as a [`Finish`]. Outcomes are traced.
 pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<Finish<()>> {
-    locks.retain(|lock| match release_now(backend, lock) {
-        Some(result) => {
-            traced(lock.lock_key(), result);
-            false
+    locks.retain(|lock| {
+        lock.meter.held(lock.since);
+        match release_now(backend, lock) {
+            Some(result) => {
+                traced(lock, result);
+                false
+            }
+            None => true,
         }
-        None => true,
     });
     if locks.is_empty() {
         return None;
@@ -99,10 +102,8 @@ pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<F
     Finish::start(Box::pin(async move {
         for lock in locks {
             let hold = lock.hold_left();
-            traced(
-                lock.lock_key(),
-                give_back(&backend, lock.lock_key(), lock.owner(), hold).await,
-            );
+            let result = give_back(&backend, lock.lock_key(), lock.owner(), hold).await;
+            traced(&lock, result);
         }
     }))
 }
@@ -116,15 +117,22 @@ pub(crate) fn release_detached(backend: &SharedBackend, locks: HeldLocks) {
 /// Release one lock and answer how it went. If the caller goes away while
 /// the backend call is in flight, the call still completes, in a task.
 pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Result<(), LockError> {
-    if let Some(result) = release_now(backend, lock) {
-        return result;
+    lock.meter.held(lock.since);
+    let result = match release_now(backend, lock) {
+        Some(result) => result,
+        None => {
+            let hold = lock.hold_left();
+            let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
+            Finish::new(Box::pin(async move {
+                give_back(&backend, &key, &owner, hold).await
+            }))
+            .await
+        }
+    };
+    if let Err(e) = &result {
+        lock.meter.release_failed(e);
     }
-    let hold = lock.hold_left();
-    let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
-    Finish::new(Box::pin(async move {
-        give_back(&backend, &key, &owner, hold).await
-    }))
-    .await
+    result
 }
 
 /// Release `lock` at once if the backend can without I/O and nothing keeps
@@ -151,16 +159,20 @@ async fn give_back(
     }
 }
 
-/// Trace the outcome of a release nobody waits for.
-fn traced(key: &LockKey, result: Result<(), LockError>) {
+/// Count and trace the outcome of a release nobody waits for.
+fn traced(lock: &HeldLock, result: Result<(), LockError>) {
+    let key = lock.lock_key();
     match result {
         Ok(()) => tracing::debug!(key = %key.digest(), "lock released"),
-        Err(e) => tracing::warn!(
+        Err(e) => {
+            lock.meter.release_failed(&e);
+            tracing::warn!(
             key = %key.digest(),
             code = e.code(),
             error = %e,
             "lock release failed; the lock will be freed by its TTL"
-        ),
+            )
+        }
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::backend::{ExtendRequest, LockBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::observe::Meter;
 
 mod signal;
 
@@ -31,6 +32,7 @@ struct Watched {
     ttl: Duration,
     due: Instant,
     signal: LostSignal,
+    meter: Meter,
 }
 
 #[derive(Default)]
@@ -99,8 +101,9 @@ impl Watchdog {
         owner: Arc<str>,
         ttl: Duration,
         signal: LostSignal,
+        meter: Meter,
     ) -> WatchHandle {
-        self.0.watch(key, owner, ttl, signal)
+        self.0.watch(key, owner, ttl, signal, meter)
     }
 }
 
@@ -116,6 +119,7 @@ impl Dog {
         owner: Arc<str>,
         ttl: Duration,
         signal: LostSignal,
+        meter: Meter,
     ) -> WatchHandle {
         // A third of the TTL after the lock's last acquisition or extension,
         // as the lock's expiry says: a lock that has less left than that
@@ -136,6 +140,7 @@ impl Dog {
                 ttl,
                 due,
                 signal,
+                meter,
             },
         );
         if state.running {
@@ -216,19 +221,24 @@ impl Dog {
                     .unwrap_or(Err(LockError::BackendUnavailable("no result".into())));
                 match result {
                     Ok(_) => {
+                        e.meter.renewed();
                         // What the backend was told, which `e.ttl` still is:
                         // a change by hand waits for the gate.
                         let ttl = batch[i].ttl;
                         e.due = sent + ttl / 3;
                         e.signal.set_expiry(sent + ttl);
                     }
-                    Err(LockError::NotFound | LockError::OwnershipMismatch) => {
+                    Err(err @ (LockError::NotFound | LockError::OwnershipMismatch)) => {
+                        e.meter.renewal_failed(&err);
+                        e.meter.lost();
                         tracing::warn!(key = %e.key.digest(), "lock lost: renewal found it gone");
                         e.signal.mark_lost();
                         state.entries.remove(id);
                     }
                     Err(err) => {
+                        e.meter.renewal_failed(&err);
                         if e.signal.is_lost() {
+                            e.meter.lost();
                             tracing::warn!(key = %e.key.digest(), "lock lost: TTL passed without renewal");
                             e.signal.mark_lost();
                             state.entries.remove(id);

@@ -253,6 +253,7 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("admin", cfg!(feature = "admin")),
     ("postgres", cfg!(feature = "postgres")),
     ("postgres-tls", cfg!(feature = "postgres-tls")),
+    ("metrics", cfg!(feature = "metrics")),
 ];
 
 /// The binary of example `name`, built by cargo (into the same target dir

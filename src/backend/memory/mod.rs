@@ -86,6 +86,10 @@ impl MemoryBackend {
 }
 
 impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(acquire(&self.inner, req))
     }

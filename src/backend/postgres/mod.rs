@@ -532,6 +532,10 @@ fn default_tls() -> Result<Tls, LockError> {
 }
 
 impl LockBackend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     /// A lock with metadata costs one more statement, after the
     /// acquisition.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {

@@ -404,6 +404,10 @@ impl RedisBackend {
 }
 
 impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         match self.min_replicas {
             None => Box::pin(self.acquire_full(req)),

@@ -244,14 +244,26 @@ pub(crate) fn acquire_all(
             if let Some(expiry) = locks.earliest_expiry() {
                 until = until.min(expiry);
             }
-            let req = req.with_max_wait(req.max_wait().min(until.saturating_duration_since(now)));
+            let asked = req.max_wait();
+            let req = req.with_max_wait(asked.min(until.saturating_duration_since(now)));
             match acquire_guarded(&backend, &req, &meter).await {
                 Ok(lock) => {
                     let _ = locks.register(lock, spec.get_auto_release(), spec.get_watchdog());
                 }
                 Err(e) => {
                     give_back(&locks).await;
-                    return Err(e);
+                    // A lock that may wait, tried without waiting because the
+                    // request's wait was used up on its other locks: the wait
+                    // ran out, as the error says.
+                    return Err(match e {
+                        LockError::AcquisitionFailed { retry_after } if !asked.is_zero() => {
+                            LockError::Timeout {
+                                waited: start.elapsed(),
+                                retry_after,
+                            }
+                        }
+                        e => e,
+                    });
                 }
             }
         }

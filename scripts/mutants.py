@@ -47,7 +47,7 @@ MUTANTS = [
      "  local legacy = redis.call('GET', KEYS[5])",
      "  local legacy = nil"),
     ("redis-fence-counter-per-key", "src/backend/redis/keys.rs",
-     "        inv.key(self.counter_key(slot_of(&buf)).as_str());",
+     "        inv.key(self.counter_key(slot).as_str());",
      "        inv.key(format!(\"{buf}:fence\").as_str());"),
     ("redis-release-without-hand-off", "src/backend/redis/release.lua",
      "if not hand_off(nil, nil) and current then",

@@ -52,6 +52,11 @@ cleanup() {
   fi
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
   if [ -n "$PG_PID" ]; then
+    # $PG_PID is runuser, which does not pass signals on: stop the
+    # postmaster itself (immediate shutdown), then wait for both.
+    if [ -f "$PG_DIR/data/postmaster.pid" ]; then
+      kill -QUIT "$(head -n 1 "$PG_DIR/data/postmaster.pid")" 2>/dev/null || true
+    fi
     kill -QUIT "$PG_PID" 2>/dev/null || true
     wait "$PG_PID" 2>/dev/null || true
   fi

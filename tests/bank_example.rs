@@ -1,4 +1,4 @@
-//! Drives the `bank` example (`examples/bank.rs`) as a client would: spawn the
+//! Drives the `bank` example (`examples/bank/`) as a client would: spawn the
 //! compiled binary with `--listen 127.0.0.1:0`, read `listening on ADDR` from
 //! its stdout and talk HTTP to it. Nothing here depends on its code.
 //!

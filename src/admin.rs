@@ -3,15 +3,16 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on, + `"metadata"` when [`show_metadata`](Admin::show_metadata) is on); `{"key", "locked": false}` when free |
-//! | `DELETE /locks/{key}` + header `lock-owner` | release, checked against the owner token: `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the header |
+//! | `DELETE /locks/{key}` + header `lock-owner` (and optionally `lock-fence`) | release, checked against the owner token (and the fence: only that acquisition of a reused owner token): `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the owner header, `400 LOCK_INVALID_HEADER` for a fence that is not a number |
 //! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
 //!
 //! `{key}` is the user's key, percent-decoded and validated like any key
 //! (`400 LOCK_INVALID_KEY`); it may contain `/`. Keys are global-scope keys
 //! unless the query names a route pattern: `?route=/orders/{id}`. The owner
-//! header is the one a keep-after-response response carries
-//! ([`headers::LOCK_OWNER`](crate::headers::LOCK_OWNER)), so a client can echo
-//! it back. Timestamps are RFC 3339 (UTC).
+//! and fence headers are the ones a keep-after-response response carries
+//! ([`headers::LOCK_OWNER`](crate::headers::LOCK_OWNER),
+//! [`headers::LOCK_FENCE`](crate::headers::LOCK_FENCE)), so a client can echo
+//! them back. Timestamps are RFC 3339 (UTC).
 //!
 //! The router has no authentication of its own: mount it behind your auth
 //! layer, as force release can break anyone's lock. Compare secrets in
@@ -48,9 +49,9 @@ use axum::routing::get;
 use http::{HeaderMap, StatusCode, Uri, header};
 use serde_json::{Value, json};
 
-use crate::backend::SharedBackend;
+use crate::backend::{Holder, SharedBackend};
 use crate::error::LockError;
-use crate::headers::LOCK_OWNER;
+use crate::headers::{LOCK_FENCE, LOCK_OWNER};
 use crate::key::LockKey;
 use crate::percent;
 use crate::rejection::json_error;
@@ -242,7 +243,20 @@ async fn release(
     if let Err(e) = crate::spec::validate_owner(owner) {
         return lock_error(&e);
     }
-    match admin.backend.release(&key, owner).await {
+    // With a `lock-fence`, only that acquisition: a custom owner token may
+    // have taken the lock again since the operator looked.
+    let holder = match headers.get(&LOCK_FENCE) {
+        None => Holder::owner_only(owner),
+        Some(value) => match value.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(fence) => Holder::new(owner, fence),
+            None => {
+                return lock_error(&LockError::InvalidHeader(
+                    "lock-fence must be a fencing token (a decimal number)",
+                ));
+            }
+        },
+    };
+    match admin.backend.release(&key, holder).await {
         Ok(()) => json_response(StatusCode::OK, &json!({"key": key.key(), "released": true})),
         Err(e) => lock_error(&e),
     }

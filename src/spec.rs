@@ -343,7 +343,7 @@ fn new_owner_token() -> Arc<str> {
 }
 
 /// A random, non-zero attempt id (see [`AcquireRequest::attempt`]).
-fn new_attempt_id() -> u64 {
+pub(crate) fn new_attempt_id() -> u64 {
     let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
     (hi ^ lo).max(1)
 }

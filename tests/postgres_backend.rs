@@ -10,6 +10,7 @@ mod common;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower_lock::backend::Holder;
 
 use common::pg_server::PgServer;
 use tokio::time::Instant;
@@ -154,7 +155,7 @@ async fn schema_sql_is_what_teams_run_in_their_own_migrations() {
     b.acquire(&req("s", "o", SEC, Duration::ZERO))
         .await
         .unwrap();
-    b.release(&key("s"), "o").await.unwrap();
+    b.release(&key("s"), Holder::owner_only("o")).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +193,7 @@ async fn custom_schema_and_table_names() {
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'app' AND p.proname LIKE 'job_locks_%'"
         ),
-        10
+        11
     );
     assert!(
         PostgresBackend::from_url(&server.url())
@@ -258,9 +259,14 @@ async fn acquire_status_release_on_the_database_clock() {
     assert_eq!(st.waiters, 0);
     assert!(st.ttl_remaining <= 10 * SEC && st.ttl_remaining > 9 * SEC);
 
-    b.release(r.key(), "alice").await.unwrap();
+    b.release(r.key(), Holder::owner_only("alice"))
+        .await
+        .unwrap();
     assert_eq!(b.status(r.key()).await.unwrap(), None);
-    assert_eq!(b.release(r.key(), "alice").await, Err(LockError::NotFound));
+    assert_eq!(
+        b.release(r.key(), Holder::owner_only("alice")).await,
+        Err(LockError::NotFound)
+    );
     // The row is gone: nothing per key outlives its lock.
     assert_eq!(count(&server, "SELECT count(*) FROM tower_lock.locks"), 0);
 }
@@ -299,12 +305,12 @@ async fn wrong_owner_cannot_release_or_extend() {
         .unwrap();
     for owner in ["bob", "alic", "alice ", "", "ALICE", "alice'--"] {
         assert_eq!(
-            b.release(&key("a"), owner).await,
+            b.release(&key("a"), Holder::owner_only(owner)).await,
             Err(LockError::OwnershipMismatch),
             "release by {owner:?}"
         );
         assert_eq!(
-            b.extend(&key("a"), owner, SEC).await,
+            b.extend(&key("a"), Holder::owner_only(owner), SEC).await,
             Err(LockError::OwnershipMismatch),
             "extend by {owner:?}"
         );
@@ -312,11 +318,12 @@ async fn wrong_owner_cannot_release_or_extend() {
     let st = b.status(&key("a")).await.unwrap().unwrap();
     assert_eq!((st.owner.as_str(), st.fence), ("alice", lease.fence));
     assert_eq!(
-        b.extend(&key("nothing"), "bob", SEC).await,
+        b.extend(&key("nothing"), Holder::owner_only("bob"), SEC)
+            .await,
         Err(LockError::NotFound)
     );
     assert_eq!(
-        b.release(&key("nothing"), "bob").await,
+        b.release(&key("nothing"), Holder::owner_only("bob")).await,
         Err(LockError::NotFound)
     );
 }
@@ -349,7 +356,7 @@ async fn expired_row_is_taken_over_in_place() {
     assert_eq!(count(&server, "SELECT count(*) FROM tower_lock.locks"), 1);
     assert_eq!(sql(&server, "SELECT owner FROM tower_lock.locks"), "bob");
     assert_eq!(
-        b.release(&key("x"), "crashed").await,
+        b.release(&key("x"), Holder::owner_only("crashed")).await,
         Err(LockError::OwnershipMismatch)
     );
 }
@@ -362,7 +369,10 @@ async fn extend_replaces_ttl_on_the_server_and_never_revives() {
         .acquire(&req("e", "alice", 10 * SEC, Duration::ZERO))
         .await
         .unwrap();
-    let shorter = b.extend(&key("e"), "alice", ms(500)).await.unwrap();
+    let shorter = b
+        .extend(&key("e"), Holder::owner_only("alice"), ms(500))
+        .await
+        .unwrap();
     assert_eq!(shorter.fence, lease.fence);
     assert_eq!(shorter.acquired_at, lease.acquired_at);
     assert_eq!(shorter.ttl, ms(500));
@@ -374,13 +384,16 @@ async fn extend_replaces_ttl_on_the_server_and_never_revives() {
     .unwrap();
     assert_eq!(row_expiry, unix_us(shorter.expires_at));
     assert!(matches!(
-        b.extend(&key("e"), "alice", Duration::ZERO).await,
+        b.extend(&key("e"), Holder::owner_only("alice"), Duration::ZERO)
+            .await,
         Err(LockError::InvalidTtl(_))
     ));
-    b.extend(&key("e"), "alice", ms(30)).await.unwrap();
+    b.extend(&key("e"), Holder::owner_only("alice"), ms(30))
+        .await
+        .unwrap();
     tokio::time::sleep(ms(60)).await;
     assert_eq!(
-        b.extend(&key("e"), "alice", SEC).await,
+        b.extend(&key("e"), Holder::owner_only("alice"), SEC).await,
         Err(LockError::NotFound)
     );
     assert_eq!(b.status(&key("e")).await.unwrap(), None);
@@ -405,21 +418,29 @@ async fn fences_increase_across_release_expiry_instances_and_restarts() {
         fences.push(f);
     };
     take(&b1, "a", SEC).await;
-    b1.release(&key("f"), "a").await.unwrap();
+    b1.release(&key("f"), Holder::owner_only("a"))
+        .await
+        .unwrap();
     take(&b2, "b", SEC).await;
-    b2.release(&key("f"), "b").await.unwrap();
+    b2.release(&key("f"), Holder::owner_only("b"))
+        .await
+        .unwrap();
     take(&b1, "x", ms(30)).await;
     tokio::time::sleep(ms(60)).await;
     take(&b2, "y", 30 * SEC).await;
     assert!(b1.force_release(&key("f")).await.unwrap());
     take(&b1, "z", SEC).await;
-    b1.release(&key("f"), "z").await.unwrap();
+    b1.release(&key("f"), Holder::owner_only("z"))
+        .await
+        .unwrap();
     server.kill();
     server.restart();
     take(&b1, "after-restart", SEC).await;
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     // Nothing per key is left once the lock is gone.
-    b1.release(&key("f"), "after-restart").await.unwrap();
+    b1.release(&key("f"), Holder::owner_only("after-restart"))
+        .await
+        .unwrap();
     assert_eq!(count(&server, "SELECT count(*) FROM tower_lock.locks"), 0);
 }
 
@@ -436,7 +457,7 @@ async fn route_keys_with_quotes_and_long_keys_work() {
         stored_key.starts_with("h:") && stored_key.len() == 66,
         "{stored_key}"
     );
-    b.release(&long, "o").await.unwrap();
+    b.release(&long, Holder::owner_only("o")).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,7 +477,7 @@ async fn backend_from_an_existing_pool() {
     // Waiting uses the LISTEN connection from the URL.
     let w = spawn_acquire(&b, req("p", "w", SEC, 5 * SEC));
     queued(&server, "p", 1).await;
-    b.release(&key("p"), "o").await.unwrap();
+    b.release(&key("p"), Holder::owner_only("o")).await.unwrap();
     granted(w).await;
     let with_config = PostgresBackend::from_pool_and_config(pool.clone(), config);
     assert_eq!(
@@ -548,12 +569,16 @@ async fn two_waiters_with_one_owner_queue_separately() {
     let two = spawn_acquire(&b, req("o", "same", 30 * SEC, 10 * SEC));
     queued(&server, "o", 2).await;
     assert_eq!(b.status(&key("o")).await.unwrap().unwrap().waiters, 2);
-    b.release(&key("o"), "holder").await.unwrap();
+    b.release(&key("o"), Holder::owner_only("holder"))
+        .await
+        .unwrap();
     let first = granted(one).await;
     // The second call is still queued: one owner token, two attempts.
     queued(&server, "o", 1).await;
     assert!(!two.is_finished());
-    b.release(&key("o"), "same").await.unwrap();
+    b.release(&key("o"), Holder::owner_only("same"))
+        .await
+        .unwrap();
     let second = granted(two).await;
     assert!(second.fence > first.fence);
 }
@@ -605,7 +630,9 @@ async fn dead_queue_entries_are_skipped() {
     sql(&server, "UPDATE tower_lock.locks SET queued = true");
     let waiter = spawn_acquire(&b, req("d", "live", SEC, 10 * SEC));
     queued(&server, "d", 2).await;
-    b.release(&key("d"), "holder").await.unwrap();
+    b.release(&key("d"), Holder::owner_only("holder"))
+        .await
+        .unwrap();
     granted(waiter).await;
     assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
     assert_eq!(
@@ -635,7 +662,9 @@ async fn contended_lock_is_mutually_exclusive_and_fair() {
                 log.lock().unwrap().push(w);
                 tokio::time::sleep(ms(1)).await;
                 holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                b.release(r.key(), &owner).await.unwrap();
+                b.release(r.key(), Holder::owner_only(&owner))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -665,7 +694,7 @@ async fn the_table_holds_about_as_many_rows_as_live_locks() {
     for i in 0..5_000 {
         let r = req(&format!("k{i}"), "o", 30 * SEC, Duration::ZERO);
         b.acquire(&r).await.unwrap();
-        b.release(r.key(), "o").await.unwrap();
+        b.release(r.key(), Holder::owner_only("o")).await.unwrap();
     }
     assert_eq!(count(&server, "SELECT count(*) FROM tower_lock.locks"), 0);
 
@@ -695,7 +724,7 @@ async fn the_table_holds_about_as_many_rows_as_live_locks() {
         for _ in 0..512 {
             let r = req("traffic", "o", 30 * SEC, Duration::ZERO);
             b.acquire(&r).await.unwrap();
-            b.release(r.key(), "o").await.unwrap();
+            b.release(r.key(), Holder::owner_only("o")).await.unwrap();
             cycles += 1;
         }
     }
@@ -731,7 +760,9 @@ async fn refused_connection_is_unavailable_at_once() {
         assert!(unavailable(&r));
         assert!(took < ms(500), "{took:?}");
     }
-    assert!(unavailable(&b.release(&key("r"), "o").await));
+    assert!(unavailable(
+        &b.release(&key("r"), Holder::owner_only("o")).await
+    ));
     assert!(unavailable(&b.status(&key("r")).await));
     assert!(unavailable(&b.migrate().await));
 }
@@ -760,7 +791,9 @@ async fn silent_server_is_unavailable_within_the_op_timeout() {
         assert!(took < wait + op_timeout + ms(700), "{took:?}");
     }
     let start = Instant::now();
-    assert!(unavailable(&b.release(&key("s"), "o").await));
+    assert!(unavailable(
+        &b.release(&key("s"), Holder::owner_only("o")).await
+    ));
     assert!(start.elapsed() < op_timeout + ms(700));
 }
 
@@ -796,14 +829,16 @@ async fn a_stuck_statement_is_unavailable_within_the_op_timeout() {
         tokio::time::sleep(ms(5)).await;
     }
     let start = Instant::now();
-    let r = b.release(&key("stuck"), "o").await;
+    let r = b.release(&key("stuck"), Holder::owner_only("o")).await;
     let took = start.elapsed();
     println!("statement stuck behind a row lock: {r:?} after {took:?}");
     assert!(unavailable(&r));
     assert!(took < op_timeout + ms(700), "{took:?}");
     let mut blocker = blocker;
     blocker.wait().unwrap();
-    b.release(&key("stuck"), "o").await.unwrap();
+    b.release(&key("stuck"), Holder::owner_only("o"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -840,14 +875,14 @@ async fn first_calls_after_a_restart_succeed() {
         .unwrap();
     let w = spawn_acquire(&b, req("k", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k", 1).await;
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
     w.await.unwrap().unwrap();
 
     server.kill();
     server.restart();
     // Committed locks survive a restart (unlike an empty Redis restart).
     let start = Instant::now();
-    b.release(&key("k"), "b").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("b")).await.unwrap();
     println!("first call after restart took {:?}", start.elapsed());
     b.acquire(&req("k2", "a", 30 * SEC, Duration::ZERO))
         .await
@@ -855,7 +890,9 @@ async fn first_calls_after_a_restart_succeed() {
     // Waiting works again: the LISTEN connection is re-made.
     let w = spawn_acquire(&b, req("k2", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k2", 1).await;
-    b.release(&key("k2"), "a").await.unwrap();
+    b.release(&key("k2"), Holder::owner_only("a"))
+        .await
+        .unwrap();
     granted(w).await;
 }
 
@@ -871,9 +908,11 @@ async fn terminated_connections_are_replaced() {
     assert!(count(&server, terminate) >= 1);
     // The terminated connection may be noticed only by the first call
     // (fails closed) or before it (replaced at once); the next one works.
-    let first = b.extend(&key("k"), "a", 30 * SEC).await;
+    let first = b.extend(&key("k"), Holder::owner_only("a"), 30 * SEC).await;
     assert!(first.is_ok() || unavailable(&first), "{first:?}");
-    b.extend(&key("k"), "a", 30 * SEC).await.unwrap();
+    b.extend(&key("k"), Holder::owner_only("a"), 30 * SEC)
+        .await
+        .unwrap();
 
     // Terminate the LISTEN connection while a waiter waits: it listens
     // again and is still handed the lock.
@@ -901,7 +940,7 @@ async fn terminated_connections_are_replaced() {
         assert!(Instant::now() < deadline, "never listened again");
         tokio::time::sleep(ms(2)).await;
     }
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
     let lease = granted(w).await;
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
@@ -934,7 +973,9 @@ async fn sslmode_require_with_postgres_tls() {
     assert!(lease.fence > 1);
     let w = spawn_acquire(&b, req("tls", "c", SEC, 5 * SEC));
     queued(&server, "tls", 1).await;
-    b.release(&key("tls"), "b").await.unwrap();
+    b.release(&key("tls"), Holder::owner_only("b"))
+        .await
+        .unwrap();
     granted(w).await;
     // Only psql is on a socket without TLS: the backend's connections are
     // TCP, so they are all encrypted (the hba rules above reject the rest).

@@ -8,6 +8,7 @@ mod common;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+use tower_lock::backend::Holder;
 
 use common::proxy::Proxy;
 use common::redis_server::RedisServer;
@@ -106,9 +107,14 @@ async fn acquire_status_release() {
     assert_eq!(st.acquired_at, lease.acquired_at);
     assert!(st.ttl_remaining <= 10 * SEC && st.ttl_remaining > 9 * SEC);
 
-    b.release(r.key(), "alice").await.unwrap();
+    b.release(r.key(), Holder::owner_only("alice"))
+        .await
+        .unwrap();
     assert_eq!(b.status(r.key()).await.unwrap(), None);
-    assert_eq!(b.release(r.key(), "alice").await, Err(LockError::NotFound));
+    assert_eq!(
+        b.release(r.key(), Holder::owner_only("alice")).await,
+        Err(LockError::NotFound)
+    );
     // The lock key is gone; the slot's fence counter stays (no TTL).
     assert_eq!(server.cmd(&["EXISTS", &stored("a", "")]), "0");
     assert_eq!(server.cmd(&["PTTL", &b.fence_counter_key(r.key())]), "-1");
@@ -178,21 +184,22 @@ async fn wrong_owner_cannot_release_or_extend() {
         .await
         .unwrap();
     assert_eq!(
-        b.release(&key("a"), "bob").await,
+        b.release(&key("a"), Holder::owner_only("bob")).await,
         Err(LockError::OwnershipMismatch)
     );
     assert_eq!(
-        b.extend(&key("a"), "bob", SEC).await,
+        b.extend(&key("a"), Holder::owner_only("bob"), SEC).await,
         Err(LockError::OwnershipMismatch)
     );
     let st = b.status(&key("a")).await.unwrap().unwrap();
     assert_eq!((st.owner.as_str(), st.fence), ("alice", lease.fence));
     assert_eq!(
-        b.extend(&key("nothing"), "bob", SEC).await,
+        b.extend(&key("nothing"), Holder::owner_only("bob"), SEC)
+            .await,
         Err(LockError::NotFound)
     );
     assert_eq!(
-        b.release(&key("nothing"), "bob").await,
+        b.release(&key("nothing"), Holder::owner_only("bob")).await,
         Err(LockError::NotFound)
     );
 }
@@ -218,18 +225,18 @@ async fn an_owner_that_is_a_suffix_of_the_holder_is_refused() {
         async move {
             for owner in ["ab", "b", "-ab", "- worker-ab", " worker-ab", tail.as_str()] {
                 assert_eq!(
-                    b.release(&key("s"), owner).await,
+                    b.release(&key("s"), Holder::owner_only(owner)).await,
                     Err(LockError::OwnershipMismatch),
                     "release by {owner:?}, queued {queued}"
                 );
                 assert_eq!(
-                    b.extend(&key("s"), owner, SEC).await,
+                    b.extend(&key("s"), Holder::owner_only(owner), SEC).await,
                     Err(LockError::OwnershipMismatch),
                     "extend by {owner:?}, queued {queued}"
                 );
             }
             assert_eq!(
-                b.release(&key("s"), "").await,
+                b.release(&key("s"), Holder::owner_only("")).await,
                 Err(LockError::OwnershipMismatch)
             );
             let st = b.status(&key("s")).await.unwrap().unwrap();
@@ -240,16 +247,20 @@ async fn an_owner_that_is_a_suffix_of_the_holder_is_refused() {
     let waiter = spawn_acquire(&b, req("s", "waiter", 10 * SEC, 10 * SEC));
     queued(&server, "s", 1).await;
     refused(true).await;
-    b.release(&key("s"), "worker-ab").await.unwrap();
+    b.release(&key("s"), Holder::owner_only("worker-ab"))
+        .await
+        .unwrap();
     let handed = granted(waiter).await;
     assert!(handed.fence > lease.fence);
     assert_eq!(
-        b.release(&key("s"), "r").await,
+        b.release(&key("s"), Holder::owner_only("r")).await,
         Err(LockError::OwnershipMismatch)
     );
-    b.release(&key("s"), "waiter").await.unwrap();
+    b.release(&key("s"), Holder::owner_only("waiter"))
+        .await
+        .unwrap();
     assert_eq!(
-        b.release(&key("s"), "waiter").await,
+        b.release(&key("s"), Holder::owner_only("waiter")).await,
         Err(LockError::NotFound)
     );
 }
@@ -274,10 +285,15 @@ async fn fences_of_fifteen_digits_and_more_are_stored_exactly() {
         let st = b.status(&key("big")).await.unwrap().unwrap();
         assert_eq!((st.owner.as_str(), st.fence), ("o", expected));
         assert_eq!(
-            b.extend(&key("big"), "o", SEC).await.unwrap().fence,
+            b.extend(&key("big"), Holder::owner_only("o"), SEC)
+                .await
+                .unwrap()
+                .fence,
             expected
         );
-        b.release(&key("big"), "o").await.unwrap();
+        b.release(&key("big"), Holder::owner_only("o"))
+            .await
+            .unwrap();
     }
 }
 
@@ -295,7 +311,7 @@ async fn fence_increases_across_release_expiry_and_instances() {
                 .unwrap()
                 .fence,
         );
-        b.release(&key("f"), "o").await.unwrap();
+        b.release(&key("f"), Holder::owner_only("o")).await.unwrap();
     }
     // Expiry instead of release.
     fences.push(
@@ -348,16 +364,22 @@ async fn legacy_per_key_counters_are_migrated_on_first_use() {
         server.cmd(&["GET", &b.fence_counter_key(&key("old"))]),
         "1001"
     );
-    b.release(&key("old"), "o").await.unwrap();
+    b.release(&key("old"), Holder::owner_only("o"))
+        .await
+        .unwrap();
     assert_eq!(acquire("old").await, 1002);
-    b.release(&key("old"), "o").await.unwrap();
+    b.release(&key("old"), Holder::owner_only("o"))
+        .await
+        .unwrap();
 
     // The slot's counter is ahead: it wins, the legacy one still goes.
     server.cmd(&["SET", &b.fence_counter_key(&key("ahead")), "5000"]);
     server.cmd(&["SET", &stored("ahead", ":fence"), "10"]);
     assert_eq!(acquire("ahead").await, 5001);
     assert_eq!(server.cmd(&["EXISTS", &stored("ahead", ":fence")]), "0");
-    b.release(&key("ahead"), "o").await.unwrap();
+    b.release(&key("ahead"), Holder::owner_only("o"))
+        .await
+        .unwrap();
 
     // A hand-off draws its fence through the same migration.
     let held = acquire("h").await;
@@ -365,7 +387,7 @@ async fn legacy_per_key_counters_are_migrated_on_first_use() {
     queued(&server, "h", 1).await;
     let legacy = (held + 100).to_string();
     server.cmd(&["SET", &stored("h", ":fence"), &legacy]);
-    b.release(&key("h"), "o").await.unwrap();
+    b.release(&key("h"), Holder::owner_only("o")).await.unwrap();
     assert_eq!(granted(waiter).await.fence, held + 101);
     assert_eq!(server.cmd(&["EXISTS", &stored("h", ":fence")]), "0");
 }
@@ -389,7 +411,7 @@ async fn distinct_keys_leave_a_bounded_number_of_keys() {
             async move {
                 let r = AcquireRequest::new(key(&name), "o", 10 * SEC, Duration::ZERO).unwrap();
                 b.acquire(&r).await.unwrap();
-                b.release(r.key(), "o").await.unwrap();
+                b.release(r.key(), Holder::owner_only("o")).await.unwrap();
             }
         });
         let handles: Vec<_> = cycles.map(tokio::spawn).collect();
@@ -413,27 +435,36 @@ async fn extend_replaces_ttl_on_the_server_and_never_revives() {
         .await
         .unwrap();
 
-    let shorter = b.extend(&key("e"), "alice", ms(500)).await.unwrap();
+    let shorter = b
+        .extend(&key("e"), Holder::owner_only("alice"), ms(500))
+        .await
+        .unwrap();
     assert_eq!(shorter.fence, lease.fence);
     assert_eq!(shorter.acquired_at, lease.acquired_at);
     assert_eq!(shorter.ttl, ms(500));
     let pttl: i64 = server.cmd(&["PTTL", &stored("e", "")]).parse().unwrap();
     assert!((0..=500).contains(&pttl), "PTTL {pttl}");
 
-    let longer = b.extend(&key("e"), "alice", 20 * SEC).await.unwrap();
+    let longer = b
+        .extend(&key("e"), Holder::owner_only("alice"), 20 * SEC)
+        .await
+        .unwrap();
     assert!(longer.expires_at > lease.expires_at);
     let pttl: i64 = server.cmd(&["PTTL", &stored("e", "")]).parse().unwrap();
     assert!(pttl > 19_000, "PTTL {pttl}");
 
     assert!(matches!(
-        b.extend(&key("e"), "alice", Duration::ZERO).await,
+        b.extend(&key("e"), Holder::owner_only("alice"), Duration::ZERO)
+            .await,
         Err(LockError::InvalidTtl(_))
     ));
 
-    b.extend(&key("e"), "alice", ms(30)).await.unwrap();
+    b.extend(&key("e"), Holder::owner_only("alice"), ms(30))
+        .await
+        .unwrap();
     tokio::time::sleep(ms(60)).await;
     assert_eq!(
-        b.extend(&key("e"), "alice", SEC).await,
+        b.extend(&key("e"), Holder::owner_only("alice"), SEC).await,
         Err(LockError::NotFound)
     );
     assert_eq!(b.status(&key("e")).await.unwrap(), None);
@@ -455,10 +486,12 @@ async fn expired_lock_is_free_without_cleanup() {
         .unwrap();
     assert!(new.fence > old.fence);
     assert_eq!(
-        b.release(&key("x"), "alice").await,
+        b.release(&key("x"), Holder::owner_only("alice")).await,
         Err(LockError::OwnershipMismatch)
     );
-    b.release(&key("x"), "bob").await.unwrap();
+    b.release(&key("x"), Holder::owner_only("bob"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,7 +566,10 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
     // The grant to w, and w's own re-checks, are held back...
     proxy.hold_pubsub(true);
     proxy.hold_commands(true);
-    direct.release(&key("k"), "h").await.unwrap();
+    direct
+        .release(&key("k"), Holder::owner_only("h"))
+        .await
+        .unwrap();
     let handed = direct.status(&key("k")).await.unwrap().unwrap();
     assert_eq!(handed.owner, "w");
     // ...until w's lease has run out and z has taken the lock.
@@ -547,7 +583,10 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
     // old grant, and z releases.
     queued(&server, "k", 1).await;
     proxy.hold_pubsub(false);
-    direct.release(&key("k"), "z").await.unwrap();
+    direct
+        .release(&key("k"), Holder::owner_only("z"))
+        .await
+        .unwrap();
 
     let lease = granted(waiter).await;
     assert!(
@@ -588,7 +627,7 @@ async fn route_keys_with_braces_and_long_keys_work() {
             .all(|k| k.starts_with("app:{h:") || k == b.fence_counter_key(&k_)),
         "{keys}"
     );
-    b.release(&k, "o").await.unwrap();
+    b.release(&k, Holder::owner_only("o")).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,7 +640,7 @@ async fn backend_from_an_existing_pool() {
     b.acquire(&req("p", "o", SEC, Duration::ZERO))
         .await
         .unwrap();
-    b.release(&key("p"), "o").await.unwrap();
+    b.release(&key("p"), Holder::owner_only("o")).await.unwrap();
     // The other constructors.
     let from_config =
         RedisBackend::from_config(&deadpool_redis::Config::from_url(server.url())).unwrap();
@@ -670,7 +709,9 @@ async fn dead_queue_entries_are_skipped() {
     ]);
     let waiter = spawn_acquire(&b, req("d", "live", SEC, 10 * SEC));
     queued(&server, "d", 2).await;
-    b.release(&key("d"), "holder").await.unwrap();
+    b.release(&key("d"), Holder::owner_only("holder"))
+        .await
+        .unwrap();
     granted(waiter).await;
     assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
 }
@@ -696,7 +737,9 @@ async fn contended_lock_is_mutually_exclusive_and_fair() {
                 log.lock().unwrap().push(w);
                 tokio::time::sleep(ms(1)).await;
                 holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                b.release(r.key(), &owner).await.unwrap();
+                b.release(r.key(), Holder::owner_only(&owner))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -731,7 +774,9 @@ async fn refused_connection_is_unavailable_at_once() {
         assert!(unavailable(r));
         assert!(took < SEC, "{took:?}");
     }
-    assert!(unavailable(b.release(&key("r"), "o").await));
+    assert!(unavailable(
+        b.release(&key("r"), Holder::owner_only("o")).await
+    ));
     assert!(unavailable(b.status(&key("r")).await));
 }
 
@@ -759,7 +804,9 @@ async fn silent_server_is_unavailable_within_the_op_timeout() {
         assert!(took < wait + op_timeout + ms(700), "{took:?}");
     }
     let start = Instant::now();
-    assert!(unavailable(b.release(&key("s"), "o").await));
+    assert!(unavailable(
+        b.release(&key("s"), Holder::owner_only("o")).await
+    ));
     assert!(start.elapsed() < op_timeout + ms(700));
 }
 
@@ -797,13 +844,16 @@ async fn first_calls_after_a_restart_succeed() {
         .unwrap();
     let w = spawn_acquire(&b, req("k", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k", 1).await;
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
     w.await.unwrap().unwrap();
 
     server.kill();
     server.restart();
     // The held lock is gone with the empty restart: release says so.
-    assert_eq!(b.release(&key("k"), "b").await, Err(LockError::NotFound));
+    assert_eq!(
+        b.release(&key("k"), Holder::owner_only("b")).await,
+        Err(LockError::NotFound)
+    );
     let start = Instant::now();
     b.acquire(&req("k2", "a", 30 * SEC, Duration::ZERO))
         .await
@@ -813,7 +863,9 @@ async fn first_calls_after_a_restart_succeed() {
     // Waiting works again: the pub/sub connection is re-made.
     let w = spawn_acquire(&b, req("k2", "b", 30 * SEC, 10 * SEC));
     queued(&server, "k2", 1).await;
-    b.release(&key("k2"), "a").await.unwrap();
+    b.release(&key("k2"), Holder::owner_only("a"))
+        .await
+        .unwrap();
     granted(w).await;
 }
 
@@ -839,11 +891,13 @@ async fn script_flush_mid_run_is_harmless() {
         .await
         .unwrap();
     assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
-    b.extend(&key("k"), "a", 20 * SEC).await.unwrap();
+    b.extend(&key("k"), Holder::owner_only("a"), 20 * SEC)
+        .await
+        .unwrap();
     assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
     assert!(b.status(&key("k")).await.unwrap().is_some());
     assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
     assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "OK");
     b.acquire(&req("k", "a", 10 * SEC, Duration::ZERO))
         .await
@@ -864,9 +918,11 @@ async fn killed_connections_are_replaced() {
         .parse()
         .unwrap();
     assert!(killed >= 1);
-    b.extend(&key("k"), "a", 30 * SEC).await.unwrap();
+    b.extend(&key("k"), Holder::owner_only("a"), 30 * SEC)
+        .await
+        .unwrap();
     server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
 
     // Kill the pub/sub connection while a waiter waits: it re-subscribes and
     // is still handed the lock.
@@ -889,7 +945,7 @@ async fn killed_connections_are_replaced() {
         assert!(Instant::now() < deadline, "never re-subscribed");
         tokio::time::sleep(ms(2)).await;
     }
-    b.release(&key("k"), "a").await.unwrap();
+    b.release(&key("k"), Holder::owner_only("a")).await.unwrap();
     let lease = granted(w).await;
     assert!(lease.fence > 0);
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "b");
@@ -908,7 +964,7 @@ async fn an_evicting_redis_is_warned_about_once() {
     for i in 0..3 {
         let r = req(&format!("k{i}"), "o", SEC, Duration::ZERO);
         b.acquire(&r).await.unwrap();
-        b.release(r.key(), "o").await.unwrap();
+        b.release(r.key(), Holder::owner_only("o")).await.unwrap();
     }
     assert_eq!(logs.count(WARNING), 1, "{}", logs.text());
     assert!(logs.text().contains("allkeys-lru"));

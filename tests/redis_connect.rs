@@ -5,6 +5,7 @@
 mod common;
 
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use common::redis_server::RedisServer;
 use tower_lock::backend::AcquireRequest;
@@ -32,7 +33,10 @@ async fn exercise(backend: &RedisBackend) {
         .expect("the waiter gets the lock after the holder's TTL");
     assert!(lease.fence > 1);
     assert_eq!(backend.status(&key).await.unwrap().unwrap().owner, "b");
-    backend.release(&key, "b").await.expect("release");
+    backend
+        .release(&key, Holder::owner_only("b"))
+        .await
+        .expect("release");
 }
 
 #[tokio::test]

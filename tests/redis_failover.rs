@@ -17,6 +17,7 @@
 mod common;
 
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use common::redis_cluster::RedisCluster;
 use tokio::time::Instant;
@@ -103,7 +104,9 @@ async fn failover() {
                 match backend.acquire(&r).await {
                     Ok(_) => {
                         ok += 1;
-                        let _ = backend.release(r.key(), r.owner()).await;
+                        let _ = backend
+                            .release(r.key(), Holder::owner_only(r.owner()))
+                            .await;
                     }
                     Err(e) => {
                         assert!(unavailable(&e), "the other shard answered {e:?}");
@@ -154,7 +157,10 @@ async fn failover() {
         "service back {downtime:?} after the kill ({refused} acquisitions refused with 503); \
          the other shard meanwhile: {ok} granted, {failed} refused"
     );
-    backend.release(r.key(), r.owner()).await.unwrap();
+    backend
+        .release(r.key(), Holder::owner_only(r.owner()))
+        .await
+        .unwrap();
     assert!(back.fence > 0);
     let new_primary = cluster.owner_of(
         cluster
@@ -197,7 +203,10 @@ async fn failover() {
         Err(LockError::AcquisitionFailed { .. }) => {}
         other => panic!("a newcomer got {other:?} while the lock is held"),
     }
-    backend.release(holder.key(), "holder").await.unwrap();
+    backend
+        .release(holder.key(), Holder::owner_only("holder"))
+        .await
+        .unwrap();
     // Fences keep increasing on the promoted replica.
     let after = req(&held, "after", 5 * SEC, 3 * SEC);
     let t0 = Instant::now();
@@ -209,5 +218,8 @@ async fn failover() {
         next.fence,
         lease.fence
     );
-    backend.release(after.key(), "after").await.unwrap();
+    backend
+        .release(after.key(), Holder::owner_only("after"))
+        .await
+        .unwrap();
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
@@ -63,11 +64,14 @@ async fn acquisitions_wait_for_the_replica_and_fail_closed_without_it() {
         assert!(Instant::now() < deadline, "the waiter never queued");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    plain.release(a.key(), "a").await.unwrap();
+    plain
+        .release(a.key(), Holder::owner_only("a"))
+        .await
+        .unwrap();
     waiter.await.unwrap().unwrap();
     assert!(replica.cmd(&["GET", "lock:{g:r1}"]).ends_with(" b"));
     backend
-        .release(&LockKey::global("r1").unwrap(), "b")
+        .release(&LockKey::global("r1").unwrap(), Holder::owner_only("b"))
         .await
         .unwrap();
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tower_lock::backend::Holder;
 
 use tower_lock::backend::AcquireRequest;
 use tower_lock::{LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
@@ -49,7 +50,11 @@ impl Locker {
     pub(crate) async fn release(&self, held: Held) -> Result<(), LockError> {
         match held {
             Held::Owned(lock) => lock.release().await,
-            Held::Request(req) => self.backend.release(req.key(), req.owner()).await,
+            Held::Request(req) => {
+                self.backend
+                    .release(req.key(), Holder::owner_only(req.owner()))
+                    .await
+            }
         }
     }
 }

@@ -32,9 +32,11 @@
 //!   handed to it meanwhile). The wait ends with
 //!   [`LockError::AcquisitionFailed`] (no wait) or [`LockError::Timeout`],
 //!   with the holder's remaining TTL.
-//! - **Release** and **extend** check the owner token:
+//! - **Release** and **extend** name the acquisition, not only the owner
+//!   ([`Holder`]: owner token and fence, compared in the same atomic step):
 //!   [`LockError::NotFound`] if nothing is held, [`LockError::OwnershipMismatch`]
-//!   if another holds it. `extend` sets the remaining TTL (check it with
+//!   if another owner holds it, or the same owner under another fence (a
+//!   later acquisition by a reused custom owner). `extend` sets the remaining TTL (check it with
 //!   [`validate_ttl`]) and never revives an expired lock. **Force release**
 //!   frees whoever holds, handing over to the queue as a release does.
 //! - **Status** answers who holds the lock, with [`LockStatus::waiters`]
@@ -81,17 +83,23 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 pub use crate::error::LockError;
 pub use crate::key::{KeyDigest, LockKey};
 pub use crate::metadata::{LockMetadata, MAX_METADATA_BYTES};
 pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
 pub use flight::{FlightPublish, FlightResult, FlightStart, FlightWait};
+pub use holder::Holder;
+pub use lease::{ExtendRequest, HeldBy, Lease, LockStatus};
+
+pub(crate) use arc::join_all;
 pub use shared::SharedBackend;
 
+mod arc;
 mod flight;
+mod holder;
+mod lease;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -104,109 +112,6 @@ mod shared;
 /// A boxed, `Send` future, as returned by [`LockBackend`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a successful acquisition or extension returns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Lease {
-    /// Fencing token: strictly greater than any earlier acquisition of the
-    /// same key returned, on this backend (never reset by release or expiry).
-    pub fence: u64,
-    /// When the lock was acquired (wall clock of the backend; Redis reports
-    /// an uncontended acquisition with the caller's clock read just before
-    /// the request).
-    pub acquired_at: SystemTime,
-    /// When the lock expires unless extended (same clock as `acquired_at`;
-    /// it never falls after the backend's own expiry).
-    pub expires_at: SystemTime,
-    /// The TTL granted from the moment of this acquisition/extension.
-    pub ttl: Duration,
-}
-
-impl Lease {
-    /// A lease with the given fence, acquired at `acquired_at`, expiring
-    /// `ttl` after `now`.
-    pub fn new(fence: u64, acquired_at: SystemTime, now: SystemTime, ttl: Duration) -> Self {
-        Lease {
-            fence,
-            acquired_at,
-            expires_at: now + ttl,
-            ttl,
-        }
-    }
-}
-
-/// What a status lookup finds for a held lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockStatus {
-    /// The holder's owner token.
-    pub owner: String,
-    /// The holder's fencing token.
-    pub fence: u64,
-    /// When the holder acquired it.
-    pub acquired_at: SystemTime,
-    /// When it expires unless extended.
-    pub expires_at: SystemTime,
-    /// Time left before it expires.
-    pub ttl_remaining: Duration,
-    /// Acquirers queued for the lock. A remote backend may still count a
-    /// waiter that gave up or died, until its own max wait ends.
-    pub waiters: usize,
-    /// The metadata the holder stored with this acquisition
-    /// ([`AcquireRequest::metadata`]), if any.
-    pub metadata: Option<LockMetadata>,
-}
-
-impl LockStatus {
-    /// Build a status.
-    pub fn new(
-        owner: String,
-        fence: u64,
-        acquired_at: SystemTime,
-        expires_at: SystemTime,
-        ttl_remaining: Duration,
-    ) -> Self {
-        LockStatus {
-            owner,
-            fence,
-            acquired_at,
-            expires_at,
-            ttl_remaining,
-            waiters: 0,
-            metadata: None,
-        }
-    }
-
-    /// The same status with the holder's `metadata`.
-    pub fn with_metadata(mut self, metadata: Option<LockMetadata>) -> Self {
-        self.metadata = metadata;
-        self
-    }
-
-    /// The same status with `waiters` acquirers queued.
-    pub fn with_waiters(mut self, waiters: usize) -> Self {
-        self.waiters = waiters;
-        self
-    }
-}
-
-/// One lock an owner token holds, as [`LockBackend::held_by`] finds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HeldBy {
-    /// The lock's key (with its scope).
-    pub key: LockKey,
-    /// Who holds it (the owner asked about) and until when.
-    pub status: LockStatus,
-}
-
-impl HeldBy {
-    /// `key` held as `status` says.
-    pub fn new(key: LockKey, status: LockStatus) -> Self {
-        HeldBy { key, status }
-    }
-}
-
 /// A store that can hold locks: in memory, Redis, PostgreSQL, and others.
 ///
 /// Contract shared by every implementation (the behavioural test suite runs
@@ -216,9 +121,10 @@ impl HeldBy {
 ///   expiry, not by polling) and then fails with
 ///   [`LockError::AcquisitionFailed`] (no wait) or [`LockError::Timeout`],
 ///   carrying the holder's remaining TTL.
-/// - `release` and `extend` check the owner token: [`LockError::NotFound`]
-///   when nothing is held (or it expired), [`LockError::OwnershipMismatch`]
-///   when someone else holds it. `extend` sets the remaining TTL to `ttl`
+/// - `release` and `extend` check the acquisition ([`Holder`]: owner token
+///   and fence): [`LockError::NotFound`] when nothing is held (or it
+///   expired), [`LockError::OwnershipMismatch`] when another acquisition
+///   holds it (another owner, or the same owner under another fence). `extend` sets the remaining TTL to `ttl`
 ///   (expires = now + ttl) and never revives an expired lock.
 /// - Every failure to reach the store is [`LockError::BackendUnavailable`],
 ///   within a bounded time.
@@ -234,20 +140,47 @@ pub trait LockBackend: Send + Sync + 'static {
     /// Take the lock described by `req`, waiting up to its max wait.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>>;
 
-    /// Give back a lock held by `owner`.
+    /// Give back the lock `key` if `holder` is the acquisition holding it
+    /// (owner token and fence, see [`Holder`]).
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
     ) -> BoxFuture<'a, Result<(), LockError>>;
 
-    /// Replace the remaining TTL of a lock held by `owner` with `ttl`.
+    /// Replace the remaining TTL of the lock `key` with `ttl`, if `holder`
+    /// is the acquisition holding it.
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>>;
+
+    /// Take over the acquisition `holder` (owner token and fence, both
+    /// required) as a new acquisition of the same owner: one atomic step
+    /// that gives the lock a fresh fence (as a hand-off would: strictly
+    /// greater than any before), records `attempt` as its attempt, and
+    /// keeps its expiry and metadata. What a job's restore of a
+    /// [`LockToken`](crate::LockToken) does, so that a token delivered twice
+    /// restores once: the second claim names a fence that is gone
+    /// ([`LockError::OwnershipMismatch`]).
+    ///
+    /// A claim repeated after a lost reply finds the lock held by the same
+    /// owner under `attempt` and answers the same lease again.
+    /// [`LockError::NotFound`] when nothing is held; the default answers
+    /// [`LockError::Unsupported`].
+    fn claim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        holder: Holder<'a>,
+        attempt: u64,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        let _ = (key, holder, attempt);
+        Box::pin(std::future::ready(Err(LockError::Unsupported(
+            "this lock backend cannot claim a lock (restore a token)",
+        ))))
+    }
 
     /// Remove the lock whoever holds it. `Ok(true)` if one was held.
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>>;
@@ -304,8 +237,8 @@ pub trait LockBackend: Send + Sync + 'static {
     /// Release at once, if that needs no I/O; `None` when it does, and the
     /// caller then uses [`release`](LockBackend::release). The default is
     /// `None`.
-    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
-        let _ = (key, owner);
+    fn try_release_now(&self, key: &LockKey, holder: Holder<'_>) -> Option<Result<(), LockError>> {
+        let _ = (key, holder);
         None
     }
 
@@ -321,7 +254,7 @@ pub trait LockBackend: Send + Sync + 'static {
         Box::pin(async move {
             let mut out = Vec::with_capacity(batch.len());
             for req in batch {
-                out.push(self.extend(&req.key, &req.owner, req.ttl).await);
+                out.push(self.extend(&req.key, req.holder(), req.ttl).await);
             }
             out
         })
@@ -380,120 +313,4 @@ pub trait LockBackend: Send + Sync + 'static {
             "this lock backend does not implement single-flight",
         ))))
     }
-}
-
-/// One extension in a [`LockBackend::extend_many`] batch.
-#[derive(Debug, Clone)]
-pub struct ExtendRequest {
-    /// The lock's key.
-    pub key: LockKey,
-    /// The holder's owner token.
-    pub owner: Arc<str>,
-    /// The new remaining TTL.
-    pub ttl: Duration,
-}
-
-impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
-    fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        (**self).acquire(req)
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        (**self).release(key, owner)
-    }
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        (**self).extend(key, owner, ttl)
-    }
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
-        (**self).force_release(key)
-    }
-    fn status<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
-        (**self).status(key)
-    }
-    fn extend_many<'a>(
-        &'a self,
-        batch: &'a [ExtendRequest],
-    ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
-        (**self).extend_many(batch)
-    }
-    fn held_by<'a>(
-        &'a self,
-        owner: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<HeldBy>, LockError>> {
-        (**self).held_by(owner, limit)
-    }
-    fn owns<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<bool, LockError>> {
-        (**self).owns(key, owner)
-    }
-    fn try_acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
-        (**self).try_acquire_now(req)
-    }
-    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
-        (**self).try_release_now(key, owner)
-    }
-    fn flight_begin<'a>(
-        &'a self,
-        req: &'a AcquireRequest,
-    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
-        (**self).flight_begin(req)
-    }
-    fn flight_result<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
-        (**self).flight_result(key)
-    }
-    fn flight_publish<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a str,
-        publish: &'a FlightPublish,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        (**self).flight_publish(key, owner, publish)
-    }
-}
-
-/// Drive `futures` concurrently; their outputs in order.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
-pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    use std::task::Poll;
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }

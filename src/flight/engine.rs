@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, SharedBackend};
+use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Holder, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::OwnedLock;
@@ -136,7 +136,11 @@ async fn begin(
         Err(e) => {
             // The step may have taken the lock before its reply was lost.
             if matches!(e, LockError::BackendUnavailable(_)) {
-                let _ = backend.release(req.key(), req.owner()).await;
+                // The owner token was made for this call alone (see
+                // `Holder::owner_only`).
+                let _ = backend
+                    .release(req.key(), Holder::owner_only(req.owner()))
+                    .await;
             }
             Err(e)
         }

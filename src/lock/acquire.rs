@@ -10,7 +10,7 @@ use super::held::HeldExtras;
 use super::registry::Defaults;
 use super::release::Finish;
 use super::{HeldLock, Locks};
-use crate::backend::{BoxFuture, Lease, SharedBackend};
+use crate::backend::{BoxFuture, Holder, Lease, SharedBackend};
 use crate::error::LockError;
 use crate::observe::{self, Meter, acquire_span};
 use crate::spec::{AcquireRequest, LockSpec};
@@ -103,8 +103,10 @@ pub(crate) async fn acquire_guarded(
                     self.req.key().clone(),
                     self.req.owner_arc().clone(),
                 );
+                // The fence was never learnt; the owner token, made for
+                // this call alone, names the acquisition by itself.
                 drop(Finish::start(Box::pin(async move {
-                    let _ = backend.release(&key, &owner).await;
+                    let _ = backend.release(&key, Holder::owner_only(&owner)).await;
                 })));
             }
         }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use crate::backend::{Lease, SharedBackend};
+use crate::backend::{Holder, Lease, SharedBackend};
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
 use crate::observe::{Meter, Since};
@@ -192,6 +192,7 @@ impl HeldLock {
         backend.watchdog().watch(
             self.key.clone(),
             self.owner.clone(),
+            self.lease.fence,
             self.ttl(),
             self.lost_signal().clone(),
             self.meter.clone(),
@@ -208,9 +209,15 @@ impl HeldLock {
         self.key.key()
     }
 
-    /// The owner token: whoever presents it can release or extend the lock.
+    /// The owner token: whoever presents it with the fence can release or
+    /// extend the lock.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// This acquisition, as the backend names it (owner token and fence).
+    pub(crate) fn holder(&self) -> Holder<'_> {
+        Holder::new(&self.owner, self.lease.fence)
     }
 
     /// The fencing token. Pass it to the resource you protect and have it

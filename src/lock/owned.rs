@@ -10,11 +10,11 @@ use super::acquire::acquire_guarded;
 use super::held::HeldExtras;
 use super::release::{release_detached, release_one};
 use super::{HeldLock, LockToken};
-use crate::backend::{Lease, LockStatus, SharedBackend};
+use crate::backend::{Holder, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::Scope;
 use crate::observe::{self, Meter};
-use crate::spec::{LockSpec, owners_match};
+use crate::spec::{LockSpec, new_attempt_id};
 use crate::watchdog::WatchHandle;
 
 /// A lock owned outside any request: from
@@ -144,15 +144,25 @@ impl OwnedLock {
     /// [`into_token`](OwnedLock::into_token), here or in another process
     /// using the same backend configuration.
     ///
-    /// Checks with the backend: [`LockError::NotFound`] if the lock has
-    /// expired or was released, [`LockError::OwnershipMismatch`] if someone
-    /// else holds it now, or the same owner token holds it under another
-    /// fence (a later acquisition by a reused custom owner: the token is
-    /// stale).
+    /// **Restoring is a claim**: one atomic step on the backend checks that
+    /// the token's acquisition (owner token and fence) still holds the lock
+    /// and makes it a new acquisition of the same owner, under a fresh fence
+    /// (greater than the token's, as after a hand-off: a write fenced by the
+    /// token's holder is now refused by a fenced store). So a token restores
+    /// once while the lock lives. A job queue delivers at least once, and a
+    /// job delivered twice must not run twice under one lock: the second
+    /// restore of the same token gets [`LockError::OwnershipMismatch`] (as
+    /// does a stale token, whose owner took the lock again since), and a
+    /// token whose lock was released or expired gets [`LockError::NotFound`]
+    /// (a finished job's token never restores, also while a
+    /// [minimum hold](crate::LockSpec::min_hold) keeps the lock: that hold
+    /// belongs to the restored acquisition). A restore repeated by the
+    /// backend after a lost reply is recognised as the same claim.
     ///
-    /// The handle's TTL (what [`start_watchdog`](OwnedLock::start_watchdog)
-    /// renews by) is the token's original TTL; a token made before tokens
-    /// carried it falls back to the time the lock has left.
+    /// The expiry and the metadata are the lock's. The handle's TTL (what
+    /// [`start_watchdog`](OwnedLock::start_watchdog) renews by) is the
+    /// token's original TTL; a token made before tokens carried it falls
+    /// back to the time the lock has left.
     pub async fn restore(
         backend: impl Into<SharedBackend>,
         token: &LockToken,
@@ -161,28 +171,28 @@ impl OwnedLock {
         let key = token.lock_key()?;
         crate::spec::validate_owner(&token.owner)?;
         let sent = tokio::time::Instant::now();
-        let status = backend.status(&key).await?.ok_or(LockError::NotFound)?;
-        if status.fence != token.fence || !owners_match(&status.owner, &token.owner) {
-            return Err(LockError::OwnershipMismatch);
-        }
+        let holder = Holder::new(&token.owner, token.fence);
+        let claimed = backend.claim(&key, holder, new_attempt_id()).await?;
+        // The metadata of the lock, not the token's copy (read after the
+        // claim: it follows the lock's new fence).
+        let metadata = match backend.status(&key).await {
+            Ok(Some(status)) if status.fence == claimed.fence => status.metadata,
+            _ => token.metadata.clone(),
+        };
+        let left = claimed.ttl;
         let ttl = token
             .ttl_ms
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis)
-            .unwrap_or(status.ttl_remaining)
+            .unwrap_or(left)
             .min(crate::spec::MAX_TTL);
-        let lease = Lease {
-            fence: status.fence,
-            acquired_at: status.acquired_at,
-            expires_at: status.expires_at,
-            ttl,
-        };
+        let lease = Lease { ttl, ..claimed };
         let lock = HeldLock::new(
             key,
             Arc::from(token.owner.as_str()),
             lease,
-            sent + status.ttl_remaining,
-            HeldExtras::new(status.metadata, token.hold_left().map(|left| sent + left)),
+            sent + left,
+            HeldExtras::new(metadata, token.hold_left().map(|left| sent + left)),
             Meter::new(&backend, ""),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))
@@ -255,7 +265,7 @@ impl OwnedLock {
         let sent = tokio::time::Instant::now();
         let lease = self
             .backend
-            .extend(&self.lock.key, &self.lock.owner, ttl)
+            .extend(&self.lock.key, self.lock.holder(), ttl)
             .await
             .inspect_err(|e| self.lock.meter.backend_error("extend", e))?;
         self.lock.lease = lease;

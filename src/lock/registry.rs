@@ -324,7 +324,7 @@ impl Locks {
         let lease = self
             .inner
             .backend
-            .extend(&lock.key, &lock.owner, ttl)
+            .extend(&lock.key, lock.holder(), ttl)
             .await
             .inspect_err(|e| lock.meter.backend_error("extend", e))?;
         let mut state = self.state();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::backend::{BoxFuture, SharedBackend};
+use crate::backend::{BoxFuture, Holder, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::HeldLock;
@@ -102,7 +102,7 @@ pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<F
     Finish::start(Box::pin(async move {
         for lock in locks {
             let hold = lock.hold_left();
-            let result = give_back(&backend, lock.lock_key(), lock.owner(), hold).await;
+            let result = give_back(&backend, lock.lock_key(), lock.holder(), hold).await;
             traced(&lock, result);
         }
     }))
@@ -123,8 +123,9 @@ pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Res
         None => {
             let hold = lock.hold_left();
             let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
+            let fence = lock.fence();
             Finish::new(Box::pin(async move {
-                give_back(&backend, &key, &owner, hold).await
+                give_back(&backend, &key, Holder::new(&owner, fence), hold).await
             }))
             .await
         }
@@ -140,22 +141,23 @@ pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Res
 #[inline]
 fn release_now(backend: &SharedBackend, lock: &HeldLock) -> Option<Result<(), LockError>> {
     match lock.hold_left() {
-        None => backend.try_release_now(lock.lock_key(), lock.owner()),
+        None => backend.try_release_now(lock.lock_key(), lock.holder()),
         Some(_) => None,
     }
 }
 
 /// Give a lock back: free it, or, within its minimum hold (`hold` left),
-/// shorten it to end with the hold (owner-checked; never revives it).
+/// shorten it to end with the hold (checked against the acquisition; never
+/// revives it).
 async fn give_back(
     backend: &SharedBackend,
     key: &LockKey,
-    owner: &str,
+    holder: Holder<'_>,
     hold: Option<Duration>,
 ) -> Result<(), LockError> {
     match hold {
-        None => backend.release(key, owner).await,
-        Some(left) => backend.extend(key, owner, left).await.map(drop),
+        None => backend.release(key, holder).await,
+        Some(left) => backend.extend(key, holder, left).await.map(drop),
     }
 }
 

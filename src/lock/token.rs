@@ -14,10 +14,13 @@ use crate::time::unix_ms;
 /// The owner token inside is the credential to release the lock: treat the
 /// token like a secret.
 ///
-/// Releasing the same token twice: the second release answers
-/// [`LockError::NotFound`] on both built-in backends (they do not keep
-/// tombstones of released locks); an [`OwnedLock`] itself cannot be released
-/// twice, and [`Locks::release`] answers [`LockError::AlreadyReleased`].
+/// A token restores **once** ([`OwnedLock::restore`] claims the lock under a
+/// new fence): a job delivered twice by an at-least-once queue gets
+/// [`LockError::OwnershipMismatch`] the second time, and
+/// [`LockError::NotFound`] once the lock was released or expired (the
+/// built-in backends keep no tombstones of released locks). An
+/// [`OwnedLock`] itself cannot be released twice, and [`Locks::release`]
+/// answers [`LockError::AlreadyReleased`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -35,7 +38,10 @@ use crate::time::unix_ms;
 /// // ... and out of it, in a worker of any process on the same backend.
 /// let token: LockToken = serde_json::from_str(&job)?;
 /// let lock = OwnedLock::restore(&backend, &token).await?;
-/// assert_eq!(lock.fence(), fence);
+/// // Restoring claims the lock: a new acquisition, under a greater fence.
+/// assert!(lock.fence() > fence);
+/// // So a token delivered twice restores once.
+/// assert!(OwnedLock::restore(&backend, &token).await.is_err());
 /// lock.release().await?;
 /// # Ok(())
 /// # }

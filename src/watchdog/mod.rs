@@ -29,6 +29,7 @@ pub use signal::LostSignal;
 struct Watched {
     key: LockKey,
     owner: Arc<str>,
+    fence: u64,
     ttl: Duration,
     due: Instant,
     signal: LostSignal,
@@ -94,16 +95,25 @@ impl Watchdog {
         }))
     }
 
-    /// Start renewing `key` every `ttl / 3`.
+    /// Start renewing `owner`'s acquisition `fence` of `key` every `ttl / 3`.
     pub(crate) fn watch(
         &self,
         key: LockKey,
         owner: Arc<str>,
+        fence: u64,
         ttl: Duration,
         signal: LostSignal,
         meter: Meter,
     ) -> WatchHandle {
-        self.0.watch(key, owner, ttl, signal, meter)
+        self.0.watch(Watched {
+            key,
+            owner,
+            fence,
+            ttl,
+            due: Instant::now(),
+            signal,
+            meter,
+        })
     }
 }
 
@@ -112,37 +122,22 @@ impl Dog {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start renewing `key` every `ttl / 3`.
-    pub(crate) fn watch(
-        self: &Arc<Self>,
-        key: LockKey,
-        owner: Arc<str>,
-        ttl: Duration,
-        signal: LostSignal,
-        meter: Meter,
-    ) -> WatchHandle {
+    /// Start renewing `watched` every `ttl / 3`.
+    fn watch(self: &Arc<Self>, mut watched: Watched) -> WatchHandle {
         // A third of the TTL after the lock's last acquisition or extension,
         // as the lock's expiry says: a lock that has less left than that
         // (restored from a token, extended to less) is renewed sooner.
         let now = Instant::now();
-        let due = signal
+        let ttl = watched.ttl;
+        watched.due = watched
+            .signal
             .expiry()
             .checked_sub(ttl - ttl / 3)
             .map_or(now, |due| due.max(now));
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
-        state.entries.insert(
-            id,
-            Watched {
-                key,
-                owner,
-                ttl,
-                due,
-                signal,
-                meter,
-            },
-        );
+        state.entries.insert(id, watched);
         if state.running {
             self.wake.notify_one();
         } else {
@@ -187,6 +182,7 @@ impl Dog {
                                 batch.push(ExtendRequest {
                                     key: e.key.clone(),
                                     owner: e.owner.clone(),
+                                    fence: e.fence,
                                     ttl: e.ttl,
                                 });
                                 continue;

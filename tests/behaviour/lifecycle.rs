@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use axum::body::Body;
 use axum::routing::{get, post};
@@ -244,7 +245,10 @@ pub async fn token_hand_off_across_handles(h: Harness) {
     let token: LockToken = serde_json::from_str(&json).unwrap();
     assert_eq!(token.fence, fence);
     let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
-    assert_eq!(restored.fence(), fence);
+    assert!(
+        restored.fence() > fence,
+        "restoring claims: a fence of its own"
+    );
     restored.extend(Duration::from_secs(10)).await.unwrap();
     restored.release().await.unwrap();
     // A second release of the same token: the backend cannot tell it apart
@@ -257,7 +261,10 @@ pub async fn token_hand_off_across_handles(h: Harness) {
     );
     assert_eq!(
         backend
-            .release(&token.lock_key().unwrap(), &token.owner)
+            .release(
+                &token.lock_key().unwrap(),
+                Holder::new(&token.owner, token.fence)
+            )
             .await
             .unwrap_err(),
         LockError::NotFound
@@ -290,7 +297,10 @@ pub async fn stale_tokens_are_refused(h: Harness) {
     );
     assert_eq!(
         backend
-            .release(&token.lock_key().unwrap(), &token.owner)
+            .release(
+                &token.lock_key().unwrap(),
+                Holder::new(&token.owner, token.fence)
+            )
             .await
             .unwrap_err(),
         LockError::OwnershipMismatch

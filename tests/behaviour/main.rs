@@ -19,6 +19,7 @@ mod common;
 
 mod flight;
 mod harness;
+mod identity;
 mod keys;
 mod lifecycle;
 mod middleware;
@@ -30,6 +31,7 @@ mod support;
 /// Every backend-generic test, by name.
 mod tests {
     pub use super::flight::*;
+    pub use super::identity::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -185,6 +187,10 @@ for_each_backend! {
             lookups_jobs_and_client_locks_never_log_keys_or_owners,
             job_layer_releases_when_the_job_is_processed_fails_or_panics,
             client_directed_locks_follow_the_headers_within_limits,
+            // An acquisition is named by its fence (round 3).
+            a_token_restores_once,
+            a_repeated_claim_answers_the_same,
+            the_admin_release_honours_a_fence,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,
@@ -214,6 +220,9 @@ for_each_backend! {
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,
             lookups_never_list_an_expired_lock,
+            a_stale_acquisition_of_a_reused_owner_touches_nothing,
+            a_stale_watchdog_never_renews_a_later_acquisition,
+            a_finished_job_never_restores_within_its_minimum_hold,
         ],
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use axum::Router;
 use axum::body::Body;
@@ -1086,7 +1087,10 @@ pub async fn a_lock_never_runs_out_while_the_request_waits_for_another(h: Harnes
     // `a`'s TTL is over: another request takes it and holds it.
     let other = spawn_send(&app, gated_req("/a"));
     ctl.entered().await;
-    h.backend.release(&b, "elsewhere").await.unwrap();
+    h.backend
+        .release(&b, Holder::owner_only("elsewhere"))
+        .await
+        .unwrap();
 
     waiting.await.unwrap().assert_rejection(429, "LOCK_TIMEOUT");
     assert_eq!(ctl.runs(), 1, "only the request holding `a` now ran");
@@ -1140,7 +1144,10 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
     let request = spawn_send(&app, post_req("/both"));
     h.until_queued(&gkey("a"), 1).await;
     h.advance(u * 3 / 2).await;
-    h.backend.release(&gkey("a"), "elsewhere").await.unwrap();
+    h.backend
+        .release(&gkey("a"), Holder::owner_only("elsewhere"))
+        .await
+        .unwrap();
     let reply = request.await.unwrap();
     let waited = start.elapsed();
     reply.assert_rejection(429, "LOCK_TIMEOUT");

@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use tokio::task::JoinHandle;
 use tower_lock::backend::{AcquireRequest, Lease};
@@ -38,7 +39,10 @@ pub async fn release_hands_the_lock_to_the_oldest_waiter_at_once(h: Harness) {
     let second = spawn_acquire(&h.backend, areq(&key, "second", LONG, PATIENT));
     h.until_queued(&key, 2).await;
 
-    h.backend.release(&key, "holder").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
     let st = status_of(&h.backend, &key)
         .await
         .expect("handed over at once, never free");
@@ -46,13 +50,19 @@ pub async fn release_hands_the_lock_to_the_oldest_waiter_at_once(h: Harness) {
     let lease = first.await.unwrap().expect("first was handed the lock");
     assert_eq!(lease.fence, st.fence);
 
-    h.backend.release(&key, "first").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("first"))
+        .await
+        .unwrap();
     let st = status_of(&h.backend, &key)
         .await
         .expect("handed over again");
     assert_eq!((st.owner.as_str(), st.waiters), ("second", 0));
     assert_eq!(second.await.unwrap().unwrap().fence, st.fence);
-    h.backend.release(&key, "second").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("second"))
+        .await
+        .unwrap();
     assert_eq!(status_of(&h.backend, &key).await, None);
 }
 
@@ -73,11 +83,14 @@ pub async fn waiters_are_served_in_the_order_they_came(h: Harness) {
                 .await
                 .unwrap();
             order.lock().unwrap().push(name);
-            backend.release(&k, name).await.unwrap();
+            backend.release(&k, Holder::owner_only(name)).await.unwrap();
         }));
         h.until_queued(&key, i + 1).await;
     }
-    h.backend.release(&key, "holder").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
     for w in waiters {
         w.await.unwrap();
     }
@@ -98,7 +111,10 @@ pub async fn an_expired_lock_goes_to_the_queue_not_to_a_newcomer(h: Harness) {
         .await;
     // Only now does the holder's lease get short: however slow the waiter
     // was to queue, it queued before the expiry.
-    h.backend.extend(&key, "holder", h.units(1)).await.unwrap();
+    h.backend
+        .extend(&key, Holder::owner_only("holder"), h.units(1))
+        .await
+        .unwrap();
     h.advance(h.units(2)).await;
 
     let newcomer = h
@@ -115,7 +131,10 @@ pub async fn an_expired_lock_goes_to_the_queue_not_to_a_newcomer(h: Harness) {
     assert_eq!(st.owner, "waiter");
     let lease = waiter.thaw().await.expect("the waiter holds it");
     assert_eq!(lease.fence, st.fence);
-    h.backend.release(&key, "waiter").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("waiter"))
+        .await
+        .unwrap();
 }
 
 /// A waiter that gave up (its task was cancelled) does not hold the queue
@@ -133,7 +152,10 @@ pub async fn a_cancelled_waiter_does_not_hold_the_queue_up(h: Harness) {
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
 
-    h.backend.release(&key, "holder").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
     let lease = tokio::time::timeout(Duration::from_secs(5), next)
         .await
         .expect("the next waiter got the lock")
@@ -141,7 +163,10 @@ pub async fn a_cancelled_waiter_does_not_hold_the_queue_up(h: Harness) {
         .unwrap();
     let st = status_of(&h.backend, &key).await.unwrap();
     assert_eq!((st.owner.as_str(), st.fence), ("next", lease.fence));
-    h.backend.release(&key, "next").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("next"))
+        .await
+        .unwrap();
 }
 
 /// A holder that never releases (it crashed): the waiter gets the lock when

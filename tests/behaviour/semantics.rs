@@ -1,6 +1,7 @@
 //! The backend contract: TTL expiry, extension, ownership, fencing tokens.
 
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use axum::Router;
 use axum::body::Body;
@@ -60,7 +61,11 @@ pub async fn extend_replaces_ttl(h: Harness) {
         .unwrap();
 
     h.advance(h.units(8)).await;
-    let lease = h.backend.extend(&key, "holder", ten).await.unwrap();
+    let lease = h
+        .backend
+        .extend(&key, Holder::owner_only("holder"), ten)
+        .await
+        .unwrap();
     assert_eq!(lease.ttl, ten);
 
     h.advance(h.units(9)).await; // 17
@@ -93,7 +98,11 @@ pub async fn extend_never_revives_and_checks_owner(h: Harness) {
         .unwrap();
     h.advance(h.units(3)).await;
 
-    let err = h.backend.extend(&key, "holder", ttl).await.unwrap_err();
+    let err = h
+        .backend
+        .extend(&key, Holder::owner_only("holder"), ttl)
+        .await
+        .unwrap_err();
     assert_eq!(err, LockError::NotFound);
     assert_eq!(err.code(), "LOCK_NOT_FOUND");
     assert_eq!(status_of(&h.backend, &key).await, None, "not revived");
@@ -103,7 +112,11 @@ pub async fn extend_never_revives_and_checks_owner(h: Harness) {
         .await
         .unwrap();
     let before = status_of(&h.backend, &key).await.unwrap();
-    let err = h.backend.extend(&key, "intruder", ttl).await.unwrap_err();
+    let err = h
+        .backend
+        .extend(&key, Holder::owner_only("intruder"), ttl)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "LOCK_OWNERSHIP_MISMATCH");
     let after = status_of(&h.backend, &key).await.unwrap();
     assert_eq!(after.owner, "owner");
@@ -138,20 +151,31 @@ pub async fn release_checks_owner(h: Harness) {
         .await
         .unwrap();
 
-    let err = h.backend.release(&key, "intruder").await.unwrap_err();
+    let err = h
+        .backend
+        .release(&key, Holder::owner_only("intruder"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "LOCK_OWNERSHIP_MISMATCH");
     assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "owner");
 
     let err = h
         .backend
-        .release(&gkey("free"), "anyone")
+        .release(&gkey("free"), Holder::owner_only("anyone"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "LOCK_NOT_FOUND");
 
-    h.backend.release(&key, "owner").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("owner"))
+        .await
+        .unwrap();
     assert_eq!(status_of(&h.backend, &key).await, None);
-    let err = h.backend.release(&key, "owner").await.unwrap_err();
+    let err = h
+        .backend
+        .release(&key, Holder::owner_only("owner"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "LOCK_NOT_FOUND", "a released lock is gone");
 }
 
@@ -170,7 +194,10 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
         .unwrap();
     assert_eq!(status_of(&backend, &key).await.unwrap().fence, lease.fence);
     fences.push(lease.fence);
-    backend.release(&key, "a").await.unwrap();
+    backend
+        .release(&key, Holder::owner_only("a"))
+        .await
+        .unwrap();
 
     // After a release.
     let lease = backend
@@ -204,7 +231,10 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
         async move { backend.acquire(&req).await }
     });
     probe.acquires_started(5).await;
-    backend.release(&key, "d").await.unwrap();
+    backend
+        .release(&key, Holder::owner_only("d"))
+        .await
+        .unwrap();
     let lease = waiter.await.unwrap().expect("handed over");
     assert_eq!(status_of(&backend, &key).await.unwrap().owner, "e");
     fences.push(lease.fence);
@@ -241,7 +271,10 @@ pub async fn one_owner_token_never_makes_two_holders(h: Harness) {
         status_of(&h.backend, &key).await.unwrap().fence,
         lease.fence
     );
-    h.backend.release(&key, "client-1").await.unwrap();
+    h.backend
+        .release(&key, Holder::owner_only("client-1"))
+        .await
+        .unwrap();
 
     let ctl = Ctl::default();
     let shared_owner = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {

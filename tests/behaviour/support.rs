@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tower_lock::backend::Holder;
 
 use axum::Router;
 use axum::body::Body;
@@ -243,7 +244,7 @@ impl LockBackend for Probe {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
     ) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
             self.enter()?;
@@ -251,19 +252,31 @@ impl LockBackend for Probe {
                 self.releases_waiting.send_modify(|n| *n += 1);
                 let _permit = self.release_permits.acquire().await.expect("open");
             }
-            self.inner.release(key, owner).await
+            self.inner.release(key, holder).await
         })
     }
 
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(async move {
             self.enter()?;
-            self.inner.extend(key, owner, ttl).await
+            self.inner.extend(key, holder, ttl).await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        holder: Holder<'a>,
+        attempt: u64,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(async move {
+            self.enter()?;
+            self.inner.claim(key, holder, attempt).await
         })
     }
 
@@ -499,7 +512,7 @@ pub async fn assert_comes_free(h: &Harness, key: &LockKey) {
         .await
         .expect("the lock must come free without waiting for its TTL");
     h.backend
-        .release(key, "release-probe")
+        .release(key, Holder::owner_only("release-probe"))
         .await
         .expect("release the probe");
 }

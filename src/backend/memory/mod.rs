@@ -34,7 +34,8 @@ use std::time::Duration;
 use self::queue::acquire;
 use self::table::{Inner, lock};
 use super::{
-    BoxFuture, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend, LockStatus,
+    BoxFuture, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease, LockBackend,
+    LockStatus,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -45,7 +46,7 @@ use crate::spec::AcquireRequest;
 /// ```
 /// use std::time::Duration;
 /// use tower_lock::MemoryBackend;
-/// use tower_lock::backend::{AcquireRequest, LockBackend, LockKey};
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let backend = MemoryBackend::new();
@@ -53,7 +54,8 @@ use crate::spec::AcquireRequest;
 /// let req = AcquireRequest::new(key.clone(), "me", Duration::from_secs(5), Duration::ZERO).unwrap();
 /// let lease = backend.acquire(&req).await.unwrap();
 /// assert!(lease.fence > 0);
-/// backend.release(&key, "me").await.unwrap();
+/// // Release names the acquisition: owner token and fence.
+/// backend.release(&key, Holder::new("me", lease.fence)).await.unwrap();
 /// # });
 /// ```
 #[derive(Clone, Default)]
@@ -97,18 +99,27 @@ impl LockBackend for MemoryBackend {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
     ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(std::future::ready(self.inner.release(key, owner)))
+        Box::pin(std::future::ready(self.inner.release(key, holder)))
     }
 
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(std::future::ready(self.inner.extend(key, owner, ttl)))
+        Box::pin(std::future::ready(self.inner.extend(key, holder, ttl)))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        holder: Holder<'a>,
+        attempt: u64,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(std::future::ready(self.inner.claim(key, holder, attempt)))
     }
 
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
@@ -121,8 +132,8 @@ impl LockBackend for MemoryBackend {
     }
 
     /// Always an answer.
-    fn try_release_now(&self, key: &LockKey, owner: &str) -> Option<Result<(), LockError>> {
-        Some(self.inner.release(key, owner))
+    fn try_release_now(&self, key: &LockKey, holder: Holder<'_>) -> Option<Result<(), LockError>> {
+        Some(self.inner.release(key, holder))
     }
 
     fn status<'a>(
@@ -171,6 +182,7 @@ impl LockBackend for MemoryBackend {
 /// Helpers for the unit tests of this backend's parts.
 #[cfg(test)]
 pub(super) mod testing {
+    use crate::backend::Holder;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -195,7 +207,7 @@ pub(super) mod testing {
         for i in 0..(MIN_SWEEP_INTERVAL * SHARDS * 4) {
             let r = req(&format!("{tag}{i}"), "o", 10_000, 0);
             b.acquire(&r).await.unwrap();
-            b.release(r.key(), "o").await.unwrap();
+            b.release(r.key(), Holder::owner_only("o")).await.unwrap();
         }
     }
 

@@ -255,6 +255,7 @@ pub(super) async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease
 
 #[cfg(test)]
 mod tests {
+    use crate::backend::Holder;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -280,7 +281,9 @@ mod tests {
             async move { b.acquire(&third).await }
         });
         tokio::task::yield_now().await;
-        b.release(first.key(), "a").await.unwrap();
+        b.release(first.key(), Holder::owner_only("a"))
+            .await
+            .unwrap();
         // b was handed the lock but its future is dropped before it looks.
         drop(w2);
         let lease = w3.await.unwrap().unwrap();
@@ -303,7 +306,7 @@ mod tests {
         let fourth = spawn(req("k", "d", 60_000, 50_000));
         until_queued(&b, a.key(), 3).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        b.release(a.key(), "a").await.unwrap();
+        b.release(a.key(), Holder::owner_only("a")).await.unwrap();
         // b holds it for 5 s and never releases; c gets it when that ends,
         // keeps it 5 s without releasing, and d gets it then.
         let at = |t: Instant| t - start;
@@ -326,7 +329,7 @@ mod tests {
         let third = spawn(req("k", "c", 5_000, 100_000));
         until_queued(&b, a.key(), 2).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        b.extend(a.key(), "a", Duration::from_secs(20))
+        b.extend(a.key(), Holder::owner_only("a"), Duration::from_secs(20))
             .await
             .unwrap();
         // b's max wait ends at 10 s; a's lock at 21 s, unreleased.

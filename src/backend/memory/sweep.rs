@@ -45,6 +45,7 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
+    use crate::backend::Holder;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -89,7 +90,7 @@ mod tests {
         // Extend shortens k0 to 10 ms.
         b.extend(
             &LockKey::global("k0").unwrap(),
-            "o",
+            Holder::owner_only("o"),
             Duration::from_millis(10),
         )
         .await
@@ -100,7 +101,7 @@ mod tests {
             async move { b.acquire(&req("k1", "w", 10, 5_000)).await }
         });
         tokio::task::yield_now().await;
-        b.release(&LockKey::global("k1").unwrap(), "o")
+        b.release(&LockKey::global("k1").unwrap(), Holder::owner_only("o"))
             .await
             .unwrap();
         waiter.await.unwrap().unwrap();

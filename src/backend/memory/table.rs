@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::flight::Flights;
 use super::queue::{Waiter, nudge_head};
-use crate::backend::{HeldBy, Lease, LockStatus};
+use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
@@ -331,12 +331,12 @@ impl Inner {
         });
     }
 
-    pub(super) fn release(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+    pub(super) fn release(&self, key: &LockKey, holder: Holder<'_>) -> Result<(), LockError> {
         let result = self.free_if(key, |e, expired| {
             if expired {
                 // Not held by anyone: free it for waiters right away.
                 Ok(Err(LockError::NotFound))
-            } else if !owners_match(&e.owner, owner) {
+            } else if !holder.matches(&e.owner, e.fence) {
                 Err(Err(LockError::OwnershipMismatch))
             } else {
                 Ok(Ok(()))
@@ -348,7 +348,7 @@ impl Inner {
     pub(super) fn extend(
         &self,
         key: &LockKey,
-        owner: &str,
+        holder: Holder<'_>,
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         crate::spec::validate_ttl(ttl)?;
@@ -358,7 +358,7 @@ impl Inner {
         if entry.expires <= now {
             return Err(LockError::NotFound);
         }
-        if !owners_match(&entry.owner, owner) {
+        if !holder.matches(&entry.owner, entry.fence) {
             return Err(LockError::OwnershipMismatch);
         }
         let before = entry.expires;
@@ -369,6 +369,38 @@ impl Inner {
         let lease = Lease::new(entry.fence, entry.acquired_at, SystemTime::now(), ttl);
         shard.expires_at(now + ttl);
         Ok(lease)
+    }
+
+    /// Take over `holder`'s acquisition under a fresh fence (see
+    /// [`LockBackend::claim`](crate::backend::LockBackend::claim)).
+    pub(super) fn claim(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+        attempt: u64,
+    ) -> Result<Lease, LockError> {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard(key, now);
+        let entry = shard.find_mut(hash, key).ok_or(LockError::NotFound)?;
+        if entry.expires <= now {
+            return Err(LockError::NotFound);
+        }
+        let again = entry.attempt == attempt && owners_match(&entry.owner, holder.owner());
+        if !again {
+            if holder.fence().is_none() || !holder.matches(&entry.owner, entry.fence) {
+                return Err(LockError::OwnershipMismatch);
+            }
+            entry.fence = self.next_fence();
+            entry.attempt = attempt;
+        }
+        let left = entry.expires - now;
+        let wall = SystemTime::now();
+        Ok(Lease {
+            fence: entry.fence,
+            acquired_at: entry.acquired_at,
+            expires_at: wall + left,
+            ttl: left,
+        })
     }
 
     pub(super) fn force_release(&self, key: &LockKey) -> bool {
@@ -405,6 +437,7 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
+    use crate::backend::Holder;
     use std::time::Duration;
 
     use super::super::MemoryBackend;
@@ -441,14 +474,14 @@ mod tests {
         }
         assert_eq!(b.len(), n, "no key stored twice");
         for i in 0..n {
-            b.extend(&key(i), "b", Duration::from_secs(5))
+            b.extend(&key(i), Holder::owner_only("b"), Duration::from_secs(5))
                 .await
                 .unwrap();
             assert_eq!(
-                b.release(&key(i), "a").await,
+                b.release(&key(i), Holder::owner_only("a")).await,
                 Err(LockError::OwnershipMismatch)
             );
-            b.release(&key(i), "b").await.unwrap();
+            b.release(&key(i), Holder::owner_only("b")).await.unwrap();
         }
         assert_eq!(b.len(), 0);
     }

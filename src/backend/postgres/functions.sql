@@ -161,8 +161,11 @@ END
 $$;
 
 -- release: 1 released, 0 not held (never taken, released, expired),
--- -1 held by another owner. A lock with waiters goes to the oldest live one.
-CREATE OR REPLACE FUNCTION "{schema}"."{table}_release"(p_key text, p_owner text)
+-- -1 held by another acquisition (another owner, or `p_owner` under another
+-- fence than `p_fence`; a NULL `p_fence` names whatever `p_owner` holds). A
+-- lock with waiters goes to the oldest live one.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_release"(
+  p_key text, p_owner text, p_fence bigint)
 RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -172,7 +175,8 @@ DECLARE
 BEGIN
   -- Fast path: ours, live, nobody queued.
   DELETE FROM "{schema}"."{table}" AS l
-    WHERE l.key = p_key AND l.owner = p_owner AND l.expires_at > v_now AND NOT l.queued;
+    WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
+      AND l.expires_at > v_now AND NOT l.queued;
   IF FOUND THEN
     RETURN 1;
   END IF;
@@ -180,7 +184,8 @@ BEGIN
   IF NOT FOUND THEN
     RETURN 0;
   END IF;
-  IF r.expires_at > v_now AND r.owner <> p_owner THEN
+  IF r.expires_at > v_now
+     AND (r.owner <> p_owner OR (p_fence IS NOT NULL AND r.fence <> p_fence)) THEN
     RETURN -1;
   END IF;
   -- Ours with waiters queued, or expired (whoever held it): the next live
@@ -196,9 +201,10 @@ BEGIN
 END
 $$;
 
--- extend: code 1 (fence, acquired_us, now_us), 0 not held, -1 other owner.
+-- extend: code 1 (fence, acquired_us, now_us), 0 not held, -1 another
+-- acquisition (as for release; a NULL `p_fence` names whatever `p_owner` holds).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_extend"(
-  p_key text, p_owner text, p_ttl_ms bigint,
+  p_key text, p_owner text, p_fence bigint, p_ttl_ms bigint,
   OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -207,7 +213,8 @@ DECLARE
 BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
-    WHERE l.key = p_key AND l.owner = p_owner AND l.expires_at > v_now
+    WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
+      AND l.expires_at > v_now
     RETURNING l.* INTO r;
   IF FOUND THEN
     code := 1;
@@ -221,6 +228,50 @@ BEGIN
   ELSE
     code := 0;
   END IF;
+END
+$$;
+
+-- claim: take over `p_owner`'s acquisition `p_fence` as a new one (a job
+-- restoring a token): a fresh fence (drawn with the row locked), `p_attempt`
+-- recorded, expiry and metadata kept. code 1 (fence, acquired_us,
+-- expires_us, now_us), 0 not held, -1 another acquisition holds it (the
+-- token was claimed already, or is stale). A call repeated after a lost
+-- reply finds `p_attempt` in place and answers the same.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_claim"(
+  p_key text, p_owner text, p_fence bigint, p_attempt bigint,
+  OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT expires_us bigint,
+  OUT now_us bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz := now();
+  v_fence bigint;
+  r "{schema}"."{table}"%ROWTYPE;
+BEGIN
+  now_us := "{schema}"."{table}_us"(v_now);
+  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  IF NOT FOUND OR r.expires_at <= v_now THEN
+    code := 0;
+    RETURN;
+  END IF;
+  IF r.owner <> p_owner OR (r.attempt <> p_attempt AND r.fence <> p_fence) THEN
+    code := -1;
+    RETURN;
+  END IF;
+  fence := r.fence;
+  IF r.attempt <> p_attempt THEN
+    v_fence := nextval('"{schema}"."{table}_fence"');
+    -- The metadata belongs to the acquisition: it follows the new fence.
+    UPDATE "{schema}"."{table}" AS l SET
+        fence = v_fence, attempt = p_attempt,
+        metadata = CASE WHEN (l.metadata->>'fence')::bigint = l.fence
+                   THEN jsonb_set(l.metadata, '{fence}', to_jsonb(v_fence))
+                   ELSE l.metadata END
+      WHERE l.key = p_key;
+    fence := v_fence;
+  END IF;
+  code := 1;
+  acquired_us := "{schema}"."{table}_us"(r.acquired_at);
+  expires_us := "{schema}"."{table}_us"(r.expires_at);
 END
 $$;
 

@@ -110,8 +110,8 @@ use self::error::config_error;
 use self::listen::Listener;
 use self::schema::{Names, check_name};
 use super::{
-    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
-    LockStatus, join_all,
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease,
+    LockBackend, LockStatus, join_all,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -146,7 +146,7 @@ pub(super) enum Tls {
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::postgres::PostgresBackend;
-/// use tower_lock::backend::{AcquireRequest, LockBackend, LockKey};
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = PostgresBackend::from_url("postgres://app:secret@127.0.0.1/app")?
@@ -157,7 +157,7 @@ pub(super) enum Tls {
 /// let req = AcquireRequest::new(key.clone(), "worker-1", Duration::from_secs(30), Duration::from_secs(5))?;
 /// let lease = backend.acquire(&req).await?;
 /// println!("fence {}", lease.fence);
-/// backend.release(&key, "worker-1").await?;
+/// backend.release(&key, Holder::new("worker-1", lease.fence)).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -545,7 +545,8 @@ impl LockBackend for PostgresBackend {
                 && let Err(e) = self.store_metadata(req, lease.fence, metadata).await
             {
                 // Never a lock without the metadata it was asked with.
-                let _ = self.release_inner(req.key(), req.owner()).await;
+                let holder = Holder::new(req.owner(), lease.fence);
+                let _ = self.release_inner(req.key(), holder).await;
                 return Err(e);
             }
             Ok(lease)
@@ -555,18 +556,27 @@ impl LockBackend for PostgresBackend {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
     ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.release_inner(key, owner))
+        Box::pin(self.release_inner(key, holder))
     }
 
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.extend_inner(key, owner, ttl))
+        Box::pin(self.extend_inner(key, holder, ttl))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        holder: Holder<'a>,
+        attempt: u64,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(self.claim_inner(key, holder, attempt))
     }
 
     /// All extensions go out together, pipelined on the backend's
@@ -579,7 +589,7 @@ impl LockBackend for PostgresBackend {
         Box::pin(join_all(
             batch
                 .iter()
-                .map(|r| self.extend_inner(&r.key, &r.owner, r.ttl))
+                .map(|r| self.extend_inner(&r.key, r.holder(), r.ttl))
                 .collect(),
         ))
     }
@@ -669,7 +679,7 @@ mod tests {
         let req =
             AcquireRequest::new(key.clone(), "o", Duration::from_secs(1), Duration::ZERO).unwrap();
         let acquire = std::mem::size_of_val(&backend.acquire_inner(&req));
-        let release = std::mem::size_of_val(&backend.release_inner(&key, "o"));
+        let release = std::mem::size_of_val(&backend.release_inner(&key, Holder::new("o", 1)));
         assert!(
             acquire < 4096 && release < 3072,
             "{acquire} / {release} bytes"

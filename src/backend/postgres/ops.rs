@@ -12,7 +12,7 @@ use tokio_postgres::{Client, Row};
 use super::PostgresBackend;
 use super::error::bad_reply;
 use super::schema::Names;
-use crate::backend::{HeldBy, Lease, LockStatus};
+use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
@@ -24,6 +24,7 @@ pub(super) enum Statement {
     Acquire = 0,
     Release,
     Extend,
+    Claim,
     ForceRelease,
     Leave,
     Status,
@@ -35,7 +36,7 @@ pub(super) enum Statement {
     FlightResult,
 }
 
-const COUNT: usize = 12;
+const COUNT: usize = 13;
 
 /// The statements of one connection, prepared when it was made.
 pub(super) struct Statements([tokio_postgres::Statement; COUNT]);
@@ -99,18 +100,25 @@ fn texts(names: &Names) -> [String; COUNT] {
         format!(
             "WITH fast AS ( \
                DELETE FROM {table} AS l \
-               WHERE l.key = $1::text AND l.owner = $2::text AND l.expires_at > now() \
-                 AND NOT l.queued \
+               WHERE l.key = $1::text AND l.owner = $2::text \
+                 AND ($3::bigint IS NULL OR l.fence = $3::bigint) \
+                 AND l.expires_at > now() AND NOT l.queued \
                RETURNING 1) \
              SELECT 1 FROM fast \
              UNION ALL \
-             SELECT {release}($1, $2) WHERE NOT EXISTS (SELECT 1 FROM fast)",
+             SELECT {release}($1, $2, $3) WHERE NOT EXISTS (SELECT 1 FROM fast)",
             table = names.object(""),
             release = f("release"),
         ),
         format!(
-            "SELECT code, fence, acquired_us, now_us FROM {}($1, $2, $3)",
+            "SELECT code, fence, acquired_us, now_us FROM {}($1::text, $2::text, $3::bigint, \
+                     $4::bigint)",
             f("extend")
+        ),
+        format!(
+            "SELECT code, fence, acquired_us, expires_us, now_us \
+             FROM {}($1::text, $2::text, $3::bigint, $4::bigint)",
+            f("claim")
         ),
         format!("SELECT {}($1)", f("force_release")),
         format!(
@@ -216,6 +224,14 @@ pub(super) fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
 /// A fence (stored as a positive `bigint`).
 pub(super) fn fence(row: &Row, i: usize, what: &str) -> Result<u64, LockError> {
     u64::try_from(col::<i64>(row, i, what)?).map_err(|_| bad_reply(what))
+}
+
+/// The acquisition's fence as stored (`NULL`: whatever the owner holds).
+fn stored_fence(holder: Holder<'_>) -> Result<Option<i64>, LockError> {
+    holder
+        .fence()
+        .map(|f| i64::try_from(f).map_err(|_| LockError::OwnershipMismatch))
+        .transpose()
 }
 
 /// An attempt id as stored: the same 64 bits as a `bigint`.
@@ -350,15 +366,20 @@ impl PostgresBackend {
         }
     }
 
-    pub(super) async fn release_inner(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+    pub(super) async fn release_inner(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+    ) -> Result<(), LockError> {
         const WHAT: &str = "release";
         let stored = self.stored_key(key);
+        let fence = stored_fence(holder)?;
         let row = self
             .shared
             .conns
             .query_one(
                 Statement::Release,
-                &[&stored, &owner],
+                &[&stored, &holder.owner(), &fence],
                 self.deadline(),
                 self.op_timeout,
             )
@@ -375,18 +396,19 @@ impl PostgresBackend {
     pub(super) async fn extend_inner(
         &self,
         key: &LockKey,
-        owner: &str,
+        holder: Holder<'_>,
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         const WHAT: &str = "extend";
         crate::spec::validate_ttl(ttl)?;
         let stored = self.stored_key(key);
+        let held = stored_fence(holder)?;
         let row = self
             .shared
             .conns
             .query_one(
                 Statement::Extend,
-                &[&stored, &owner, &ceil_ms(ttl)],
+                &[&stored, &holder.owner(), &held, &ceil_ms(ttl)],
                 self.deadline(),
                 self.op_timeout,
             )
@@ -398,6 +420,46 @@ impl PostgresBackend {
                 server_time(col(&row, 3, WHAT)?),
                 ttl,
             )),
+            0 => Err(LockError::NotFound),
+            -1 => Err(LockError::OwnershipMismatch),
+            _ => Err(bad_reply(WHAT)),
+        }
+    }
+
+    pub(super) async fn claim_inner(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+        attempt: u64,
+    ) -> Result<Lease, LockError> {
+        const WHAT: &str = "claim";
+        let stored = self.stored_key(key);
+        let Some(held) = stored_fence(holder)? else {
+            return Err(LockError::OwnershipMismatch);
+        };
+        let attempt = i64::from_ne_bytes(attempt.to_ne_bytes());
+        let row = self
+            .shared
+            .conns
+            .query_one(
+                Statement::Claim,
+                &[&stored, &holder.owner(), &held, &attempt],
+                self.deadline(),
+                self.op_timeout,
+            )
+            .await?;
+        match col::<i32>(&row, 0, WHAT)? {
+            1 => {
+                let expires_us: i64 = col(&row, 3, WHAT)?;
+                let now_us: i64 = col(&row, 4, WHAT)?;
+                let left = micros(expires_us.saturating_sub(now_us));
+                Ok(Lease {
+                    fence: fence(&row, 1, WHAT)?,
+                    acquired_at: server_time(col(&row, 2, WHAT)?),
+                    expires_at: server_time(expires_us),
+                    ttl: left,
+                })
+            }
             0 => Err(LockError::NotFound),
             -1 => Err(LockError::OwnershipMismatch),
             _ => Err(bad_reply(WHAT)),

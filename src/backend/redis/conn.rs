@@ -219,9 +219,12 @@ impl Pinned {
     /// reply, so every script must be safe to run twice:
     /// - acquire: a second run of the same attempt finds the lock its own
     ///   (same fence, TTL refreshed) or its queue entry in place;
-    /// - release and extend check the owner token, so a second run never
-    ///   touches another holder's lock (a release repeated after a hand-off
-    ///   answers "not yours"; the lock was released all the same);
+    /// - release and extend check the acquisition (owner token and fence),
+    ///   so a second run never touches another holder's lock (a release
+    ///   repeated after a hand-off answers "not yours"; the lock was
+    ///   released all the same);
+    /// - claim records the caller's new attempt with the lock, and a second
+    ///   run with that attempt answers the lease again (claim.lua);
     /// - leave checks the waiter's ticket; status only reads;
     /// - force release records a nonce with its answer, and a second run
     ///   with that nonce only repeats the answer (force_release.lua).

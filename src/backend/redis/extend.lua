@@ -1,12 +1,14 @@
--- extend: KEYS = lock, meta; ARGV = owner, ttl ms
--- Returns {1, fence, acquired ms, now ms}, {0} (not held), {-1} (other owner).
+-- extend: KEYS = lock, meta; ARGV = owner, ttl ms, fence of the acquisition
+-- ('' = whichever the owner holds)
+-- Returns {1, fence, acquired ms, now ms}, {0} (not held), {-1} (another
+-- acquisition: another owner, or this owner under another fence).
 local lock = KEYS[1]
 local current = redis.call('GET', lock)
 if not current then
   return {0}
 end
 local f, a, holder = string.match(current, '^%d (%d+) (%d+) %S+ %S+ (.+)$')
-if holder ~= ARGV[1] then
+if holder ~= ARGV[1] or (ARGV[3] ~= '' and f ~= ARGV[3]) then
   return {-1}
 end
 redis.call('PEXPIRE', lock, ARGV[2])

@@ -8,7 +8,7 @@ use deadpool_redis::redis::Value;
 use super::RedisBackend;
 use super::keys::Keys;
 use super::scripts::{SCRIPTS, array, ceil_ms, int, string_at};
-use crate::backend::{HeldBy, Lease, LockStatus, join_all};
+use crate::backend::{HeldBy, Holder, Lease, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
@@ -40,7 +40,8 @@ impl RedisBackend {
             && let Err(e) = self.store_metadata(req, lease.fence, metadata).await
         {
             // Never a lock without the metadata it was asked with.
-            let _ = self.release_inner(req.key(), req.owner()).await;
+            let holder = Holder::new(req.owner(), lease.fence);
+            let _ = self.release_inner(req.key(), holder).await;
             return Err(e);
         }
         Ok(lease)
@@ -48,13 +49,17 @@ impl RedisBackend {
 
     /// Release, and drop the index entry in the same round trip (when on):
     /// whatever the answer, `owner` does not hold the lock afterwards.
-    pub(super) async fn release_full(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+    pub(super) async fn release_full(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+    ) -> Result<(), LockError> {
         if !self.index_owners {
-            return self.release_inner(key, owner).await;
+            return self.release_inner(key, holder).await;
         }
         let (released, _) = tokio::join!(
-            self.release_inner(key, owner),
-            self.index(owner, Index::Del(key))
+            self.release_inner(key, holder),
+            self.index(holder.owner(), Index::Del(key))
         );
         released
     }
@@ -63,15 +68,15 @@ impl RedisBackend {
     pub(super) async fn extend_full(
         &self,
         key: &LockKey,
-        owner: &str,
+        holder: Holder<'_>,
         ttl: std::time::Duration,
     ) -> Result<Lease, LockError> {
         if !self.index_owners {
-            return self.extend_inner(key, owner, ttl).await;
+            return self.extend_inner(key, holder, ttl).await;
         }
         let (extended, _) = tokio::join!(
-            self.extend_inner(key, owner, ttl),
-            self.index(owner, Index::Keep(ceil_ms(ttl)))
+            self.extend_inner(key, holder, ttl),
+            self.index(holder.owner(), Index::Keep(ceil_ms(ttl)))
         );
         extended
     }

@@ -111,8 +111,8 @@ use self::error::config_error;
 use self::replicas::MinReplicas;
 use self::wake::{Transport, Wakeups};
 use super::{
-    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Lease, LockBackend,
-    LockStatus, join_all,
+    BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease,
+    LockBackend, LockStatus, join_all,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -127,7 +127,7 @@ use crate::spec::{AcquireRequest, MAX_TTL};
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::redis::RedisBackend;
-/// use tower_lock::backend::{AcquireRequest, LockBackend, LockKey};
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = RedisBackend::from_url("redis://:secret@127.0.0.1:6379")?
@@ -138,7 +138,7 @@ use crate::spec::{AcquireRequest, MAX_TTL};
 /// let req = AcquireRequest::new(key.clone(), "worker-1", Duration::from_secs(30), Duration::from_secs(5))?;
 /// let lease = backend.acquire(&req).await?;
 /// println!("fence {}", lease.fence);
-/// backend.release(&key, "worker-1").await?;
+/// backend.release(&key, Holder::new("worker-1", lease.fence)).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -418,18 +418,27 @@ impl LockBackend for RedisBackend {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
     ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.release_full(key, owner))
+        Box::pin(self.release_full(key, holder))
     }
 
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a str,
+        holder: Holder<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.extend_full(key, owner, ttl))
+        Box::pin(self.extend_full(key, holder, ttl))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        holder: Holder<'a>,
+        attempt: u64,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        Box::pin(self.claim_inner(key, holder, attempt))
     }
 
     /// All extensions go out together on the one multiplexed connection, so
@@ -442,7 +451,7 @@ impl LockBackend for RedisBackend {
         Box::pin(join_all(
             batch
                 .iter()
-                .map(|r| self.extend_full(&r.key, &r.owner, r.ttl))
+                .map(|r| self.extend_full(&r.key, r.holder(), r.ttl))
                 .collect(),
         ))
     }
@@ -512,7 +521,8 @@ mod tests {
         let req = AcquireRequest::new(key_for_size(), "o", Duration::from_secs(1), Duration::ZERO)
             .unwrap();
         let acquire = std::mem::size_of_val(&backend.acquire_inner(&req));
-        let release = std::mem::size_of_val(&backend.release_inner(req.key(), "o"));
+        let holder = Holder::new("o", 1);
+        let release = std::mem::size_of_val(&backend.release_inner(req.key(), holder));
         assert!(
             acquire < 3072 && release < 3072,
             "{acquire} / {release} bytes"

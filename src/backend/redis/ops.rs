@@ -12,7 +12,7 @@ use super::keys::Keys;
 use super::scripts::{
     SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
 };
-use crate::backend::{Lease, LockStatus};
+use crate::backend::{Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, validate_ttl};
@@ -151,18 +151,24 @@ impl RedisBackend {
         }
     }
 
-    pub(super) async fn release_inner(&self, key: &LockKey, owner: &str) -> Result<(), LockError> {
+    pub(super) async fn release_inner(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+    ) -> Result<(), LockError> {
         let mut inv = SCRIPTS.release.prepare_invoke();
         self.keys(&mut inv, key, Keys::All);
         // The script finds the holder as the value's tail after a space, which
         // is exact only for owners without spaces; no holder has one (see
         // `validate_owner`), so such an owner (or an empty one) goes as " ",
         // which is never a holder's tail either: same answer, same effects.
+        let owner = holder.owner();
         inv.arg(if owner.is_empty() || owner.contains(' ') {
             " "
         } else {
             owner
         });
+        fence_arg(&mut inv, holder);
         let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
         match int(&reply, "release")? {
             1 => Ok(()),
@@ -175,14 +181,43 @@ impl RedisBackend {
     pub(super) async fn extend_inner(
         &self,
         key: &LockKey,
-        owner: &str,
+        holder: Holder<'_>,
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         validate_ttl(ttl)?;
-        let mut inv = SCRIPTS.extend.prepare_invoke();
-        self.keys(&mut inv, key, Keys::LockAndMeta);
-        inv.arg(owner).arg(ceil_ms(ttl));
+        let inv = extend_invocation(self, key, holder, ttl);
         extended(self.shared.conn.eval(&inv, self.deadline()).await?, ttl)
+    }
+
+    pub(super) async fn claim_inner(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+        attempt: u64,
+    ) -> Result<Lease, LockError> {
+        const WHAT: &str = "claim";
+        let Some(fence) = holder.fence() else {
+            return Err(LockError::OwnershipMismatch);
+        };
+        let mut inv = SCRIPTS.claim.prepare_invoke();
+        self.keys(&mut inv, key, Keys::AllAndMeta);
+        inv.arg(holder.owner()).arg(fence).arg(attempt);
+        let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
+        match int_at(&reply, 0, WHAT)? {
+            1 => {
+                let left = remaining(int_at(&reply, 3, WHAT)?);
+                let now = server_time(uint_at(&reply, 4, WHAT)?);
+                Ok(Lease {
+                    fence: uint_at(&reply, 1, WHAT)?,
+                    acquired_at: server_time(uint_at(&reply, 2, WHAT)?),
+                    expires_at: now + left,
+                    ttl: left,
+                })
+            }
+            0 => Err(LockError::NotFound),
+            -1 => Err(LockError::OwnershipMismatch),
+            _ => Err(bad_reply(WHAT)),
+        }
     }
 
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -218,6 +253,30 @@ impl RedisBackend {
         .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0));
         Ok(Some(super::extras::with_metadata(status, &reply)))
     }
+}
+
+/// The acquisition's fence as a script argument: `''` for any (see
+/// [`Holder::owner_only`]).
+fn fence_arg(inv: &mut ScriptInvocation<'_>, holder: Holder<'_>) {
+    match holder.fence() {
+        Some(fence) => inv.arg(fence),
+        None => inv.arg(""),
+    };
+}
+
+/// The extend script's call for `holder`: KEYS lock and meta, ARGV owner,
+/// ttl ms, fence.
+pub(super) fn extend_invocation(
+    backend: &RedisBackend,
+    key: &LockKey,
+    holder: Holder<'_>,
+    ttl: Duration,
+) -> ScriptInvocation<'static> {
+    let mut inv = SCRIPTS.extend.prepare_invoke();
+    backend.keys(&mut inv, key, Keys::LockAndMeta);
+    inv.arg(holder.owner()).arg(ceil_ms(ttl));
+    fence_arg(&mut inv, holder);
+    inv
 }
 
 /// The lease in an extend script's reply.

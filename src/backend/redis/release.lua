@@ -1,5 +1,7 @@
--- release: KEYS = lock, fence, queue, waiters, legacy fence; ARGV = owner
--- Returns 1 (released), 0 (not held), -1 (held by another owner).
+-- release: KEYS = lock, fence, queue, waiters, legacy fence; ARGV = owner,
+-- fence of the acquisition ('' = whichever the owner holds)
+-- Returns 1 (released), 0 (not held), -1 (held by another acquisition:
+-- another owner, or this owner under another fence).
 
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -10,6 +12,12 @@ if current then
   local owner = ARGV[1]
   local n = #owner
   if string.sub(current, -n) ~= owner or string.byte(current, -n - 1) ~= 32 then
+    return -1
+  end
+  -- The value starts "<flag> <fence> ": the fence sits from byte 3 to the
+  -- next space. A reused custom owner's older acquisition names another.
+  local f = ARGV[2]
+  if f ~= '' and (string.sub(current, 3, #f + 2) ~= f or string.byte(current, #f + 3) ~= 32) then
     return -1
   end
   if string.byte(current, 1) == 48 then

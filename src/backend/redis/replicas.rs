@@ -17,10 +17,9 @@ use tokio::time::{Instant, timeout_at};
 use super::RedisBackend;
 use super::conn::Conn;
 use super::error::{redis_error, timed_out};
-use super::keys::Keys;
-use super::ops::extended;
-use super::scripts::{SCRIPTS, ceil_ms, int};
-use crate::backend::Lease;
+use super::ops::{extend_invocation, extended};
+use super::scripts::{ceil_ms, int};
+use crate::backend::{Holder, Lease};
 use crate::error::LockError;
 use crate::spec::AcquireRequest;
 
@@ -39,13 +38,14 @@ impl RedisBackend {
         req: &AcquireRequest,
         min: MinReplicas,
     ) -> Result<Lease, LockError> {
-        self.acquire_full(req).await?;
-        match self.confirm(req, min).await {
+        let taken = self.acquire_full(req).await?;
+        let holder = Holder::new(req.owner(), taken.fence);
+        match self.confirm(req, holder, min).await {
             Ok(lease) => Ok(lease),
             Err(e) => {
                 // Not held as asked: give it back (or leave it to its TTL if
                 // Redis is away too).
-                if let Err(release) = self.release_full(req.key(), req.owner()).await {
+                if let Err(release) = self.release_full(req.key(), holder).await {
                     tracing::debug!(error = %release, "releasing an unreplicated lock failed");
                 }
                 Err(e)
@@ -53,12 +53,16 @@ impl RedisBackend {
         }
     }
 
-    async fn confirm(&self, req: &AcquireRequest, min: MinReplicas) -> Result<Lease, LockError> {
+    async fn confirm(
+        &self,
+        req: &AcquireRequest,
+        holder: Holder<'_>,
+        min: MinReplicas,
+    ) -> Result<Lease, LockError> {
         let start = Instant::now();
         let end = start + self.op_timeout + min.timeout;
-        let mut inv = SCRIPTS.extend.prepare_invoke();
-        let slot = self.keys(&mut inv, req.key(), Keys::LockAndMeta);
-        inv.arg(req.owner()).arg(ceil_ms(req.ttl()));
+        let slot = self.slot(req.key());
+        let inv = extend_invocation(self, req.key(), holder, req.ttl());
         let (reply, conn) = self.shared.conn.eval_on(&inv, end).await?;
         // Gone already (a force release): not held as asked.
         let lease = extended(reply, req.ttl()).map_err(|e| match e {

@@ -1,0 +1,132 @@
+//! What the operations answer and take beyond a key: leases, statuses,
+//! lookups by owner, renewals.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::Holder;
+use crate::key::LockKey;
+use crate::metadata::LockMetadata;
+
+/// What a successful acquisition or extension returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lease {
+    /// Fencing token: strictly greater than any earlier acquisition of the
+    /// same key returned, on this backend (never reset by release or expiry).
+    pub fence: u64,
+    /// When the lock was acquired (wall clock of the backend; Redis reports
+    /// an uncontended acquisition with the caller's clock read just before
+    /// the request).
+    pub acquired_at: SystemTime,
+    /// When the lock expires unless extended (same clock as `acquired_at`;
+    /// it never falls after the backend's own expiry).
+    pub expires_at: SystemTime,
+    /// The TTL granted from the moment of this acquisition/extension.
+    pub ttl: Duration,
+}
+
+impl Lease {
+    /// A lease with the given fence, acquired at `acquired_at`, expiring
+    /// `ttl` after `now`.
+    pub fn new(fence: u64, acquired_at: SystemTime, now: SystemTime, ttl: Duration) -> Self {
+        Lease {
+            fence,
+            acquired_at,
+            expires_at: now + ttl,
+            ttl,
+        }
+    }
+}
+
+/// What a status lookup finds for a held lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The holder's owner token.
+    pub owner: String,
+    /// The holder's fencing token.
+    pub fence: u64,
+    /// When the holder acquired it.
+    pub acquired_at: SystemTime,
+    /// When it expires unless extended.
+    pub expires_at: SystemTime,
+    /// Time left before it expires.
+    pub ttl_remaining: Duration,
+    /// Acquirers queued for the lock. A remote backend may still count a
+    /// waiter that gave up or died, until its own max wait ends.
+    pub waiters: usize,
+    /// The metadata the holder stored with this acquisition
+    /// ([`AcquireRequest::metadata`](super::AcquireRequest::metadata)), if any.
+    pub metadata: Option<LockMetadata>,
+}
+
+impl LockStatus {
+    /// Build a status.
+    pub fn new(
+        owner: String,
+        fence: u64,
+        acquired_at: SystemTime,
+        expires_at: SystemTime,
+        ttl_remaining: Duration,
+    ) -> Self {
+        LockStatus {
+            owner,
+            fence,
+            acquired_at,
+            expires_at,
+            ttl_remaining,
+            waiters: 0,
+            metadata: None,
+        }
+    }
+
+    /// The same status with the holder's `metadata`.
+    pub fn with_metadata(mut self, metadata: Option<LockMetadata>) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The same status with `waiters` acquirers queued.
+    pub fn with_waiters(mut self, waiters: usize) -> Self {
+        self.waiters = waiters;
+        self
+    }
+}
+
+/// One lock an owner token holds, as [`LockBackend::held_by`](super::LockBackend::held_by) finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldBy {
+    /// The lock's key (with its scope).
+    pub key: LockKey,
+    /// Who holds it (the owner asked about) and until when.
+    pub status: LockStatus,
+}
+
+impl HeldBy {
+    /// `key` held as `status` says.
+    pub fn new(key: LockKey, status: LockStatus) -> Self {
+        HeldBy { key, status }
+    }
+}
+
+/// One extension in a [`LockBackend::extend_many`](super::LockBackend::extend_many) batch.
+#[derive(Debug, Clone)]
+pub struct ExtendRequest {
+    /// The lock's key.
+    pub key: LockKey,
+    /// The holder's owner token.
+    pub owner: Arc<str>,
+    /// The fence of the acquisition to renew.
+    pub fence: u64,
+    /// The new remaining TTL.
+    pub ttl: Duration,
+}
+
+impl ExtendRequest {
+    /// The acquisition to renew.
+    pub fn holder(&self) -> Holder<'_> {
+        Holder::new(&self.owner, self.fence)
+    }
+}

@@ -1,0 +1,560 @@
+//! The offline checker: a run's history against the model.
+//!
+//! 1. **Mutual exclusion.** Every grant is a lease: from its reply (when the
+//!    holder surely knows it holds) to the earliest its TTL can end (counted
+//!    from the invocation, or from the hand-off after a wait), moved by each
+//!    successful extension (invocation + TTL) and cut short by the holder's
+//!    own release, hand-off or publish. A lease is lost by the README's
+//!    rules at a force release of its key and at a fault that loses locks (a
+//!    server restarted without its data). Two leases of one key with
+//!    different fences that overlap are a violation.
+//! 2. **Fences.** A grant whose reply came before another grant of the key
+//!    was asked for has the smaller fence, and no fence is granted twice
+//!    (within an epoch: a restart without data starts fences over, as
+//!    documented).
+//! 3. **No lost wake-up.** A waiter that timed out must not have waited
+//!    through a stretch of at least `wake_bound` in which nobody could have
+//!    held the key (every possible holder's lease ended: its release
+//!    answered, or its TTL ran out by the server's clock at the latest), and
+//!    no faults ran. A waiter must not be granted the lock later than its
+//!    max wait plus the op timeout (and some slack for this machine).
+//! 4. **No lost update.** The fenced store's final value of every key is
+//!    the number of writes it accepted (each client writes value + 1 of what
+//!    it read under the same fence).
+//! 5. **The lost signal tells the truth.** A store call made while the
+//!    client's handle said its lock was held (or the layer ran the handler)
+//!    must fall inside the lease, up to `belief_slack` (the gap between the
+//!    check and the call on a loaded machine). A holder cannot see a force
+//!    release or a server that lost its data; those are exempt.
+//! 6. **Liveness.** After the faults ended and every client stopped, every
+//!    key comes free within its TTL, and no client process hangs.
+
+use std::collections::BTreeMap;
+
+use super::clock::MS;
+use super::history::{Fault, History, Kind, Op, Outcome};
+
+/// One violation: what kind, and the evidence.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// Limits the checker allows for this machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// How soon a waiter must get a lock that came free.
+    pub wake_ns: u64,
+    /// Slack for a late grant beyond max wait + op timeout.
+    pub late_ns: u64,
+    /// How long after a lease's end a handle may still have said it held.
+    pub belief_ns: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            wake_ns: 250 * MS,
+            late_ns: 300 * MS,
+            belief_ns: 50 * MS,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    key: String,
+    fence: u64,
+    p: u32,
+    id: u64,
+    /// When the grant was asked for (the server granted it after this).
+    asked: u64,
+    /// When the holder learnt it holds.
+    sure: u64,
+    /// The earliest the lease can end by the rules (the holder may use it
+    /// until then).
+    end: u64,
+    /// The latest the server can still hold it (for freeness).
+    held_until: u64,
+    /// Why `end` is what it is (for reports).
+    why: &'static str,
+}
+
+fn ms(ns: u64, t0: u64) -> String {
+    format!("{:.1}ms", ns.saturating_sub(t0) as f64 / MS as f64)
+}
+
+/// Check `h`; the violations found (empty: the run passed).
+pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let t0 = h.ops.iter().map(|o| o.inv).min().unwrap_or(0);
+    let op_timeout = h.op_timeout_ms * MS;
+    let mut ops: Vec<&Op> = h.ops.iter().collect();
+    ops.sort_by_key(|o| (o.inv, o.p, o.id));
+
+    let leases = leases(&ops, &h.faults);
+    exclusion(&leases, &h.faults, t0, &mut out);
+    fences(&leases, &h.faults, t0, &mut out);
+    wakeups(&ops, &leases, h, bounds, t0, op_timeout, &mut out);
+    beliefs(&ops, &leases, bounds, t0, &mut out);
+    for (key, value, writes) in &h.store {
+        if value != writes {
+            out.push(Violation {
+                kind: "lost-update",
+                detail: format!(
+                    "store key {key}: value {value} but {writes} writes accepted \
+                     (each writes what it read + 1)"
+                ),
+            });
+        }
+    }
+    for key in &h.stuck {
+        out.push(Violation {
+            kind: "liveness",
+            detail: format!("{key} still held or queued after the run (TTL + bound)"),
+        });
+    }
+    for op in &ops {
+        if let Outcome::Other(code) = &op.outcome
+            && op.kind != Kind::Read
+            && op.kind != Kind::Write
+        {
+            out.push(Violation {
+                kind: "unexpected-answer",
+                detail: format!(
+                    "{:?} p{} #{} on {} answered {code}",
+                    op.kind, op.p, op.id, op.key
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// Every grant's lease, with what the history says of its end.
+fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
+    let mut leases: Vec<Lease> = Vec::new();
+    // (key, fence) → index of the lease.
+    let mut by_fence: BTreeMap<(String, u64), usize> = BTreeMap::new();
+    for op in ops {
+        let granted = matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim)
+            && op.outcome == Outcome::Ok;
+        if granted && let (Some(fence), Some(start)) = (op.fence, op.start) {
+            let ttl = op.lease_ms * MS;
+            by_fence.insert((op.key.clone(), fence), leases.len());
+            leases.push(Lease {
+                key: op.key.clone(),
+                fence,
+                p: op.p,
+                id: op.id,
+                asked: op.inv,
+                sure: op.ret,
+                end: start + ttl,
+                held_until: op.ret + ttl,
+                why: "its TTL",
+            });
+        }
+    }
+    for op in ops {
+        let Some(&i) = op.fence_in.and_then(|f| by_fence.get(&(op.key.clone(), f))) else {
+            continue;
+        };
+        let lease = &mut leases[i];
+        match (op.kind, &op.outcome) {
+            (Kind::Extend, Outcome::Ok) => {
+                // The server set the TTL between invocation and reply (one
+                // extension of a lock at a time: the crate's gate).
+                lease.end = op.inv + op.ttl_ms * MS;
+                lease.held_until = lease.held_until.max(op.ret + op.ttl_ms * MS);
+                lease.why = "an extension's TTL";
+            }
+            (Kind::Extend, Outcome::Cancelled | Outcome::Unavailable) => {
+                lease.held_until = lease.held_until.max(op.ret + op.ttl_ms * MS);
+            }
+            (Kind::Release | Kind::FlightPublish, outcome) => {
+                if op.inv < lease.end {
+                    lease.end = op.inv;
+                    lease.why = "its release";
+                }
+                if *outcome == Outcome::Ok || *outcome == Outcome::NotFound {
+                    lease.held_until = lease.held_until.min(op.ret);
+                }
+            }
+            (Kind::Handoff, _) | (Kind::Claim, Outcome::Ok) if op.inv < lease.end => {
+                lease.end = op.inv;
+                lease.why = "its hand-off";
+            }
+            _ => {}
+        }
+    }
+    // Lost by the rules: force releases, faults that lose locks.
+    for op in ops.iter().filter(|o| o.kind == Kind::ForceRelease) {
+        for lease in leases.iter_mut().filter(|l| l.key == op.key) {
+            if lease.asked < op.ret && op.inv < lease.end {
+                lease.end = op.inv;
+                lease.why = "a force release";
+            }
+        }
+    }
+    for f in faults.iter().filter(|f| f.loses_locks) {
+        for lease in &mut leases {
+            if lease.asked < f.until && f.at < lease.end {
+                lease.end = f.at;
+                lease.why = "a fault that loses locks";
+            }
+        }
+    }
+    leases
+}
+
+fn last_fault_before(faults: &[Fault], t: u64, t0: u64) -> String {
+    faults
+        .iter()
+        .filter(|f| f.at <= t)
+        .max_by_key(|f| f.at)
+        .map_or("none".to_owned(), |f| {
+            format!("{} at {}", f.what, ms(f.at, t0))
+        })
+}
+
+fn exclusion(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violation>) {
+    let mut by_key: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
+    for l in leases.iter().filter(|l| l.end > l.sure) {
+        by_key.entry(&l.key).or_default().push(l);
+    }
+    for (key, mut ls) in by_key {
+        ls.sort_by_key(|l| l.sure);
+        for (i, a) in ls.iter().enumerate() {
+            for b in &ls[i + 1..] {
+                if b.sure >= a.end {
+                    break;
+                }
+                if a.fence != b.fence {
+                    out.push(Violation {
+                        kind: "two-holders",
+                        detail: format!(
+                            "{key}: fence {} (p{} #{}) held {}..{} (until {}) overlaps fence {} \
+                             (p{} #{}) held from {}; last fault before: {}",
+                            a.fence,
+                            a.p,
+                            a.id,
+                            ms(a.sure, t0),
+                            ms(a.end, t0),
+                            a.why,
+                            b.fence,
+                            b.p,
+                            b.id,
+                            ms(b.sure, t0),
+                            last_fault_before(faults, b.sure, t0)
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn fences(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violation>) {
+    let resets: Vec<&Fault> = faults.iter().filter(|f| f.resets_fences).collect();
+    let reset_between = |a: u64, b: u64| resets.iter().any(|f| f.at < b && f.until > a);
+    let mut by_key: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
+    for l in leases {
+        by_key.entry(&l.key).or_default().push(l);
+    }
+    for (key, mut ls) in by_key {
+        ls.sort_by_key(|l| l.sure);
+        for (i, a) in ls.iter().enumerate() {
+            for b in &ls[i + 1..] {
+                let ordered = a.sure < b.asked;
+                let clash = a.fence == b.fence || (ordered && a.fence > b.fence);
+                if clash && !reset_between(a.asked.min(b.asked), b.sure) {
+                    out.push(Violation {
+                        kind: "fence-order",
+                        detail: format!(
+                            "{key}: fence {} granted at {} (p{} #{}), then fence {} asked at {} \
+                             granted at {} (p{} #{}); last fault before: {}",
+                            a.fence,
+                            ms(a.sure, t0),
+                            a.p,
+                            a.id,
+                            b.fence,
+                            ms(b.asked, t0),
+                            ms(b.sure, t0),
+                            b.p,
+                            b.id,
+                            last_fault_before(faults, b.sure, t0)
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec<Violation>) {
+    let by_fence: BTreeMap<(&str, u64), &Lease> = leases
+        .iter()
+        .map(|l| ((l.key.as_str(), l.fence), l))
+        .collect();
+    for op in ops
+        .iter()
+        .filter(|o| matches!(o.kind, Kind::Read | Kind::Write))
+    {
+        let (Some(checked), Some(fence)) = (op.checked, op.fence_in) else {
+            continue;
+        };
+        let Some(lease) = by_fence.get(&(op.key.as_str(), fence)) else {
+            continue;
+        };
+        let unseen = matches!(lease.why, "a force release" | "a fault that loses locks");
+        if !unseen && checked > lease.end + bounds.belief_ns {
+            out.push(Violation {
+                kind: "held-after-lease",
+                detail: format!(
+                    "{}: p{} #{} ({:?}) under fence {fence} was told at {} that its lock was                      held; its lease ended at {} ({})",
+                    op.key,
+                    op.p,
+                    op.id,
+                    op.kind,
+                    ms(checked, t0),
+                    ms(lease.end, t0),
+                    lease.why
+                ),
+            });
+        }
+    }
+}
+
+/// `segments` minus `[lo, hi)`.
+fn cut(segments: Vec<(u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(segments.len() + 1);
+    for (a, b) in segments {
+        if hi <= a || b <= lo {
+            out.push((a, b));
+            continue;
+        }
+        if a < lo {
+            out.push((a, lo));
+        }
+        if hi < b {
+            out.push((hi, b));
+        }
+    }
+    out
+}
+
+fn wakeups(
+    ops: &[&Op],
+    leases: &[Lease],
+    h: &History,
+    bounds: Bounds,
+    t0: u64,
+    op_timeout: u64,
+    out: &mut Vec<Violation>,
+) {
+    // Who might have held each key, and when: every grant until the server
+    // may still have held it, and every acquisition whose answer is
+    // unknown until its wait and TTL could have ended.
+    let mut holds: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for l in leases {
+        holds
+            .entry(&l.key)
+            .or_default()
+            .push((l.asked, l.held_until));
+    }
+    for op in ops {
+        let indeterminate = matches!(op.outcome, Outcome::Cancelled | Outcome::Unavailable)
+            && matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim);
+        if indeterminate {
+            let until = op.ret.max(op.inv + op.wait_ms * MS) + op.ttl_ms * MS + op_timeout;
+            holds.entry(&op.key).or_default().push((op.inv, until));
+        }
+    }
+    for op in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.wait_ms > 0)
+    {
+        let deadline = op.inv + op.wait_ms * MS;
+        let own_pause = h
+            .faults
+            .iter()
+            .any(|f| f.process == Some(op.p) && f.at < op.ret && f.until > op.inv);
+        match &op.outcome {
+            Outcome::Ok => {
+                let late = op
+                    .ret
+                    .saturating_sub(deadline + op_timeout + bounds.late_ns);
+                if late > 0 && !own_pause {
+                    out.push(Violation {
+                        kind: "late-grant",
+                        detail: format!(
+                            "{}: p{} #{} granted at {}, {}ms after its max wait of {}ms ran out",
+                            op.key,
+                            op.p,
+                            op.id,
+                            ms(op.ret, t0),
+                            (op.ret - deadline) / MS,
+                            op.wait_ms
+                        ),
+                    });
+                }
+            }
+            Outcome::Timeout if !own_pause => {
+                let mut free = vec![(op.inv, deadline.min(op.ret))];
+                for &(a, b) in holds.get(op.key.as_str()).into_iter().flatten() {
+                    free = cut(free, a, b);
+                }
+                // Server and network faults may hold a wake-up back; a
+                // stopped client process only delays its own calls.
+                for f in h.faults.iter().filter(|f| f.process.is_none()) {
+                    free = cut(free, f.at, f.until + op_timeout);
+                }
+                if let Some(&(a, b)) = free.iter().find(|(a, b)| b - a >= bounds.wake_ns) {
+                    out.push(Violation {
+                        kind: "lost-wake-up",
+                        detail: format!(
+                            "{}: p{} #{} waited {}..{} and timed out, but nobody could hold the \
+                             key from {} to {}; last fault before: {}",
+                            op.key,
+                            op.p,
+                            op.id,
+                            ms(op.inv, t0),
+                            ms(deadline, t0),
+                            ms(a, t0),
+                            ms(b, t0),
+                            last_fault_before(&h.faults, a, t0)
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(p: u32, id: u64, kind: Kind, inv: u64, ret: u64, outcome: Outcome) -> Op {
+        Op {
+            p,
+            id,
+            kind,
+            key: "k".into(),
+            fence_in: None,
+            ttl_ms: 0,
+            wait_ms: 0,
+            inv: inv * MS,
+            ret: ret * MS,
+            outcome,
+            fence: None,
+            start: None,
+            lease_ms: 0,
+            value: 0,
+            checked: None,
+        }
+    }
+
+    fn grant(p: u32, id: u64, inv: u64, ret: u64, fence: u64, ttl: u64) -> Op {
+        let mut o = op(p, id, Kind::Acquire, inv, ret, Outcome::Ok);
+        o.fence = Some(fence);
+        o.start = Some(inv * MS);
+        o.lease_ms = ttl;
+        o.ttl_ms = ttl;
+        o
+    }
+
+    fn release(p: u32, id: u64, inv: u64, ret: u64, fence: u64) -> Op {
+        let mut o = op(p, id, Kind::Release, inv, ret, Outcome::Ok);
+        o.fence_in = Some(fence);
+        o
+    }
+
+    fn history(ops: Vec<Op>) -> History {
+        History {
+            ops,
+            op_timeout_ms: 100,
+            ..History::default()
+        }
+    }
+
+    fn kinds(h: &History) -> Vec<&'static str> {
+        check(h, Bounds::default()).iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 100),
+            release(1, 1, 10, 11, 1),
+            grant(2, 0, 5, 12, 2, 100),
+            release(2, 1, 20, 21, 2),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+    }
+
+    #[test]
+    fn overlapping_grants_are_two_holders() {
+        let h = history(vec![grant(1, 0, 0, 1, 1, 100), grant(2, 0, 5, 6, 2, 100)]);
+        assert_eq!(kinds(&h), ["two-holders"]);
+    }
+
+    #[test]
+    fn a_grant_after_the_ttl_is_no_overlap() {
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 100),
+            grant(2, 0, 50, 101, 2, 100),
+        ]);
+        assert!(kinds(&h).is_empty());
+    }
+
+    #[test]
+    fn a_force_release_ends_the_lease() {
+        let mut force = op(3, 0, Kind::ForceRelease, 10, 11, Outcome::Ok);
+        force.key = "k".into();
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 100),
+            force,
+            grant(2, 0, 12, 13, 2, 100),
+        ]);
+        assert!(kinds(&h).is_empty());
+    }
+
+    #[test]
+    fn falling_and_repeated_fences_are_caught() {
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 10),
+            release(1, 1, 2, 3, 5),
+            grant(2, 0, 4, 5, 4, 10),
+        ]);
+        assert_eq!(kinds(&h), ["fence-order"]);
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 10),
+            release(1, 1, 2, 3, 5),
+            grant(2, 0, 4, 5, 5, 10),
+        ]);
+        assert_eq!(kinds(&h), ["fence-order"]);
+    }
+
+    #[test]
+    fn a_waiter_that_slept_through_a_free_lock_is_a_lost_wake_up() {
+        let mut waiter = op(2, 0, Kind::Acquire, 2, 1_002, Outcome::Timeout);
+        waiter.wait_ms = 1_000;
+        waiter.ttl_ms = 100;
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 5_000),
+            release(1, 1, 10, 11, 1),
+            waiter,
+        ]);
+        assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn a_store_that_lost_an_update_is_caught() {
+        let mut h = history(vec![]);
+        h.store = vec![("k".into(), 3, 4)];
+        assert_eq!(kinds(&h), ["lost-update"]);
+    }
+}

@@ -1,0 +1,171 @@
+//! What a run records: every backend call of every client (invocation and
+//! completion on the shared monotonic clock, the answer, the fence), every
+//! read and write of the fenced store, hand-offs, and the faults injected.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::clock::now_ns;
+
+/// What an operation was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Acquire,
+    Release,
+    Extend,
+    Claim,
+    ForceRelease,
+    FlightBegin,
+    FlightPublish,
+    /// A fenced read of the store (it claims the fence).
+    Read,
+    /// A fenced write of the store.
+    Write,
+    /// A holder turned its lock into a token for another process: it stops
+    /// using the lock here.
+    Handoff,
+}
+
+/// How it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    Busy,
+    Timeout,
+    NotFound,
+    Mismatch,
+    Unavailable,
+    /// Single-flight: a fresh result answered, nothing was taken.
+    Fresh,
+    /// Single-flight: the flight is busy; the caller waits.
+    Following,
+    /// The store refused a stale fence.
+    Stale,
+    /// The caller dropped the call before it answered: what it did on the
+    /// server is unknown.
+    Cancelled,
+    Other(String),
+}
+
+/// One operation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Op {
+    /// Process and operation number: unique in a run.
+    pub p: u32,
+    pub id: u64,
+    pub kind: Kind,
+    /// The lock's stored key (`LockKey::encoded`), or the store's key.
+    pub key: String,
+    /// The fence the call named (release, extend, claim, store calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_in: Option<u64>,
+    #[serde(default)]
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub wait_ms: u64,
+    pub inv: u64,
+    pub ret: u64,
+    pub outcome: Outcome,
+    /// The fence granted (acquire, claim, flight leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    /// A grant's lease: when its TTL started at the earliest the client can
+    /// know (the call's invocation, or the hand-off after a wait), and how
+    /// long it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<u64>,
+    #[serde(default)]
+    pub lease_ms: u64,
+    /// Store calls: what the value read or written was.
+    #[serde(default)]
+    pub value: u64,
+    /// Store calls: when the client last had its lock confirmed as held
+    /// (its lost signal said so, or the layer ran the handler) before this
+    /// call; `None` when it wrote without asking (fencing must catch it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<u64>,
+}
+
+/// A fault the nemesis injected, and until when it lasted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fault {
+    pub what: String,
+    pub at: u64,
+    pub until: u64,
+    /// The process it stopped (SIGSTOP), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<u32>,
+    /// Every lock held when it struck may be lost (a server that forgot its
+    /// locks, a failover): leases end here, by the README's rules.
+    #[serde(default)]
+    pub loses_locks: bool,
+    /// Fences may start over after it (a server restarted without its data).
+    #[serde(default)]
+    pub resets_fences: bool,
+}
+
+/// The operations of one process, shared by its tasks.
+#[derive(Clone)]
+pub struct Log {
+    p: u32,
+    next: Arc<AtomicU64>,
+    ops: Arc<Mutex<Vec<Op>>>,
+}
+
+impl Log {
+    pub fn new(p: u32) -> Self {
+        Log {
+            p,
+            next: Arc::new(AtomicU64::new(0)),
+            ops: Arc::default(),
+        }
+    }
+
+    /// A new operation, invoked now.
+    pub fn start(&self, kind: Kind, key: String) -> Op {
+        Op {
+            p: self.p,
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            kind,
+            key,
+            fence_in: None,
+            ttl_ms: 0,
+            wait_ms: 0,
+            inv: now_ns(),
+            ret: 0,
+            outcome: Outcome::Cancelled,
+            fence: None,
+            start: None,
+            lease_ms: 0,
+            value: 0,
+            checked: None,
+        }
+    }
+
+    pub fn push(&self, op: Op) {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner()).push(op);
+    }
+
+    pub fn take(&self) -> Vec<Op> {
+        std::mem::take(&mut *self.ops.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Everything a run recorded, for the checker.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct History {
+    pub ops: Vec<Op>,
+    pub faults: Vec<Fault>,
+    /// The store's final state: key → (value, accepted writes).
+    pub store: Vec<(String, u64, u64)>,
+    /// When the workload ended and the run's end (liveness looked then).
+    pub end: u64,
+    /// Keys found held (or queued) by nobody alive after the run.
+    pub stuck: Vec<String>,
+    /// The op timeout of the backend under test, in ms.
+    pub op_timeout_ms: u64,
+}

@@ -1,0 +1,224 @@
+//! The fault-schedule checker: every backend under random faults, every
+//! history checked for two holders, falling fences, lost wake-ups, lost
+//! updates and locks that never come free (see `check.rs` for the model).
+//!
+//! A schedule is drawn from a seed: the clients' operations (acquire with
+//! and without a max wait, release, extend, watchdog renewals, hand-offs
+//! between processes with restore, redelivered tokens, shared custom
+//! owners, multi-lock requests through a `LockLayer`, force releases,
+//! single-flight runs, calls cancelled at random points, pauses inside
+//! critical sections) and the nemesis's faults (client processes stopped
+//! with SIGSTOP, server restarts with and without their data, connections
+//! reset, replies lost, traffic held back through a TCP proxy, the
+//! wake-up connections killed, cluster primaries killed). Client processes
+//! (two per schedule; tasks of one process for the in-memory backend) record
+//! every backend call on the machine's monotonic clock; the coordinator
+//! serves the fenced store, injects the faults, and checks the merged
+//! history afterwards.
+//!
+//! ```sh
+//! cargo test --all-features --test chaos                      # the short pass (CI)
+//! scripts/check.sh                                            # the long run
+//! CHAOS_BACKEND=redis CHAOS_SEED=1234 cargo test --all-features --test chaos \
+//!     long_run -- --ignored --nocapture                       # replay one schedule
+//! ```
+//!
+//! A failing schedule prints its seed; the same seed draws the same
+//! operations and faults at the same times (the machine's scheduling is not
+//! replayed).
+
+// Without the server backends' features, their rigs and the proxy go unused.
+#![cfg_attr(
+    not(all(feature = "redis", feature = "postgres")),
+    allow(dead_code, unused_imports, unused_variables)
+)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod check;
+mod client;
+mod clock;
+mod history;
+mod proxy;
+mod recorder;
+mod rigs;
+mod rng;
+mod run;
+mod store;
+
+use rigs::Rig;
+use run::{Report, Settings};
+
+/// The client processes are this binary, run with one test selected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_client() {
+    run::child_main().await
+}
+
+/// One schedule at a time in this binary: each keeps the machine's cores
+/// busy, and the checker's bounds are for one run at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Run `seeds` on `rig`; every report, printed; panics with the violations.
+async fn pass(rig: &mut dyn Rig, seeds: &[u64], settings: &Settings) -> Vec<Report> {
+    let mut reports = Vec::new();
+    for &seed in seeds {
+        let report = run::schedule(rig, seed, settings).await;
+        println!(
+            "chaos {} seed {seed}: {} ops, faults [{}], {} violations",
+            rig.name(),
+            report.ops,
+            report
+                .faults
+                .iter()
+                .map(|f| f.what.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            report.violations.len()
+        );
+        reports.push(report);
+    }
+    let bad: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.violations
+                .iter()
+                .map(move |v| format!("seed {}: {}: {}", r.seed, v.kind, v.detail))
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} violations on {} (replay: CHAOS_BACKEND={} CHAOS_SEED=<seed> cargo test \
+         --all-features --test chaos long_run -- --ignored --nocapture):\n{}",
+        bad.len(),
+        rig.name(),
+        rig.name(),
+        bad.join("\n")
+    );
+    reports
+}
+
+/// The short pass's seeds: CHAOS_SEEDS (comma-separated), else two fixed.
+fn short_seeds() -> Vec<u64> {
+    match std::env::var("CHAOS_SEEDS") {
+        Ok(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) => vec![1, 2],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_pass_memory() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rig = rigs::MemoryRig(tower_lock::MemoryBackend::new());
+    pass(&mut rig, &short_seeds(), &Settings::short()).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_pass_redis() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rig = rigs::RedisRig::start().await;
+    pass(&mut rig, &short_seeds(), &Settings::short()).await;
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_pass_redis_cluster() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rig = rigs::ClusterRig::shared().await;
+    pass(&mut rig, &short_seeds(), &Settings::short()).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_pass_postgres() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rig = rigs::PostgresRig::start().await;
+    pass(&mut rig, &short_seeds(), &Settings::short()).await;
+}
+
+/// The long run (scripts/check.sh): CHAOS_BACKEND (memory, redis,
+/// redis-cluster, redis-cluster-failover, postgres), CHAOS_SCHEDULES
+/// (default 200) from CHAOS_SEED_BASE (default 1000), or one CHAOS_SEED;
+/// CHAOS_STOP_AT_FIRST=1 stops at the first schedule with a violation.
+/// Prints one line per schedule and a summary line `CHAOS-SUMMARY {json}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long: scripts/check.sh"]
+async fn long_run() {
+    let backend = std::env::var("CHAOS_BACKEND").unwrap_or_else(|_| "memory".into());
+    let settings = Settings::from_env();
+    let seeds: Vec<u64> = match std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => {
+            let n: u64 = env_or("CHAOS_SCHEDULES", 200);
+            let base: u64 = env_or("CHAOS_SEED_BASE", 1_000);
+            (base..base + n).collect()
+        }
+    };
+    let stop_at_first = std::env::var("CHAOS_STOP_AT_FIRST").is_ok_and(|v| v == "1");
+    let mut rig: Box<dyn Rig> = match backend.as_str() {
+        "memory" => Box::new(rigs::MemoryRig(tower_lock::MemoryBackend::new())),
+        #[cfg(feature = "redis")]
+        "redis" => Box::new(rigs::RedisRig::start().await),
+        #[cfg(feature = "redis-cluster")]
+        "redis-cluster" => Box::new(rigs::ClusterRig::shared().await),
+        #[cfg(feature = "redis-cluster")]
+        "redis-cluster-failover" => Box::new(rigs::ClusterRig::with_replicas().await),
+        #[cfg(feature = "postgres")]
+        "postgres" => Box::new(rigs::PostgresRig::start().await),
+        other => panic!("unknown CHAOS_BACKEND {other}"),
+    };
+    let started = std::time::Instant::now();
+    let (mut ops, mut schedules, mut faults) = (0usize, 0usize, 0usize);
+    let mut violations: Vec<String> = Vec::new();
+    let mut first: Option<(u64, f64)> = None;
+    for seed in seeds {
+        let report = run::schedule(rig.as_mut(), seed, &settings).await;
+        schedules += 1;
+        ops += report.ops;
+        faults += report.faults.len();
+        println!(
+            "chaos {backend} seed {seed}: {} ops, {} faults, {} violations",
+            report.ops,
+            report.faults.len(),
+            report.violations.len()
+        );
+        for v in &report.violations {
+            println!("  VIOLATION seed {seed}: {}: {}", v.kind, v.detail);
+            violations.push(format!("seed {seed}: {}", v.kind));
+        }
+        if !report.violations.is_empty() && first.is_none() {
+            first = Some((seed, started.elapsed().as_secs_f64()));
+        }
+        if stop_at_first && first.is_some() {
+            break;
+        }
+    }
+    println!(
+        "CHAOS-SUMMARY {}",
+        serde_json::json!({
+            "backend": backend,
+            "schedules": schedules,
+            "ops": ops,
+            "faults": faults,
+            "violations": violations.len(),
+            "first_violation_seed": first.map(|f| f.0),
+            "first_violation_after_s": first.map(|f| f.1),
+            "seconds": started.elapsed().as_secs_f64(),
+        })
+    );
+    if !stop_at_first {
+        assert!(violations.is_empty(), "violations: {violations:?}");
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

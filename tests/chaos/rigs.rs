@@ -1,0 +1,511 @@
+//! The servers a schedule runs against, and the faults each can suffer.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tower_lock::backend::BoxFuture;
+use tower_lock::{MemoryBackend, SharedBackend};
+
+use super::clock::{MS, now_ns};
+use super::history::Fault;
+use super::rng::Rng;
+use super::run::BackendSpec;
+
+/// A fault the nemesis can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGSTOP a client process for a while (longer than most TTLs).
+    Pause,
+    /// SIGKILL the server, start it again on its data.
+    Restart,
+    /// The server forgets everything (restart without persistence).
+    Wipe,
+    /// Every client connection is reset.
+    Reset,
+    /// The next reply is lost and its connection reset.
+    DropReply,
+    /// Clients' traffic to the server is held back for a while.
+    Delay,
+    /// The wake-up connections (pub/sub, LISTEN) are killed by the server.
+    KillSubscriber,
+    /// Every client session is terminated by the server.
+    TerminateSessions,
+    /// A cluster primary is killed; its replica takes over.
+    KillPrimary,
+}
+
+/// The servers of one backend configuration.
+pub trait Rig: Send {
+    fn name(&self) -> &'static str;
+    fn menu(&self) -> &'static [FaultKind];
+    /// What the client processes connect to (through the proxy, if any).
+    fn client_backend(&self) -> BackendSpec;
+    /// The in-memory backend the tasks share (memory only).
+    fn memory(&self) -> Option<MemoryBackend> {
+        None
+    }
+    /// A handle straight on the servers, for the liveness look.
+    fn checker_backend(&self, op_timeout: Duration) -> SharedBackend;
+    fn inject<'a>(
+        &'a mut self,
+        kind: FaultKind,
+        pids: &'a [(u32, u32)],
+        rng: &'a mut Rng,
+    ) -> BoxFuture<'a, Fault>;
+}
+
+fn fault(what: String, at: u64) -> Fault {
+    Fault {
+        what,
+        at,
+        until: now_ns(),
+        process: None,
+        loses_locks: false,
+        resets_fences: false,
+    }
+}
+
+/// SIGSTOP one client process for 200 ms to 1.2 s (past most TTLs), then
+/// SIGCONT.
+async fn pause(pids: &[(u32, u32)], rng: &mut Rng) -> Fault {
+    let &(p, pid) = rng.pick(pids);
+    let d = rng.range(200, 1_200);
+    let at = now_ns();
+    signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(d)).await;
+    signal(pid, libc::SIGCONT);
+    let mut f = fault(format!("sigstop p{p} {d}ms"), at);
+    f.process = Some(p);
+    f
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) takes two integers; a process gone meanwhile is ESRCH.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// The in-memory backend: tasks of one process; faults are the tasks' own
+/// (pauses inside critical sections, calls cancelled midway).
+pub struct MemoryRig(pub MemoryBackend);
+
+impl Rig for MemoryRig {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn menu(&self) -> &'static [FaultKind] {
+        &[]
+    }
+    fn client_backend(&self) -> BackendSpec {
+        BackendSpec::Memory
+    }
+    fn memory(&self) -> Option<MemoryBackend> {
+        Some(self.0.clone())
+    }
+    fn checker_backend(&self, _: Duration) -> SharedBackend {
+        SharedBackend::new(self.0.clone())
+    }
+    fn inject<'a>(
+        &'a mut self,
+        kind: FaultKind,
+        _: &'a [(u32, u32)],
+        _: &'a mut Rng,
+    ) -> BoxFuture<'a, Fault> {
+        Box::pin(async move { fault(format!("{kind:?} (none on memory)"), now_ns()) })
+    }
+}
+
+#[cfg(feature = "redis")]
+pub use redis::RedisRig;
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use crate::common::redis_server::{RedisServer, command};
+    use crate::proxy::Proxy;
+
+    /// One Redis (append-only file, fsync always: a restart keeps the locks)
+    /// behind the fault proxy.
+    pub struct RedisRig {
+        server: Arc<Mutex<RedisServer>>,
+        port: u16,
+        proxy: Proxy,
+    }
+
+    impl RedisRig {
+        pub async fn start() -> RedisRig {
+            let server = tokio::task::spawn_blocking(|| {
+                RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+            })
+            .await
+            .expect("start redis");
+            let port = server.port();
+            RedisRig {
+                server: Arc::new(Mutex::new(server)),
+                port,
+                proxy: Proxy::start(port).await,
+            }
+        }
+
+        async fn restart(&self, wipe: bool, down_ms: u64) {
+            let (server, port) = (self.server.clone(), self.port);
+            tokio::task::spawn_blocking(move || {
+                let mut server = server.lock().unwrap();
+                if wipe {
+                    let _ = command(port, &["FLUSHALL"]);
+                }
+                server.kill();
+                std::thread::sleep(Duration::from_millis(down_ms));
+                server.restart();
+            })
+            .await
+            .expect("restart redis");
+        }
+    }
+
+    impl Rig for RedisRig {
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+        fn menu(&self) -> &'static [FaultKind] {
+            use FaultKind::*;
+            &[
+                Pause,
+                Pause,
+                Restart,
+                Wipe,
+                Reset,
+                DropReply,
+                Delay,
+                KillSubscriber,
+            ]
+        }
+        fn client_backend(&self) -> BackendSpec {
+            BackendSpec::Redis(format!("redis://127.0.0.1:{}", self.proxy.port))
+        }
+        fn checker_backend(&self, op_timeout: Duration) -> SharedBackend {
+            SharedBackend::new(
+                tower_lock::RedisBackend::from_url(&format!("redis://127.0.0.1:{}", self.port))
+                    .expect("url")
+                    .op_timeout(op_timeout),
+            )
+        }
+        fn inject<'a>(
+            &'a mut self,
+            kind: FaultKind,
+            pids: &'a [(u32, u32)],
+            rng: &'a mut Rng,
+        ) -> BoxFuture<'a, Fault> {
+            Box::pin(async move {
+                let at = now_ns();
+                match kind {
+                    FaultKind::Pause => pause(pids, rng).await,
+                    FaultKind::Restart => {
+                        let down = rng.range(50, 500);
+                        self.restart(false, down).await;
+                        fault(format!("restart (down {down}ms)"), at)
+                    }
+                    FaultKind::Wipe => {
+                        let down = rng.range(50, 300);
+                        self.restart(true, down).await;
+                        let mut f = fault(format!("restart without data (down {down}ms)"), at);
+                        f.loses_locks = true;
+                        f.resets_fences = true;
+                        f
+                    }
+                    FaultKind::Reset => {
+                        self.proxy.reset_all();
+                        fault("connections reset".into(), at)
+                    }
+                    FaultKind::DropReply => {
+                        self.proxy.drop_next_reply();
+                        let mut f = fault("next reply dropped".into(), at);
+                        f.until = at + 100 * MS;
+                        f
+                    }
+                    FaultKind::Delay => {
+                        let d = rng.range(50, 400);
+                        self.proxy.hold(true);
+                        tokio::time::sleep(Duration::from_millis(d)).await;
+                        self.proxy.hold(false);
+                        fault(format!("traffic held {d}ms"), at)
+                    }
+                    FaultKind::KillSubscriber => {
+                        let port = self.port;
+                        let _ = tokio::task::spawn_blocking(move || {
+                            command(port, &["CLIENT", "KILL", "TYPE", "pubsub"])
+                        })
+                        .await;
+                        fault("pub/sub connections killed".into(), at)
+                    }
+                    other => fault(format!("{other:?} (not on this rig)"), at),
+                }
+            })
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresRig;
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use crate::common::pg_server::PgServer;
+    use crate::proxy::Proxy;
+
+    /// One PostgreSQL behind the fault proxy.
+    pub struct PostgresRig {
+        server: Arc<Mutex<PgServer>>,
+        url: String,
+        proxy: Proxy,
+    }
+
+    impl PostgresRig {
+        pub async fn start() -> PostgresRig {
+            let server = tokio::task::spawn_blocking(PgServer::start)
+                .await
+                .expect("start postgres");
+            let url = server.url();
+            tower_lock::PostgresBackend::from_url(&url)
+                .expect("url")
+                .migrate()
+                .await
+                .expect("migrate");
+            let port = server.port();
+            PostgresRig {
+                server: Arc::new(Mutex::new(server)),
+                url,
+                proxy: Proxy::start(port).await,
+            }
+        }
+
+        async fn psql(&self, sql: &'static str) {
+            let server = self.server.clone();
+            let _ = tokio::task::spawn_blocking(move || server.lock().unwrap().try_psql(sql)).await;
+        }
+    }
+
+    impl Rig for PostgresRig {
+        fn name(&self) -> &'static str {
+            "postgres"
+        }
+        fn menu(&self) -> &'static [FaultKind] {
+            use FaultKind::*;
+            &[
+                Pause,
+                Pause,
+                Restart,
+                Reset,
+                DropReply,
+                Delay,
+                KillSubscriber,
+                TerminateSessions,
+            ]
+        }
+        fn client_backend(&self) -> BackendSpec {
+            BackendSpec::Postgres(format!(
+                "postgres://postgres@127.0.0.1:{}/postgres",
+                self.proxy.port
+            ))
+        }
+        fn checker_backend(&self, op_timeout: Duration) -> SharedBackend {
+            SharedBackend::new(
+                tower_lock::PostgresBackend::from_url(&self.url)
+                    .expect("url")
+                    .op_timeout(op_timeout),
+            )
+        }
+        fn inject<'a>(
+            &'a mut self,
+            kind: FaultKind,
+            pids: &'a [(u32, u32)],
+            rng: &'a mut Rng,
+        ) -> BoxFuture<'a, Fault> {
+            Box::pin(async move {
+                let at = now_ns();
+                match kind {
+                    FaultKind::Pause => pause(pids, rng).await,
+                    FaultKind::Restart => {
+                        let down = rng.range(50, 500);
+                        let server = self.server.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let mut server = server.lock().unwrap();
+                            server.kill();
+                            std::thread::sleep(Duration::from_millis(down));
+                            server.restart();
+                        })
+                        .await
+                        .expect("restart postgres");
+                        fault(format!("restart (down {down}ms)"), at)
+                    }
+                    FaultKind::Reset => {
+                        self.proxy.reset_all();
+                        fault("connections reset".into(), at)
+                    }
+                    FaultKind::DropReply => {
+                        self.proxy.drop_next_reply();
+                        let mut f = fault("next reply dropped".into(), at);
+                        f.until = at + 100 * MS;
+                        f
+                    }
+                    FaultKind::Delay => {
+                        let d = rng.range(50, 400);
+                        self.proxy.hold(true);
+                        tokio::time::sleep(Duration::from_millis(d)).await;
+                        self.proxy.hold(false);
+                        fault(format!("traffic held {d}ms"), at)
+                    }
+                    FaultKind::KillSubscriber => {
+                        self.psql(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                             WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+                        )
+                        .await;
+                        fault("LISTEN sessions terminated".into(), at)
+                    }
+                    FaultKind::TerminateSessions => {
+                        self.psql(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                        )
+                        .await;
+                        fault("every session terminated".into(), at)
+                    }
+                    other => fault(format!("{other:?} (not on this rig)"), at),
+                }
+            })
+        }
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+pub use cluster::ClusterRig;
+
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use super::*;
+    use crate::common::redis_cluster::RedisCluster;
+    use crate::common::redis_server::command;
+
+    /// A Redis Cluster: the binary's shared one (3 primaries: pauses and
+    /// killed subscribers), or one of its own with a replica per primary
+    /// (also primaries killed, their replicas promoted).
+    pub struct ClusterRig {
+        cluster: Arc<ClusterRef>,
+        failover: bool,
+    }
+
+    enum ClusterRef {
+        Shared(&'static RedisCluster),
+        Own(RedisCluster),
+    }
+
+    impl ClusterRef {
+        fn get(&self) -> &RedisCluster {
+            match self {
+                ClusterRef::Shared(c) => c,
+                ClusterRef::Own(c) => c,
+            }
+        }
+    }
+
+    impl ClusterRig {
+        pub async fn shared() -> ClusterRig {
+            let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
+                .await
+                .expect("cluster");
+            ClusterRig {
+                cluster: Arc::new(ClusterRef::Shared(cluster)),
+                failover: false,
+            }
+        }
+
+        pub async fn with_replicas() -> ClusterRig {
+            let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with(1))
+                .await
+                .expect("cluster");
+            ClusterRig {
+                cluster: Arc::new(ClusterRef::Own(cluster)),
+                failover: true,
+            }
+        }
+    }
+
+    impl Rig for ClusterRig {
+        fn name(&self) -> &'static str {
+            if self.failover {
+                "redis-cluster-failover"
+            } else {
+                "redis-cluster"
+            }
+        }
+        fn menu(&self) -> &'static [FaultKind] {
+            use FaultKind::*;
+            if self.failover {
+                &[Pause, KillSubscriber, KillPrimary]
+            } else {
+                &[Pause, Pause, KillSubscriber]
+            }
+        }
+        fn client_backend(&self) -> BackendSpec {
+            BackendSpec::Cluster(self.cluster.get().urls())
+        }
+        fn checker_backend(&self, op_timeout: Duration) -> SharedBackend {
+            SharedBackend::new(
+                tower_lock::RedisBackend::from_cluster_urls(self.cluster.get().urls())
+                    .expect("urls")
+                    .op_timeout(op_timeout),
+            )
+        }
+        fn inject<'a>(
+            &'a mut self,
+            kind: FaultKind,
+            pids: &'a [(u32, u32)],
+            rng: &'a mut Rng,
+        ) -> BoxFuture<'a, Fault> {
+            Box::pin(async move {
+                let at = now_ns();
+                match kind {
+                    FaultKind::Pause => pause(pids, rng).await,
+                    FaultKind::KillSubscriber => {
+                        let cluster = self.cluster.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            for &port in cluster.get().ports() {
+                                let _ = command(port, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+                            }
+                        })
+                        .await;
+                        fault("pub/sub connections killed on every node".into(), at)
+                    }
+                    FaultKind::KillPrimary => {
+                        let cluster = self.cluster.clone();
+                        let pick = rng.next();
+                        let what = tokio::task::spawn_blocking(move || {
+                            let c = cluster.get();
+                            let primaries = c.primaries();
+                            let port = primaries[(pick % primaries.len() as u64) as usize];
+                            c.kill(port);
+                            c.wait_ready(3, 0);
+                            c.restart(port);
+                            c.wait_ready(3, 1);
+                            format!("primary {port} killed, replica promoted")
+                        })
+                        .await
+                        .expect("failover");
+                        let mut f = fault(what, at);
+                        // Replication is asynchronous: a grant not yet on
+                        // the replica is lost, and its fence may come again
+                        // (the README's documented limit).
+                        f.loses_locks = true;
+                        f.resets_fences = true;
+                        f
+                    }
+                    other => fault(format!("{other:?} (not on this rig)"), at),
+                }
+            })
+        }
+    }
+}

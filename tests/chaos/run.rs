@@ -1,0 +1,323 @@
+//! One schedule: start the clients (processes, or tasks for the in-memory
+//! backend), inject the faults the seed drew, collect every history, look
+//! at liveness, check.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tower_lock::{LockKey, MemoryBackend, SharedBackend};
+
+use super::check::{self, Bounds, Violation};
+use super::client::{self, ClientConfig, Mix};
+use super::clock::{MS, now_ns};
+use super::history::{Fault, History, Log, Op};
+use super::recorder::Recorder;
+use super::rigs::{FaultKind, Rig};
+use super::rng::Rng;
+use super::store::Store;
+
+/// The environment variable that makes a test-binary run a client process.
+pub const CHILD_ENV: &str = "TOWER_LOCK_CHAOS_CHILD";
+
+/// Which store a client process uses.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum BackendSpec {
+    Memory,
+    Redis(String),
+    Cluster(Vec<String>),
+    Postgres(String),
+}
+
+/// What a client process is given.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Child {
+    pub client: ClientConfig,
+    pub backend: BackendSpec,
+    pub op_timeout_ms: u64,
+    pub history: PathBuf,
+}
+
+/// How a schedule runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub run_ms: u64,
+    pub processes: u32,
+    pub tasks: u32,
+    pub faults: u32,
+    pub op_timeout_ms: u64,
+    pub bounds: Bounds,
+}
+
+impl Settings {
+    pub fn short() -> Settings {
+        Settings {
+            run_ms: 2_500,
+            processes: 2,
+            tasks: 3,
+            faults: 3,
+            op_timeout_ms: 400,
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// From the environment: CHAOS_RUN_MS, CHAOS_PROCESSES, CHAOS_TASKS,
+    /// CHAOS_FAULTS, CHAOS_WAKE_BOUND_MS (defaults: [`Settings::short`]).
+    pub fn from_env() -> Settings {
+        let mut s = Settings::short();
+        let get = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        s.run_ms = get("CHAOS_RUN_MS", s.run_ms);
+        s.processes = get("CHAOS_PROCESSES", s.processes.into()) as u32;
+        s.tasks = get("CHAOS_TASKS", s.tasks.into()) as u32;
+        s.faults = get("CHAOS_FAULTS", s.faults.into()) as u32;
+        s.bounds.wake_ns = get("CHAOS_WAKE_BOUND_MS", s.bounds.wake_ns / MS) * MS;
+        s
+    }
+}
+
+/// What one schedule found.
+pub struct Report {
+    pub seed: u64,
+    pub ops: usize,
+    pub faults: Vec<Fault>,
+    pub violations: Vec<Violation>,
+}
+
+/// A backend for a client, recording into `log`.
+pub fn backend(spec: &BackendSpec, op_timeout: Duration, log: Log) -> SharedBackend {
+    match spec {
+        BackendSpec::Memory => SharedBackend::new(Recorder {
+            inner: MemoryBackend::new(),
+            log,
+        }),
+        #[cfg(feature = "redis")]
+        BackendSpec::Redis(url) => SharedBackend::new(Recorder {
+            inner: tower_lock::RedisBackend::from_url(url)
+                .expect("redis URL")
+                .op_timeout(op_timeout),
+            log,
+        }),
+        #[cfg(feature = "redis-cluster")]
+        BackendSpec::Cluster(urls) => SharedBackend::new(Recorder {
+            inner: tower_lock::RedisBackend::from_cluster_urls(urls.iter().map(String::as_str))
+                .expect("cluster URLs")
+                .op_timeout(op_timeout),
+            log,
+        }),
+        #[cfg(feature = "postgres")]
+        BackendSpec::Postgres(url) => SharedBackend::new(Recorder {
+            inner: tower_lock::PostgresBackend::from_url(url)
+                .expect("postgres URL")
+                .op_timeout(op_timeout),
+            log,
+        }),
+        #[allow(unreachable_patterns)]
+        other => panic!("{other:?} needs a feature this build does not have"),
+    }
+}
+
+/// The client process: run the workload of the config in the environment,
+/// write its history, exit.
+pub async fn child_main() {
+    let Ok(json) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let child: Child = serde_json::from_str(&json).expect("child config");
+    let log = Log::new(child.client.process);
+    let backend = backend(
+        &child.backend,
+        Duration::from_millis(child.op_timeout_ms),
+        log.clone(),
+    );
+    client::run(Arc::new(child.client), backend, log.clone()).await;
+    // Releases dropped at the end finish in tasks: give them their moment.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let ops = log.take();
+    std::fs::write(&child.history, serde_json::to_vec(&ops).expect("JSON")).expect("history");
+    println!("CHAOS-CLIENT-DONE {}", ops.len());
+}
+
+/// The faults of schedule `seed`: (ms into the run, what).
+pub fn faults_of(seed: u64, rig: &dyn Rig, s: &Settings) -> Vec<(u64, FaultKind)> {
+    let menu = rig.menu();
+    if menu.is_empty() {
+        return Vec::new();
+    }
+    let mut rng = Rng::new(seed).fork(0xFA);
+    let mut out: Vec<(u64, FaultKind)> = (0..s.faults)
+        .map(|_| (rng.range(s.run_ms / 10, s.run_ms * 8 / 10), *rng.pick(menu)))
+        .collect();
+    out.sort_by_key(|f| f.0);
+    out
+}
+
+/// Run schedule `seed` on `rig`.
+pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
+    let store = Store::start().await;
+    let mix = Mix::default();
+    let cfg = |process: u32, tasks: u32| ClientConfig {
+        seed,
+        process,
+        tasks,
+        run_ms: s.run_ms,
+        store_port: store.port,
+        keys: (0..3).map(|i| format!("s{seed}-k{i}")).collect(),
+        flights: (0..2).map(|i| format!("s{seed}-f{i}")).collect(),
+        owners: vec![format!("shared-{seed}-a"), format!("shared-{seed}-b")],
+        mix: mix.clone(),
+    };
+    let dir = std::env::temp_dir().join(format!("tower-lock-chaos-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("history dir");
+    let spec = rig.client_backend();
+    let start = now_ns();
+    let mut ops: Vec<Op> = Vec::new();
+    let mut violations = Vec::new();
+    let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
+
+    let plan = faults_of(seed, rig, s);
+    match spec {
+        BackendSpec::Memory => {
+            let log = Log::new(0);
+            let backend = SharedBackend::new(Recorder {
+                inner: rig.memory().expect("the memory rig's backend"),
+                log: log.clone(),
+            });
+            client::run(
+                Arc::new(cfg(0, s.processes * s.tasks)),
+                backend,
+                log.clone(),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ops = log.take();
+        }
+        _ => {
+            let mut children = Vec::new();
+            for p in 0..s.processes {
+                let history = dir.join(format!("p{p}.json"));
+                let child = Child {
+                    client: cfg(p + 1, s.tasks),
+                    backend: spec.clone(),
+                    op_timeout_ms: s.op_timeout_ms,
+                    history: history.clone(),
+                };
+                let process = tokio::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["chaos_client", "--exact", "--nocapture", "--test-threads=1"])
+                    .env(CHILD_ENV, serde_json::to_string(&child).unwrap())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .expect("spawn a client process");
+                children.push((p + 1, process, history));
+            }
+            let pids: Vec<(u32, u32)> = children
+                .iter()
+                .map(|(p, c, _)| (*p, c.id().expect("pid")))
+                .collect();
+            // The nemesis, on the schedule.
+            for (at_ms, kind) in plan {
+                let at = start + at_ms * MS;
+                let now = now_ns();
+                if at > now {
+                    tokio::time::sleep(Duration::from_nanos(at - now)).await;
+                }
+                let mut rng = Rng::new(seed).fork(at_ms);
+                let fault = rig.inject(kind, &pids, &mut rng).await;
+                faults.lock().unwrap().push(fault);
+            }
+            for (p, mut child, history) in children {
+                let waited =
+                    tokio::time::timeout(Duration::from_millis(s.run_ms + 45_000), child.wait())
+                        .await;
+                match waited {
+                    Ok(Ok(status)) if status.success() => {
+                        let bytes = std::fs::read(&history).unwrap_or_default();
+                        let mut read: Vec<Op> = serde_json::from_slice(&bytes).unwrap_or_default();
+                        ops.append(&mut read);
+                    }
+                    Ok(_) => {
+                        let out = child.wait_with_output().await;
+                        let err = out
+                            .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                            .unwrap_or_default();
+                        violations.push(Violation {
+                            kind: "client-failed",
+                            detail: format!("client process p{p} failed: {}", tail(&err)),
+                        });
+                    }
+                    Err(_) => {
+                        let _ = child.kill().await;
+                        violations.push(Violation {
+                            kind: "hang",
+                            detail: format!("client process p{p} did not finish"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let workload_end = now_ns();
+    let stuck = liveness(rig, &cfg(0, 0), s).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let history = History {
+        ops,
+        faults: faults.lock().unwrap().clone(),
+        store: store.snapshot(),
+        end: workload_end,
+        stuck,
+        op_timeout_ms: s.op_timeout_ms,
+    };
+    violations.extend(check::check(&history, s.bounds));
+    Report {
+        seed,
+        ops: history.ops.len(),
+        faults: history.faults,
+        violations,
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// After the run: every key must come free within the longest TTL and
+/// wait of the workload (released, or run out); the keys that did not.
+async fn liveness(rig: &mut dyn Rig, cfg: &ClientConfig, s: &Settings) -> Vec<String> {
+    // The longest TTL is 600 ms, the longest wait 1.5 s (a waiter that
+    // died with a stopped process keeps its queue entry that long), a
+    // release may still be on its way: within that, every key comes free.
+    let deadline = now_ns() + 2_500 * MS;
+    let backend = rig.checker_backend(Duration::from_millis(s.op_timeout_ms * 5));
+    let mut stuck = Vec::new();
+    for name in &cfg.keys {
+        let key = LockKey::global(name).expect("key");
+        loop {
+            let last = match backend.status(&key).await {
+                Ok(None) => break,
+                Ok(Some(status)) => format!(
+                    "{} (held, fence {}, {:?} left, {} waiters)",
+                    key.encoded(usize::MAX),
+                    status.fence,
+                    status.ttl_remaining,
+                    status.waiters
+                ),
+                Err(e) => format!("{} (status failed: {e})", key.encoded(usize::MAX)),
+            };
+            if now_ns() > deadline {
+                stuck.push(last);
+                break;
+            }
+            // Polled: a lock that runs out says nothing when it does.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    stuck
+}

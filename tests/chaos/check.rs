@@ -135,14 +135,11 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
 /// Every grant's lease, with what the history says of its end.
 fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
     let mut leases: Vec<Lease> = Vec::new();
-    // (key, fence) → index of the lease.
-    let mut by_fence: BTreeMap<(String, u64), usize> = BTreeMap::new();
     for op in ops {
         let granted = matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim)
             && op.outcome == Outcome::Ok;
         if granted && let (Some(fence), Some(start)) = (op.fence, op.start) {
             let ttl = op.lease_ms * MS;
-            by_fence.insert((op.key.clone(), fence), leases.len());
             leases.push(Lease {
                 key: op.key.clone(),
                 fence,
@@ -156,8 +153,9 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             });
         }
     }
+    let index = LeaseIndex::new(&leases);
     for op in ops {
-        let Some(&i) = op.fence_in.and_then(|f| by_fence.get(&(op.key.clone(), f))) else {
+        let Some(i) = index.find(&leases, op) else {
             continue;
         };
         let lease = &mut leases[i];
@@ -181,7 +179,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                     lease.held_until = lease.held_until.min(op.ret);
                 }
             }
-            (Kind::Handoff, _) | (Kind::Claim, Outcome::Ok) if op.inv < lease.end => {
+            (Kind::Handoff, _) if op.inv < lease.end => {
                 lease.end = op.inv;
                 lease.why = "its hand-off";
             }
@@ -206,6 +204,35 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
         }
     }
     leases
+}
+
+/// Which lease a call after the grant is about: the same key and fence,
+/// made by the holder's own process (a release, an extension, the
+/// watchdog's renewals, a hand-off, its store calls), granted before the
+/// call: the latest such. The process tells apart two grants of one fence,
+/// which a server restarted without its data makes possible.
+struct LeaseIndex(BTreeMap<(String, u64, u32), Vec<usize>>);
+
+impl LeaseIndex {
+    fn new(leases: &[Lease]) -> Self {
+        let mut map: BTreeMap<(String, u64, u32), Vec<usize>> = BTreeMap::new();
+        for (i, l) in leases.iter().enumerate() {
+            map.entry((l.key.clone(), l.fence, l.p))
+                .or_default()
+                .push(i);
+        }
+        LeaseIndex(map)
+    }
+
+    fn find(&self, leases: &[Lease], op: &Op) -> Option<usize> {
+        let fence = op.fence_in?;
+        self.0
+            .get(&(op.key.clone(), fence, op.p))?
+            .iter()
+            .copied()
+            .filter(|&i| leases[i].sure <= op.inv)
+            .max_by_key(|&i| leases[i].sure)
+    }
 }
 
 fn last_fault_before(faults: &[Fault], t: u64, t0: u64) -> String {
@@ -293,10 +320,7 @@ fn fences(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violation>)
 }
 
 fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec<Violation>) {
-    let by_fence: BTreeMap<(&str, u64), &Lease> = leases
-        .iter()
-        .map(|l| ((l.key.as_str(), l.fence), l))
-        .collect();
+    let index = LeaseIndex::new(leases);
     for op in ops
         .iter()
         .filter(|o| matches!(o.kind, Kind::Read | Kind::Write))
@@ -304,7 +328,7 @@ fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec
         let (Some(checked), Some(fence)) = (op.checked, op.fence_in) else {
             continue;
         };
-        let Some(lease) = by_fence.get(&(op.key.as_str(), fence)) else {
+        let Some(lease) = index.find(leases, op).map(|i| &leases[i]) else {
             continue;
         };
         let unseen = matches!(lease.why, "a force release" | "a fault that loses locks");

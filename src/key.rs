@@ -245,7 +245,10 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn normalise(key: &str) -> Result<SmolStr, LockError> {
+/// `key` as a [`LockKey`] keeps it (NFC), or why it cannot be one. Whatever
+/// checks a key before it is locked must check this form: the lock is taken
+/// on it.
+pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
     // ASCII is NFC already, and its control characters are single bytes.
     let ascii = key.is_ascii();
     let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {

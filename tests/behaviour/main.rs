@@ -19,6 +19,7 @@ mod common;
 
 mod flight;
 mod harness;
+mod input;
 mod keys;
 mod lifecycle;
 mod middleware;
@@ -30,6 +31,7 @@ mod support;
 /// Every backend-generic test, by name.
 mod tests {
     pub use super::flight::*;
+    pub use super::input::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -185,6 +187,10 @@ for_each_backend! {
             lookups_jobs_and_client_locks_never_log_keys_or_owners,
             job_layer_releases_when_the_job_is_processed_fails_or_panics,
             client_directed_locks_follow_the_headers_within_limits,
+            // Input normalised or refused before it is used (issue 21).
+            client_key_rules_see_the_key_that_is_locked,
+            metadata_deeper_than_the_limit_or_with_nul_is_refused,
+            metadata_reads_back_as_it_was_stored,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,

@@ -251,11 +251,7 @@ fn hex(bytes: &[u8]) -> String {
 pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
     // ASCII is NFC already, and its control characters are single bytes.
     let ascii = key.is_ascii();
-    let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {
-        Cow::Borrowed(key)
-    } else {
-        Cow::Owned(key.nfc().collect())
-    };
+    let key = if ascii { Cow::Borrowed(key) } else { nfc(key) };
     if key.is_empty() {
         return Err(LockError::InvalidKey("the key is empty"));
     }
@@ -273,6 +269,16 @@ pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
     Ok(SmolStr::new(key))
+}
+
+/// `key` in NFC, the form a [`LockKey`] keeps: what a user's key is
+/// compared with a held one in (borrowed when it is NFC already).
+pub(crate) fn nfc(key: &str) -> Cow<'_, str> {
+    if key.is_ascii() || is_nfc_quick(key.chars()) == IsNormalized::Yes {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(key.nfc().collect())
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 use serde_json::{Map, Value, json};
 use tower_lock::{
-    ClientLocks, LockError, LockKey, LockLayer, LockMetadata, LockSpec, MAX_METADATA_BYTES,
+    ClientLocks, LockError, LockKey, LockLayer, LockMetadata, LockSpec, Locks, MAX_METADATA_BYTES,
     MAX_METADATA_DEPTH, OwnedLock,
 };
 
@@ -80,6 +80,43 @@ pub async fn client_key_rules_see_the_key_that_is_locked(h: Harness) {
         "the key that was locked"
     );
     assert_released(&h, &held).await;
+}
+
+// ---------------------------------------------------------------------------
+// The `Locks` extractor finds a lock by any spelling of its key.
+
+pub async fn a_requests_locks_are_found_by_any_spelling_of_their_key(h: Harness) {
+    // What the spec was given (decomposed) and what is locked (NFC).
+    const GIVEN: [&str; 2] = ["cafe\u{301}:1", "cafe\u{301}:2"];
+    const LOCKED: [&str; 2] = ["caf\u{e9}:1", "caf\u{e9}:2"];
+    let layer = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        GIVEN.map(|key| LockSpec::new(key, Duration::from_secs(30)).global())
+    });
+    let handler = |locks: Locks| async move {
+        let found = [GIVEN[0], LOCKED[0]].map(|key| locks.get(key).is_some());
+        let status = locks.status(GIVEN[0]).await.map(|s| s.is_some());
+        let extended = locks
+            .extend(GIVEN[0], Duration::from_secs(20))
+            .await
+            .is_ok();
+        let released = locks.release(GIVEN[0]).await;
+        let again = locks.release(LOCKED[0]).await;
+        // Handed over by the spelling the spec was given: released here.
+        let handed = match locks.cancel_auto_release(GIVEN[1]) {
+            Some(lock) => lock.release().await.is_ok(),
+            None => false,
+        };
+        format!("{found:?} {status:?} {extended} {released:?} {again:?} {handed}")
+    };
+    let app = Router::new().route("/cafe", post(handler).layer(layer));
+    let reply = send(&app, post_req("/cafe")).await;
+    assert_eq!(
+        reply.text(),
+        "[true, true] Ok(true) true Ok(()) Err(AlreadyReleased) true"
+    );
+    for key in LOCKED {
+        assert_released(&h, &gkey(key)).await;
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -189,6 +189,7 @@ for_each_backend! {
             client_directed_locks_follow_the_headers_within_limits,
             // Input normalised or refused before it is used (issue 21).
             client_key_rules_see_the_key_that_is_locked,
+            a_requests_locks_are_found_by_any_spelling_of_their_key,
             metadata_deeper_than_the_limit_or_with_nul_is_refused,
             metadata_reads_back_as_it_was_stored,
         ],

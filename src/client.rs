@@ -9,7 +9,7 @@ use http::{HeaderName, Request};
 
 use crate::error::LockError;
 use crate::headers::{LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL};
-use crate::key::Scope;
+use crate::key::{Scope, normalise};
 use crate::percent;
 use crate::request::LockRequest;
 use crate::spec::LockSpec;
@@ -154,7 +154,10 @@ impl ClientLocks {
         self
     }
 
-    /// Allow only keys (the decoded `Lock-Key`) for which `allowed` is true.
+    /// Allow only keys for which `allowed` is true. It is given the key that
+    /// is locked: the `Lock-Key` header decoded and NFC-normalised (as every
+    /// [`LockKey`](crate::LockKey)), so no other spelling of a refused key
+    /// gets past it.
     pub fn allow_keys(mut self, allowed: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.allow_keys = Some(Arc::new(allowed));
         self
@@ -189,9 +192,13 @@ impl ClientLocks {
         let Some(raw_key) = one(&LOCK_KEY)? else {
             return Ok(None);
         };
-        let key = percent::decode_strict(raw_key).ok_or(LockError::InvalidHeader(
+        let decoded = percent::decode_strict(raw_key).ok_or(LockError::InvalidHeader(
             "Lock-Key is not valid percent-encoded UTF-8",
         ))?;
+        // The rule sees the key that is locked: NFC, as `LockKey` keeps it.
+        // On the decoded text, `invoice%CC%81-7` (a combining accent) would
+        // pass a rule that refuses `invoicé-7`, and lock `invoicé-7`.
+        let key = normalise(&decoded)?;
         if let Some(allowed) = &self.allow_keys
             && !allowed(&key)
         {
@@ -247,7 +254,7 @@ impl ClientLocks {
                 ));
             }
         };
-        let mut spec = LockSpec::new(key, ttl)
+        let mut spec = LockSpec::new(key.as_str(), ttl)
             .max_wait(block)
             .scope(scope)
             .auto_release(auto_release);
@@ -299,6 +306,32 @@ mod tests {
         assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
         for bad in ["", "s", "-1", "1.5s", "1d", "10 s", "9999999999999"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_key_rule_sees_the_key_that_is_locked() {
+        let composed = "invoic\u{e9}-7";
+        let req = |key: &str| {
+            Request::post("/pay")
+                .header("lock-key", key)
+                .header("lock-ttl", "5s")
+                .body(())
+                .unwrap()
+        };
+        let only = ClientLocks::new().allow_keys(move |k: &str| k == composed);
+        let spec = only.spec_for(&req("invoice%CC%81-7")).unwrap().unwrap();
+        assert_eq!(spec.get_key(), composed);
+        let refusing = ClientLocks::new().allow_keys(move |k: &str| k != composed);
+        assert!(matches!(
+            refusing.spec_for(&req("invoice%CC%81-7")),
+            Err(LockError::NotAllowed(_))
+        ));
+        // A key that cannot be locked never reaches the rule.
+        let never = ClientLocks::new().allow_keys(|_: &str| panic!("not a lock key"));
+        for bad in ["", "a%0Ab"] {
+            let e = never.spec_for(&req(bad)).unwrap_err();
+            assert_eq!(e.code(), "LOCK_INVALID_KEY", "{bad:?}");
         }
     }
 }

@@ -43,8 +43,10 @@ pub enum LockError {
     InvalidTtl(&'static str),
     /// The owner token is empty, too long or not printable ASCII.
     InvalidOwner(&'static str),
-    /// The lock's metadata is not a JSON object, or larger than
-    /// [`MAX_METADATA_BYTES`](crate::MAX_METADATA_BYTES).
+    /// The lock's metadata is not a JSON object, is larger than
+    /// [`MAX_METADATA_BYTES`](crate::MAX_METADATA_BYTES), nested deeper than
+    /// [`MAX_METADATA_DEPTH`](crate::MAX_METADATA_DEPTH), or has a NUL
+    /// character in a string or key.
     InvalidMetadata(&'static str),
     /// A lock header of a client-directed lock ([`ClientLocks`](crate::ClientLocks))
     /// is missing or cannot be read.

@@ -245,14 +245,13 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn normalise(key: &str) -> Result<SmolStr, LockError> {
+/// `key` as a [`LockKey`] keeps it (NFC), or why it cannot be one. Whatever
+/// checks a key before it is locked must check this form: the lock is taken
+/// on it.
+pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
     // ASCII is NFC already, and its control characters are single bytes.
     let ascii = key.is_ascii();
-    let key: Cow<'_, str> = if ascii || is_nfc_quick(key.chars()) == IsNormalized::Yes {
-        Cow::Borrowed(key)
-    } else {
-        Cow::Owned(key.nfc().collect())
-    };
+    let key = if ascii { Cow::Borrowed(key) } else { nfc(key) };
     if key.is_empty() {
         return Err(LockError::InvalidKey("the key is empty"));
     }
@@ -270,6 +269,16 @@ fn normalise(key: &str) -> Result<SmolStr, LockError> {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
     Ok(SmolStr::new(key))
+}
+
+/// `key` in NFC, the form a [`LockKey`] keeps: what a user's key is
+/// compared with a held one in (borrowed when it is NFC already).
+pub(crate) fn nfc(key: &str) -> Cow<'_, str> {
+    if key.is_ascii() || is_nfc_quick(key.chars()) == IsNormalized::Yes {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(key.nfc().collect())
+    }
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ pub use future::ResponseFuture;
 pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
 pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock, with_lock};
-pub use metadata::{LockMetadata, MAX_METADATA_BYTES};
+pub use metadata::{LockMetadata, MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;

@@ -16,7 +16,7 @@ use super::release::{Finish, HeldLocks, release, release_detached, release_one};
 use super::{HeldLock, OwnedLock};
 use crate::backend::{LockStatus, SharedBackend};
 use crate::error::LockError;
-use crate::key::LockKey;
+use crate::key::{LockKey, nfc};
 use crate::observe::{self, Meter};
 use crate::spec::LockSpec;
 use crate::watchdog::WatchHandle;
@@ -82,7 +82,8 @@ impl RegistryState {
 /// The layer puts the locks it acquired here. A handler can read them, take
 /// more locks that are released with the response, release one early, or
 /// [`cancel_auto_release`](Locks::cancel_auto_release) one to hand it to a
-/// background job.
+/// background job. Its methods name a lock by its user key, spelt any way
+/// Unicode allows: compared in NFC, the form the lock was taken in.
 ///
 /// ```
 /// use std::time::Duration;
@@ -140,6 +141,7 @@ impl Locks {
 
     /// The held lock with this user key, if any.
     pub fn get(&self, key: &str) -> Option<HeldLock> {
+        let key = &*nfc(key);
         self.state()
             .slots
             .iter()
@@ -239,6 +241,7 @@ impl Locks {
     /// (by hand, or with its response), [`LockError::NotFound`] if the
     /// request never held it.
     pub async fn release(&self, key: &str) -> Result<(), LockError> {
+        let key = &*nfc(key);
         let lock = {
             let mut state = self.state();
             match state.slots.iter().position(|s| s.lock.key() == key) {
@@ -301,6 +304,7 @@ impl Locks {
     ///
     /// `None` if this request holds no lock with that key.
     pub fn cancel_auto_release(&self, key: &str) -> Option<OwnedLock> {
+        let key = &*nfc(key);
         let mut state = self.state();
         let i = state.slots.iter().position(|s| s.lock.key() == key)?;
         let slot = state.slots.remove(i);
@@ -350,6 +354,7 @@ impl Locks {
 
     /// The held lock `key`, or why there is none.
     fn lookup(&self, key: &str) -> Result<HeldLock, LockError> {
+        let key = &*nfc(key);
         let state = self.state();
         match state.slots.iter().find(|s| s.lock.key() == key) {
             Some(slot) => Ok(slot.lock.clone()),

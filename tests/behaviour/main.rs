@@ -20,6 +20,7 @@ mod common;
 mod flight;
 mod harness;
 mod identity;
+mod input;
 mod keys;
 mod lifecycle;
 mod middleware;
@@ -32,6 +33,7 @@ mod support;
 mod tests {
     pub use super::flight::*;
     pub use super::identity::*;
+    pub use super::input::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -191,6 +193,11 @@ for_each_backend! {
             a_token_restores_once,
             a_repeated_claim_answers_the_same,
             the_admin_release_honours_a_fence,
+            // Input normalised or refused before it is used (issue 21).
+            client_key_rules_see_the_key_that_is_locked,
+            a_requests_locks_are_found_by_any_spelling_of_their_key,
+            metadata_deeper_than_the_limit_or_with_nul_is_refused,
+            metadata_reads_back_as_it_was_stored,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,

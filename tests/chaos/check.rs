@@ -26,7 +26,15 @@
 //!    must fall inside the lease, up to `belief_slack` (the gap between the
 //!    check and the call on a loaded machine). A holder cannot see a force
 //!    release or a server that lost its data; those are exempt.
-//! 6. **Liveness.** After the faults ended and every client stopped, every
+//! 6. **A stale call never succeeds.** A release, extension, claim or publish
+//!    that named fence F and answered Ok must not have run entirely while
+//!    another acquisition of the key (another fence) surely held it: it acted
+//!    on somebody else's lock.
+//! 7. **First come, first served.** A grant must not go to a caller that
+//!    asked after a waiter had queued (`queue_ns` after the waiter's call, so
+//!    that its first attempt surely reached the server) while that waiter
+//!    was still waiting within its max wait (no barging, no overtaking).
+//! 8. **Liveness.** After the faults ended and every client stopped, every
 //!    key comes free within its TTL, and no client process hangs.
 
 use std::collections::BTreeMap;
@@ -50,6 +58,8 @@ pub struct Bounds {
     pub late_ns: u64,
     /// How long after a lease's end a handle may still have said it held.
     pub belief_ns: u64,
+    /// How long after its call a waiter is surely queued.
+    pub queue_ns: u64,
 }
 
 impl Default for Bounds {
@@ -58,6 +68,7 @@ impl Default for Bounds {
             wake_ns: 250 * MS,
             late_ns: 300 * MS,
             belief_ns: 50 * MS,
+            queue_ns: 150 * MS,
         }
     }
 }
@@ -79,6 +90,9 @@ struct Lease {
     held_until: u64,
     /// Why `end` is what it is (for reports).
     why: &'static str,
+    /// When the holder was told the acquisition is gone (a renewal or an
+    /// extension answered not found / not yours).
+    told_lost: Option<u64>,
 }
 
 fn ms(ns: u64, t0: u64) -> String {
@@ -98,6 +112,8 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     fences(&leases, &h.faults, t0, &mut out);
     wakeups(&ops, &leases, h, bounds, t0, op_timeout, &mut out);
     beliefs(&ops, &leases, bounds, t0, &mut out);
+    stale_calls(&ops, &leases, t0, &mut out);
+    fifo(&ops, h, bounds, t0, op_timeout, &mut out);
     for (key, value, writes) in &h.store {
         if value != writes {
             out.push(Violation {
@@ -150,19 +166,29 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                 end: start + ttl,
                 held_until: op.ret + ttl,
                 why: "its TTL",
+                told_lost: None,
             });
         }
     }
+    // First what the TTL allows (extensions move it), then where the holder
+    // gave the lock up: a release or a hand-off ends its use of the lock
+    // whatever a renewal in flight beside it does (two calls in flight are
+    // applied in an order the history cannot tell).
     let index = LeaseIndex::new(&leases);
+    let mut given_up: Vec<Option<(u64, &'static str)>> = vec![None; leases.len()];
+    let mut released: Vec<Option<u64>> = vec![None; leases.len()];
     for op in ops {
         let Some(i) = index.find(&leases, op) else {
             continue;
         };
         let lease = &mut leases[i];
+        let give_up = |at: u64, why: &'static str, slot: &mut Option<(u64, &'static str)>| {
+            if slot.is_none_or(|(t, _)| at < t) {
+                *slot = Some((at, why));
+            }
+        };
         match (op.kind, &op.outcome) {
             (Kind::Extend, Outcome::Ok) => {
-                // The server set the TTL between invocation and reply (one
-                // extension of a lock at a time: the crate's gate).
                 lease.end = op.inv + op.ttl_ms * MS;
                 lease.held_until = lease.held_until.max(op.ret + op.ttl_ms * MS);
                 lease.why = "an extension's TTL";
@@ -170,20 +196,28 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             (Kind::Extend, Outcome::Cancelled | Outcome::Unavailable) => {
                 lease.held_until = lease.held_until.max(op.ret + op.ttl_ms * MS);
             }
+            (Kind::Extend, Outcome::NotFound | Outcome::Mismatch) => {
+                lease.told_lost = Some(lease.told_lost.map_or(op.ret, |t| t.min(op.ret)));
+            }
             (Kind::Release | Kind::FlightPublish, outcome) => {
-                if op.inv < lease.end {
-                    lease.end = op.inv;
-                    lease.why = "its release";
-                }
+                give_up(op.inv, "its release", &mut given_up[i]);
                 if *outcome == Outcome::Ok || *outcome == Outcome::NotFound {
-                    lease.held_until = lease.held_until.min(op.ret);
+                    released[i] = Some(released[i].map_or(op.ret, |t| t.min(op.ret)));
                 }
             }
-            (Kind::Handoff, _) if op.inv < lease.end => {
-                lease.end = op.inv;
-                lease.why = "its hand-off";
-            }
+            (Kind::Handoff, _) => give_up(op.inv, "its hand-off", &mut given_up[i]),
             _ => {}
+        }
+    }
+    for (i, lease) in leases.iter_mut().enumerate() {
+        if let Some((at, why)) = given_up[i]
+            && at < lease.end
+        {
+            lease.end = at;
+            lease.why = why;
+        }
+        if let Some(at) = released[i] {
+            lease.held_until = lease.held_until.min(at);
         }
     }
     // Lost by the rules: force releases, faults that lose locks.
@@ -331,8 +365,13 @@ fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec
         let Some(lease) = index.find(leases, op).map(|i| &leases[i]) else {
             continue;
         };
+        // A holder cannot see a force release or a server that lost its
+        // data, until a renewal or an extension tells it.
         let unseen = matches!(lease.why, "a force release" | "a fault that loses locks");
-        if !unseen && checked > lease.end + bounds.belief_ns {
+        let told = lease
+            .told_lost
+            .is_some_and(|t| checked > t + bounds.belief_ns);
+        if told || (!unseen && checked > lease.end + bounds.belief_ns) {
             out.push(Violation {
                 kind: "held-after-lease",
                 detail: format!(
@@ -346,6 +385,110 @@ fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec
                     lease.why
                 ),
             });
+        }
+    }
+}
+
+fn stale_calls(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<Violation>) {
+    let mut by_key: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
+    for l in leases.iter().filter(|l| l.end > l.sure) {
+        by_key.entry(&l.key).or_default().push(l);
+    }
+    for op in ops {
+        let acts = matches!(
+            op.kind,
+            Kind::Release | Kind::Extend | Kind::Claim | Kind::FlightPublish
+        );
+        let (true, Outcome::Ok, Some(fence)) = (acts, &op.outcome, op.fence_in) else {
+            continue;
+        };
+        let Some(other) = by_key.get(op.key.as_str()).and_then(|ls| {
+            ls.iter()
+                .find(|m| m.fence != fence && m.sure <= op.inv && op.ret <= m.end)
+        }) else {
+            continue;
+        };
+        out.push(Violation {
+            kind: "stale-call-succeeded",
+            detail: format!(
+                "{}: {:?} p{} #{} naming fence {fence} answered Ok during {}..{}, while fence {} \
+                 (p{} #{}) held the key from {} to {}",
+                op.key,
+                op.kind,
+                op.p,
+                op.id,
+                ms(op.inv, t0),
+                ms(op.ret, t0),
+                other.fence,
+                other.p,
+                other.id,
+                ms(other.sure, t0),
+                ms(other.end, t0)
+            ),
+        });
+    }
+}
+
+fn fifo(
+    ops: &[&Op],
+    h: &History,
+    bounds: Bounds,
+    t0: u64,
+    op_timeout: u64,
+    out: &mut Vec<Violation>,
+) {
+    let waiters: Vec<&&Op> = ops
+        .iter()
+        .filter(|o| {
+            o.kind == Kind::Acquire
+                && o.wait_ms > 0
+                && matches!(o.outcome, Outcome::Ok | Outcome::Timeout)
+        })
+        .collect();
+    let disturbed = |from: u64, to: u64, procs: [u32; 2]| {
+        h.faults.iter().any(|f| {
+            let server = f.process.is_none();
+            let ours = f.process.is_some_and(|p| procs.contains(&p));
+            (server || ours) && f.at < to && f.until + op_timeout > from
+        })
+    };
+    for n in ops
+        .iter()
+        .filter(|o| matches!(o.kind, Kind::Acquire | Kind::FlightBegin) && o.outcome == Outcome::Ok)
+    {
+        for w in waiters
+            .iter()
+            .filter(|w| w.key == n.key && (w.p, w.id) != (n.p, n.id))
+        {
+            let queued = w.inv + bounds.queue_ns;
+            // A waiter granted the lock waited until the hand-off (a grant
+            // after its lease ran out, before it woke, is no overtaking).
+            let waited_until = match w.outcome {
+                Outcome::Ok => w.start.unwrap_or(w.ret),
+                _ => w.ret,
+            };
+            let waiting_until = waited_until.min(w.inv + w.wait_ms * MS);
+            if queued < n.inv
+                && n.ret + 10 * MS < waiting_until
+                && !disturbed(w.inv, n.ret, [w.p, n.p])
+            {
+                out.push(Violation {
+                    kind: "barging",
+                    detail: format!(
+                        "{}: p{} #{} asked at {} and was granted at {}, while p{} #{} (queued \
+                         since {}, waiting until {}) was still waiting",
+                        n.key,
+                        n.p,
+                        n.id,
+                        ms(n.inv, t0),
+                        ms(n.ret, t0),
+                        w.p,
+                        w.id,
+                        ms(w.inv, t0),
+                        ms(waiting_until, t0)
+                    ),
+                });
+            }
         }
     }
 }
@@ -573,6 +716,65 @@ mod tests {
             waiter,
         ]);
         assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn a_release_ends_the_lease_whatever_a_renewal_beside_it_did() {
+        // The watchdog's renewal was invoked after the release and answered
+        // Ok (the server ran it first): the holder still stopped at its
+        // release.
+        let mut renewal = op(1, 2, Kind::Extend, 11, 12, Outcome::Ok);
+        renewal.fence_in = Some(1);
+        renewal.ttl_ms = 1_000;
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 100),
+            release(1, 1, 10, 13, 1),
+            renewal,
+            grant(2, 0, 14, 15, 2, 100),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+    }
+
+    #[test]
+    fn a_stale_release_that_succeeds_is_caught() {
+        let mut force = op(3, 0, Kind::ForceRelease, 10, 11, Outcome::Ok);
+        force.key = "k".into();
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 1_000),
+            force,
+            grant(2, 0, 12, 13, 2, 1_000),
+            release(1, 1, 20, 21, 1),
+        ]);
+        assert_eq!(kinds(&h), ["stale-call-succeeded"]);
+    }
+
+    #[test]
+    fn a_newcomer_served_before_a_queued_waiter_is_barging() {
+        let mut waiter = op(2, 0, Kind::Acquire, 2, 2_000, Outcome::Timeout);
+        waiter.wait_ms = 2_000;
+        waiter.ttl_ms = 100;
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 300),
+            waiter,
+            release(1, 1, 280, 281, 1),
+            grant(3, 0, 500, 501, 2, 100),
+            release(3, 1, 520, 521, 2),
+        ]);
+        let found = kinds(&h);
+        assert!(found.contains(&"barging"), "{found:?}");
+    }
+
+    #[test]
+    fn a_handle_told_its_lock_is_gone_must_stop_believing_it() {
+        let mut force = op(3, 0, Kind::ForceRelease, 10, 11, Outcome::Ok);
+        force.key = "k".into();
+        let mut renewal = op(1, 1, Kind::Extend, 30, 31, Outcome::NotFound);
+        renewal.fence_in = Some(1);
+        let mut read = op(1, 2, Kind::Read, 200, 201, Outcome::Ok);
+        read.fence_in = Some(1);
+        read.checked = Some(200 * MS);
+        let h = history(vec![grant(1, 0, 0, 1, 1, 1_000), force, renewal, read]);
+        assert_eq!(kinds(&h), ["held-after-lease"]);
     }
 
     #[test]

@@ -138,7 +138,13 @@ impl Task {
         if self.rng.chance(50) {
             spec = spec.max_wait(Duration::from_millis(self.rng.range(50, 1_500)));
         }
-        if self.rng.chance(20) {
+        // A job's own name as its owner (a "nightly-job" on each key), shared
+        // by every client that runs it: the case where only the fence tells
+        // two acquisitions apart.
+        if self.rng.chance(30) {
+            let job = format!("job-{}", spec.get_key());
+            spec = spec.owner(job);
+        } else if self.rng.chance(10) {
             spec = spec.owner(self.rng.pick(&self.cfg.owners).clone());
         }
         if self.rng.chance(15) {
@@ -202,8 +208,15 @@ impl Task {
         } else {
             Duration::from_millis(self.rng.range(0, 20))
         };
-        self.critical(&lock, hold).await;
-        match self.rng.range(0, 99) {
+        let stalled = self.critical(&lock, hold).await;
+        // A holder that stalled past its TTL carries on as if it still held
+        // the lock half the time: it extends, works and releases.
+        let end = if stalled && self.rng.chance(50) {
+            95
+        } else {
+            self.rng.range(0, 99)
+        };
+        match end {
             0..=69 => {
                 let release = lock.release();
                 if self.rng.chance(10) {
@@ -321,9 +334,10 @@ impl Task {
 
     /// Fenced read-modify-write of the lock's store key, holding `hold`
     /// between read and write; now and then a pause longer than the TTL (a
-    /// task stuck in its critical section).
-    async fn critical(&mut self, lock: &OwnedLock, hold: Duration) {
-        let pause = if self.rng.chance(4) {
+    /// task stuck in its critical section): whether it was.
+    async fn critical(&mut self, lock: &OwnedLock, hold: Duration) -> bool {
+        let stalled = self.rng.chance(5);
+        let pause = if stalled {
             lock.info().ttl() * 3 / 2
         } else {
             hold
@@ -346,6 +360,7 @@ impl Task {
             },
         )
         .await;
+        stalled
     }
 }
 

@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
-use deadpool_redis::redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use deadpool_redis::redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{pool_error, redis_error, timed_out};
+use super::invoke::Invocation;
 use crate::error::LockError;
 
 /// The redis-rs per-request timeout on our connection. Every call is bounded
@@ -232,7 +233,7 @@ impl Pinned {
     /// A new script must keep this true, or not come through here.
     pub(super) async fn eval(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         end: Instant,
     ) -> Result<Value, LockError> {
         self.eval_on(invocation, end).await.map(|(value, _)| value)
@@ -241,13 +242,13 @@ impl Pinned {
     /// [`Pinned::eval`], also returning the connection the script ran on.
     pub(super) async fn eval_on(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         end: Instant,
     ) -> Result<(Value, Conn), LockError> {
         let mut retried = false;
         loop {
             let (generation, mut conn) = self.get(end).await?;
-            match timeout_at(end, invocation.invoke_async::<Value>(&mut conn)).await {
+            match timeout_at(end, invocation.invoke(&mut conn)).await {
                 Ok(Ok(value)) => return Ok((value, conn)),
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);

@@ -92,6 +92,7 @@ mod conn;
 mod error;
 mod extras;
 mod flight;
+mod invoke;
 mod keys;
 mod ops;
 mod replicas;

@@ -3,11 +3,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use deadpool_redis::redis::{ScriptInvocation, Value};
+use deadpool_redis::redis::Value;
 use tokio::time::Instant;
 
 use super::RedisBackend;
 use super::error::bad_reply;
+use super::invoke::Invocation;
 use super::keys::Keys;
 use super::scripts::{
     SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
@@ -49,7 +50,7 @@ pub(super) enum Left {
 /// which errs on the early side (the server's TTL starts when the script
 /// runs, after this).
 pub(super) fn acquire_args(
-    inv: &mut ScriptInvocation<'_>,
+    inv: &mut Invocation<'_>,
     req: &AcquireRequest,
     ttl_ms: u64,
 ) -> SystemTime {
@@ -257,7 +258,7 @@ impl RedisBackend {
 
 /// The acquisition's fence as a script argument: `''` for any (see
 /// [`Holder::owner_only`]).
-fn fence_arg(inv: &mut ScriptInvocation<'_>, holder: Holder<'_>) {
+fn fence_arg(inv: &mut Invocation<'_>, holder: Holder<'_>) {
     match holder.fence() {
         Some(fence) => inv.arg(fence),
         None => inv.arg(""),
@@ -271,7 +272,7 @@ pub(super) fn extend_invocation(
     key: &LockKey,
     holder: Holder<'_>,
     ttl: Duration,
-) -> ScriptInvocation<'static> {
+) -> Invocation<'static> {
     let mut inv = SCRIPTS.extend.prepare_invoke();
     backend.keys(&mut inv, key, Keys::LockAndMeta);
     inv.arg(holder.owner()).arg(ceil_ms(ttl));

@@ -3,13 +3,14 @@
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use deadpool_redis::redis::{Script, Value};
+use deadpool_redis::redis::Value;
 
 use super::error::bad_reply;
+use super::invoke::Script;
 use crate::error::LockError;
 
-/// Every script, hashed once per process. `redis::Script` sends `EVALSHA` and
-/// loads the script on `NOSCRIPT`, so a `SCRIPT FLUSH` or a restarted server
+/// Every script, hashed once per process. A call sends `EVALSHA`, and `EVAL`
+/// on `NOSCRIPT` (see `invoke.rs`), so a `SCRIPT FLUSH` or a restarted server
 /// costs one extra round trip on the next call, not a failure.
 pub(super) struct Scripts {
     pub(super) acquire: Script,
@@ -186,12 +187,12 @@ mod tests {
     fn scripts_compile_into_distinct_hashes() {
         let s = &*SCRIPTS;
         let hashes = [
-            s.acquire.get_hash(),
-            s.release.get_hash(),
-            s.extend.get_hash(),
-            s.force_release.get_hash(),
-            s.status.get_hash(),
-            s.leave.get_hash(),
+            s.acquire.hash(),
+            s.release.hash(),
+            s.extend.hash(),
+            s.force_release.hash(),
+            s.status.hash(),
+            s.leave.hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             for b in &hashes[i + 1..] {

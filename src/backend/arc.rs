@@ -56,6 +56,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
         (**self).extend_many(batch)
     }
+    fn extend_each<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> Option<Vec<BoxFuture<'a, Result<Lease, LockError>>>> {
+        (**self).extend_each(batch)
+    }
     fn held_by<'a>(
         &'a self,
         owner: &'a str,

@@ -457,6 +457,24 @@ impl LockBackend for RedisBackend {
         ))
     }
 
+    /// The same extensions, each its own future: on a cluster each goes to
+    /// its shard's connection (one pipelined round trip per shard, as
+    /// [`extend_many`](LockBackend::extend_many)), and a stalled shard holds
+    /// back only its own locks' renewals.
+    fn extend_each<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> Option<Vec<BoxFuture<'a, Result<Lease, LockError>>>> {
+        Some(
+            batch
+                .iter()
+                .map(|r| -> BoxFuture<'a, _> {
+                    Box::pin(self.extend_full(&r.key, r.holder(), r.ttl))
+                })
+                .collect(),
+        )
+    }
+
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(self.force_release_inner(key))
     }

@@ -175,6 +175,25 @@ impl Pinned {
         Ok((generation, conn))
     }
 
+    /// A new connection from the source, for one caller alone (see
+    /// `dedicated.rs`); the operations' connection is left as it is.
+    pub(super) async fn open(&self, end: Instant) -> Result<Conn, LockError> {
+        match &self.source {
+            Source::Single(pool) => {
+                let object = match timeout_at(end, pool.get()).await {
+                    Ok(Ok(object)) => object,
+                    Ok(Err(e)) => return Err(pool_error(e)),
+                    Err(_) => return Err(timed_out("connecting to Redis")),
+                };
+                let mut conn = deadpool_redis::Connection::take(object);
+                conn.set_response_timeout(RESPONSE_TIMEOUT);
+                Ok(Conn::Single(conn))
+            }
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(nodes) => Ok(Conn::Cluster(nodes.connect(end).await?)),
+        }
+    }
+
     /// On a new connection to one server: refuse a server too old for the scripts, and
     /// (once per backend) warn about an eviction policy that can drop locks.
     async fn check_server(

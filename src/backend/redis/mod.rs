@@ -89,6 +89,7 @@
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 mod conn;
+mod dedicated;
 mod error;
 mod extras;
 mod flight;
@@ -108,6 +109,7 @@ use deadpool_redis::redis::{Client, IntoConnectionInfo};
 use deadpool_redis::{Config, Pool, Runtime};
 
 use self::conn::{Pinned, Source};
+use self::dedicated::Dedicated;
 use self::error::config_error;
 use self::replicas::MinReplicas;
 use self::wake::{Transport, Wakeups};
@@ -154,6 +156,8 @@ pub struct RedisBackend {
 
 struct Shared {
     conn: Pinned,
+    /// For calls that block their connection (`min_replicas`' `WAIT`).
+    dedicated: Dedicated,
     wake: Wakeups,
 }
 
@@ -288,6 +292,7 @@ impl RedisBackend {
         RedisBackend {
             shared: Arc::new(Shared {
                 conn: Pinned::new(source),
+                dedicated: Dedicated::new(),
                 wake: Wakeups::new(transport),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
@@ -315,16 +320,22 @@ impl RedisBackend {
         self
     }
 
-    /// Confirm every acquisition on `replicas` replicas of the lock's
-    /// primary (`WAIT`) before granting it; if they have not acknowledged it
-    /// within `timeout`, release the lock and fail the acquisition with
+    /// Confirm every lock taken (acquired, a single-flight's leader, a
+    /// token restored by [`LockBackend::claim`]) on `replicas` replicas of
+    /// the lock's primary (`WAIT`) before granting it; if they have not
+    /// acknowledged it within `timeout`, release the lock and fail with
     /// [`LockError::BackendUnavailable`] (the layer's `503`). Off by default
     /// (`replicas` = 0 turns it off), and then it costs nothing.
     ///
-    /// It costs two more round trips per acquisition (the lock is extended
-    /// to its TTL on the operation connection, so that the `WAIT` covers a
-    /// lock handed over by another process's release too, then `WAIT`),
-    /// plus the replicas' acknowledgement.
+    /// It costs two more round trips per lock taken (the lock is extended
+    /// to its TTL, so that the `WAIT` covers a lock handed over by another
+    /// process's release too, then `WAIT`), plus the replicas'
+    /// acknowledgement. Both run on a connection of their own, taken for
+    /// that call alone (`WAIT` blocks the connection it is sent on, and
+    /// every other call of the backend must go on meanwhile): up to 64 such
+    /// connections are open at once (on a cluster, each a cluster
+    /// connection), 8 kept idle for reuse; on one server they come from the
+    /// pool, which opens others in their place.
     ///
     /// What it buys: a failover to a replica that acknowledged loses no
     /// lock granted before it, so fewer locks are lost on failover. What it
@@ -439,7 +450,14 @@ impl LockBackend for RedisBackend {
         holder: Holder<'a>,
         attempt: u64,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.claim_inner(key, holder, attempt))
+        match self.min_replicas {
+            None => Box::pin(self.claim_inner(key, holder, attempt)),
+            Some(min) => Box::pin(async move {
+                let claimed = self.claim_inner(key, holder, attempt).await?;
+                let holder = Holder::new(holder.owner(), claimed.fence);
+                self.confirmed(key, holder, claimed.ttl, min).await
+            }),
+        }
     }
 
     /// All extensions go out together on the one multiplexed connection, so
@@ -500,7 +518,20 @@ impl LockBackend for RedisBackend {
         &'a self,
         req: &'a AcquireRequest,
     ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
-        Box::pin(self.flight_begin_inner(req))
+        match self.min_replicas {
+            None => Box::pin(self.flight_begin_inner(req)),
+            // A leader holds the flight's lock as any holder does.
+            Some(min) => Box::pin(async move {
+                match self.flight_begin_inner(req).await? {
+                    FlightStart::Leader(lease) => {
+                        let holder = Holder::new(req.owner(), lease.fence);
+                        let lease = self.confirmed(req.key(), holder, req.ttl(), min).await?;
+                        Ok(FlightStart::Leader(lease))
+                    }
+                    other => Ok(other),
+                }
+            }),
+        }
     }
 
     fn flight_result<'a>(

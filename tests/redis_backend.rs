@@ -14,7 +14,7 @@ use common::proxy::Proxy;
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
-use tower_lock::backend::{AcquireRequest, Lease};
+use tower_lock::backend::{AcquireRequest, FlightPublish, FlightStart, Lease};
 use tower_lock::{LockBackend, LockError, LockKey};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -543,6 +543,53 @@ async fn a_force_release_repeated_after_a_lost_reply_frees_one_holder() {
     assert_eq!(st.waiters, 1, "y still queued");
     let y = y.await.unwrap();
     assert!(matches!(y, Err(LockError::Timeout { .. })), "{y:?}");
+}
+
+/// A flight's publish whose reply is lost is run again (the connection is
+/// replaced): the second run finds the lock released by the first, and must
+/// recognise that success (the result is stored under the leader's fence)
+/// instead of reporting a failed publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_repeated_after_a_lost_reply_reports_its_success() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let leader = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    let r = req("flight", "leader", 30 * SEC, SEC);
+    let lease = match leader.flight_begin(&r).await.unwrap() {
+        FlightStart::Leader(lease) => lease,
+        _ => panic!("not the leader"),
+    };
+    let publish = FlightPublish {
+        fence: lease.fence,
+        value: Arc::from(&b"result"[..]),
+        result_ttl: 10 * SEC,
+        keep: 10 * SEC,
+    };
+
+    // The scripts are loaded: the reply lost is the publish's own.
+    let warm = req("warm", "leader", 30 * SEC, SEC);
+    let FlightStart::Leader(warm_lease) = leader.flight_begin(&warm).await.unwrap() else {
+        panic!("not the leader");
+    };
+    let warm_publish = FlightPublish {
+        fence: warm_lease.fence,
+        ..publish.clone()
+    };
+    leader
+        .flight_publish(warm.key(), "leader", &warm_publish)
+        .await
+        .unwrap();
+
+    proxy.reset_next_reply();
+    leader
+        .flight_publish(r.key(), "leader", &publish)
+        .await
+        .expect("the publish succeeded, but was reported as failed");
+    proxy.resets(1).await;
+    let stored = direct.flight_result(r.key()).await.unwrap().unwrap();
+    assert_eq!((stored.seq, &*stored.value), (lease.fence, &b"result"[..]));
+    assert_eq!(direct.status(r.key()).await.unwrap(), None, "released");
 }
 
 /// (16.10) A waiter is handed the lock, but reads the grant only after the

@@ -247,7 +247,10 @@ impl Pinned {
     ///   run with that attempt answers the lease again (claim.lua);
     /// - leave checks the waiter's ticket; status only reads;
     /// - force release records a nonce with its answer, and a second run
-    ///   with that nonce only repeats the answer (force_release.lua).
+    ///   with that nonce only repeats the answer (force_release.lua);
+    /// - a flight's publish that finds the lock gone but its own result
+    ///   stored (under the leader's fence) answers success again
+    ///   (flight_publish.lua).
     ///
     /// A new script must keep this true, or not come through here.
     pub(super) async fn eval(

@@ -392,6 +392,104 @@ async fn legacy_per_key_counters_are_migrated_on_first_use() {
     assert_eq!(server.cmd(&["EXISTS", &stored("h", ":fence")]), "0");
 }
 
+/// A process of the version before per-slot counters (its own acquire and
+/// release scripts, tests/fixtures/per_key_fences), locking a key in turns
+/// with this version, as during a rolling upgrade.
+struct PreviousVersion<'a>(&'a RedisServer);
+
+impl PreviousVersion<'_> {
+    /// Acquire `name` (free, nobody queued) and release it: its fence.
+    fn cycle(&self, name: &str, owner: &str) -> u64 {
+        let keys = [
+            stored(name, ""),
+            stored(name, ":fence"),
+            stored(name, ":q"),
+            stored(name, ":w"),
+        ];
+        let tail = format!("1 - 1 {owner}");
+        let mut args = vec![
+            "EVAL",
+            include_str!("fixtures/per_key_fences/acquire.lua"),
+            "4",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        args.extend(["10000", tail.as_str()]);
+        let fence = self
+            .0
+            .cmd(&args)
+            .parse()
+            .expect("the old fast path's fence");
+        let mut args = vec![
+            "EVAL",
+            include_str!("fixtures/per_key_fences/release.lua"),
+            "4",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        args.push(owner);
+        assert_eq!(self.0.cmd(&args), "1");
+        fence
+    }
+}
+
+/// (Issue 27.4) A rolling upgrade: the previous version and this one lock
+/// the same keys in turns. With the old per-lock counters kept in step,
+/// every fence is above every earlier one, whichever version gave it
+/// (deleting the old counter let the old version count again from 1: one
+/// key's fences were 1, 2, 3, 4, 1, 2, 3, 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_never_repeat_beside_the_previous_version() {
+    let server = RedisServer::start();
+    let new = backend(&server).keep_legacy_fence_counters(true);
+    let old = PreviousVersion(&server);
+    let cycle = |name: &'static str, owner: &'static str| {
+        let new = new.clone();
+        async move {
+            let lease = new
+                .acquire(&req(name, owner, 10 * SEC, Duration::ZERO))
+                .await
+                .unwrap();
+            new.release(&key(name), Holder::new(owner, lease.fence))
+                .await
+                .unwrap();
+            lease.fence
+        }
+    };
+    // New first on a fresh key, then old, in turns; and old first.
+    for (name, new_first) in [("fresh", true), ("used", false)] {
+        let mut fences = Vec::new();
+        for round in 0..4 {
+            for _ in 0..4 {
+                if (round % 2 == 0) == new_first {
+                    fences.push(cycle(name, "new").await);
+                } else {
+                    fences.push(old.cycle(name, "old"));
+                }
+            }
+        }
+        assert!(
+            fences.windows(2).all(|w| w[0] < w[1]),
+            "{name}: fences in acquisition order {fences:?}"
+        );
+    }
+    // Waiters handed the lock draw through the same counter.
+    let held = cycle("h", "new").await;
+    let holder = new
+        .acquire(&req("h", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&new, req("h", "w", 10 * SEC, 5 * SEC));
+    queued(&server, "h", 1).await;
+    new.release(&key("h"), Holder::new("a", holder.fence))
+        .await
+        .unwrap();
+    let handed = granted(waiter).await.fence;
+    new.release(&key("h"), Holder::new("w", handed))
+        .await
+        .unwrap();
+    let after = old.cycle("h", "old");
+    assert!(held < holder.fence && holder.fence < handed && handed < after);
+}
+
 /// Locking 10^5 distinct keys leaves at most one counter per hash slot
 /// behind (per-key counters would leave 10^5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use deadpool_redis::redis::Value;
 
 use super::RedisBackend;
 use super::keys::Keys;
-use super::scripts::{SCRIPTS, array, ceil_ms, int, string_at};
+use super::scripts::{array, ceil_ms, int, string_at};
 use crate::backend::{HeldBy, Holder, Lease, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -87,7 +87,7 @@ impl RedisBackend {
         fence: u64,
         metadata: &LockMetadata,
     ) -> Result<(), LockError> {
-        let mut inv = SCRIPTS.metadata.prepare_invoke();
+        let mut inv = self.scripts().metadata.prepare_invoke();
         self.keys(&mut inv, req.key(), Keys::LockAndMeta);
         inv.arg(req.owner()).arg(fence).arg(metadata.as_json());
         // 0: the lock is not this acquisition's any more (it ran out); the
@@ -100,7 +100,7 @@ impl RedisBackend {
     }
 
     async fn index(&self, owner: &str, op: Index<'_>) -> Result<Value, LockError> {
-        let mut inv = SCRIPTS.owners.prepare_invoke();
+        let mut inv = self.scripts().owners.prepare_invoke();
         inv.key(self.owner_key(owner));
         match op {
             Index::Add(key, ttl) => inv.arg("add").arg(key.encoded(usize::MAX)).arg(ttl),
@@ -128,7 +128,7 @@ impl RedisBackend {
                 "lookups by owner need the owner index (RedisBackend::index_owners)",
             ));
         }
-        let mut inv = SCRIPTS.owners.prepare_invoke();
+        let mut inv = self.scripts().owners.prepare_invoke();
         inv.key(self.owner_key(owner)).arg("list");
         let fields = array(
             self.shared.conn.eval(&inv, self.deadline()).await?,
@@ -154,7 +154,7 @@ impl RedisBackend {
         }
         if !stale.is_empty() {
             let drops = stale.iter().map(|field| {
-                let mut inv = SCRIPTS.owners.prepare_invoke();
+                let mut inv = self.scripts().owners.prepare_invoke();
                 inv.key(self.owner_key(owner))
                     .arg("del")
                     .arg(field.as_str());

@@ -21,7 +21,7 @@ use super::RedisBackend;
 use super::error::bad_reply;
 use super::keys::Keys;
 use super::ops::{acquire_args, granted};
-use super::scripts::{SCRIPTS, array, ceil_ms, int, int_at, uint_at};
+use super::scripts::{array, ceil_ms, int, int_at, uint_at};
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -44,7 +44,7 @@ impl RedisBackend {
         // Registered before the script runs: a result published right after
         // it reaches this caller.
         let mut watch = wake.watch_flight(id, slot, end, self.op_timeout).await?;
-        let mut inv = SCRIPTS.flight_begin.prepare_invoke();
+        let mut inv = self.scripts().flight_begin.prepare_invoke();
         self.keys(&mut inv, req.key(), Keys::Flight);
         let sent = acquire_args(&mut inv, req, ceil_ms(req.ttl()));
         inv.arg(0)
@@ -90,7 +90,7 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<Option<FlightResult>, LockError> {
         const WHAT: &str = "flight result";
-        let mut inv = SCRIPTS.flight_result.prepare_invoke();
+        let mut inv = self.scripts().flight_result.prepare_invoke();
         self.keys(&mut inv, key, Keys::FlightResult);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         match reply.first() {
@@ -106,7 +106,7 @@ impl RedisBackend {
         publish: &FlightPublish,
     ) -> Result<(), LockError> {
         const WHAT: &str = "flight publish";
-        let mut inv = SCRIPTS.flight_publish.prepare_invoke();
+        let mut inv = self.scripts().flight_publish.prepare_invoke();
         self.keys(&mut inv, key, Keys::Flight);
         inv.arg(owner)
             .arg(publish.fence)

@@ -41,7 +41,7 @@
 //! |---|---|---|
 //! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <attempt> <owner>"` |
 //! | `lock:{fence:T}` | integer, no TTL | fencing counter of the hash slot of `{E}` (`T`: see [`RedisBackend::fence_counter_key`]) |
-//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use |
+//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use; kept in step while [`keep_legacy_fence_counters`](RedisBackend::keep_legacy_fence_counters) is on |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
@@ -82,12 +82,14 @@
 //! - Upgrading from per-lock counters: the first acquisition of a lock by
 //!   this version draws a fence above both its old counter and its slot's,
 //!   then deletes the old counter. An instance of an older version running
-//!   beside this one would recreate that counter from 1: its fences then go
-//!   backwards (a fenced store refuses its writes as stale), so stop the old
-//!   instances before the new ones lock the same keys.
+//!   beside this one would count that counter again from 1, handing out
+//!   fences given already; while old instances may run, turn on
+//!   [`RedisBackend::keep_legacy_fence_counters`], which keeps every lock's
+//!   old counter in step instead (`legacy.rs` has the upgrade path).
 
 #[cfg(feature = "redis-cluster")]
 mod cluster;
+mod config;
 mod conn;
 mod dedicated;
 mod error;
@@ -95,6 +97,7 @@ mod extras;
 mod flight;
 mod invoke;
 mod keys;
+mod legacy;
 mod ops;
 mod replicas;
 mod scripts;
@@ -119,7 +122,7 @@ use super::{
 };
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, MAX_TTL};
+use crate::spec::AcquireRequest;
 
 /// Locks in Redis, through a [`deadpool_redis`] pool. Cheap to clone (clones
 /// share connections and waiters).
@@ -152,6 +155,7 @@ pub struct RedisBackend {
     op_timeout: Duration,
     min_replicas: Option<MinReplicas>,
     index_owners: bool,
+    keep_legacy_fences: bool,
 }
 
 struct Shared {
@@ -169,6 +173,7 @@ impl fmt::Debug for RedisBackend {
             .field("op_timeout", &self.op_timeout)
             .field("min_replicas", &self.min_replicas)
             .field("index_owners", &self.index_owners)
+            .field("keep_legacy_fences", &self.keep_legacy_fences)
             .finish_non_exhaustive()
     }
 }
@@ -299,119 +304,8 @@ impl RedisBackend {
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
             min_replicas: None,
             index_owners: false,
+            keep_legacy_fences: false,
         }
-    }
-
-    /// Put every key under `prefix` instead of `lock:`.
-    ///
-    /// Keep it short, and without `{` or `}`: braces in the prefix would
-    /// become the cluster hash tag and put every lock in one slot.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
-        self
-    }
-
-    /// Bound every backend call by `op_timeout` (default 2 s), connecting and
-    /// pool checkout included; at least 1 ms, at most a year (longer is as
-    /// good as forever). `acquire` with a max wait returns within max wait +
-    /// `op_timeout`.
-    pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
-        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
-        self
-    }
-
-    /// Confirm every lock taken (acquired, a single-flight's leader, a
-    /// token restored by [`LockBackend::claim`]) on `replicas` replicas of
-    /// the lock's primary (`WAIT`) before granting it; if they have not
-    /// acknowledged it within `timeout`, release the lock and fail with
-    /// [`LockError::BackendUnavailable`] (the layer's `503`). Off by default
-    /// (`replicas` = 0 turns it off), and then it costs nothing.
-    ///
-    /// It costs two more round trips per lock taken (the lock is extended
-    /// to its TTL, so that the `WAIT` covers a lock handed over by another
-    /// process's release too, then `WAIT`), plus the replicas'
-    /// acknowledgement. Both run on a connection of their own, taken for
-    /// that call alone (`WAIT` blocks the connection it is sent on, and
-    /// every other call of the backend must go on meanwhile): up to 64 such
-    /// connections are open at once (on a cluster, each a cluster
-    /// connection), 8 kept idle for reuse; on one server they come from the
-    /// pool, which opens others in their place.
-    ///
-    /// What it buys: a failover to a replica that acknowledged loses no
-    /// lock granted before it, so fewer locks are lost on failover. What it
-    /// does not: replication stays asynchronous (a replica that did not
-    /// acknowledge may still be promoted, `WAIT` is no consensus), releases
-    /// and extensions are not confirmed, and a lock taken and then refused
-    /// here may already have been seen by a reader of the replicas. Fencing
-    /// stays the real protection (see the README's guarantees).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_lock::backend::redis::RedisBackend;
-    ///
-    /// let backend = RedisBackend::from_url("redis://10.0.0.5:6379")?
-    ///     .min_replicas(1, Duration::from_millis(50));
-    /// assert_eq!(backend.get_min_replicas(), Some((1, Duration::from_millis(50))));
-    /// # Ok::<(), tower_lock::LockError>(())
-    /// ```
-    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.min_replicas = (replicas > 0).then_some(MinReplicas {
-            replicas,
-            timeout: timeout.clamp(Duration::from_millis(1), MAX_TTL),
-        });
-        self
-    }
-
-    /// The replicas every acquisition is confirmed on, and how long that may
-    /// take; `None` when off (see [`RedisBackend::min_replicas`]).
-    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
-        self.min_replicas.map(|m| (m.replicas, m.timeout))
-    }
-
-    /// Keep an index from owner tokens to their locks, so that
-    /// [`LockBackend::held_by`] can answer (default off: it then answers
-    /// [`LockError::Unsupported`]).
-    ///
-    /// The index of an owner is a hash `{prefix}o:{<owner>}` (its own
-    /// cluster slot) naming the locks the owner took. It is written beside
-    /// acquire, release and extend in the **same round trip** (pipelined on
-    /// the one connection; on a cluster, sent at the same time to the node
-    /// owning the owner's slot): no round trip more, but one more command
-    /// each, so it stays off unless lookups are wanted. It is a hint: every
-    /// lookup checks each lock it names (held, by this owner) and drops
-    /// entries that no longer hold, so a stale entry (a force release, an
-    /// expiry) never gives a wrong answer. A lock whose index entry is
-    /// missing (taken while the index was off, or an index write that
-    /// failed) is not found by owner; [`LockBackend::owns`] and `status`
-    /// always ask the lock itself.
-    pub fn index_owners(mut self, on: bool) -> Self {
-        self.index_owners = on;
-        self
-    }
-
-    /// Whether the owner index is kept.
-    pub fn get_index_owners(&self) -> bool {
-        self.index_owners
-    }
-
-    /// The key prefix.
-    pub fn get_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The bound on one backend call.
-    pub fn get_op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The pool connections come from; `None` on a cluster.
-    pub fn get_pool(&self) -> Option<&Pool> {
-        self.shared.conn.pool()
-    }
-
-    /// Whether this backend is on a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        self.shared.conn.is_cluster()
     }
 }
 

@@ -10,9 +10,7 @@ use super::RedisBackend;
 use super::error::bad_reply;
 use super::invoke::Invocation;
 use super::keys::Keys;
-use super::scripts::{
-    SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
-};
+use super::scripts::{array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at};
 use crate::backend::{Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -90,7 +88,7 @@ impl RedisBackend {
         end: Instant,
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
-        let mut inv = SCRIPTS.acquire.prepare_invoke();
+        let mut inv = self.scripts().acquire.prepare_invoke();
         let slot = self.keys(&mut inv, req.key(), Keys::All);
         let sent = acquire_args(&mut inv, req, ttl_ms);
         if let Some((wait_ms, id)) = queue {
@@ -126,7 +124,7 @@ impl RedisBackend {
         end: Instant,
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
-        let mut inv = SCRIPTS.leave.prepare_invoke();
+        let mut inv = self.scripts().leave.prepare_invoke();
         let slot = self.keys(&mut inv, key, Keys::All);
         inv.arg(owner)
             .arg(id)
@@ -157,7 +155,7 @@ impl RedisBackend {
         key: &LockKey,
         holder: Holder<'_>,
     ) -> Result<(), LockError> {
-        let mut inv = SCRIPTS.release.prepare_invoke();
+        let mut inv = self.scripts().release.prepare_invoke();
         self.keys(&mut inv, key, Keys::All);
         // The script finds the holder as the value's tail after a space, which
         // is exact only for owners without spaces; no holder has one (see
@@ -200,7 +198,7 @@ impl RedisBackend {
         let Some(fence) = holder.fence() else {
             return Err(LockError::OwnershipMismatch);
         };
-        let mut inv = SCRIPTS.claim.prepare_invoke();
+        let mut inv = self.scripts().claim.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndMeta);
         inv.arg(holder.owner()).arg(fence).arg(attempt);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
@@ -222,7 +220,7 @@ impl RedisBackend {
     }
 
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
-        let mut inv = SCRIPTS.force_release.prepare_invoke();
+        let mut inv = self.scripts().force_release.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndForced);
         // Names this call, so that a run repeated after a lost reply only
         // repeats the first run's answer (see force_release.lua).
@@ -236,7 +234,7 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<Option<LockStatus>, LockError> {
         const WHAT: &str = "status";
-        let mut inv = SCRIPTS.status.prepare_invoke();
+        let mut inv = self.scripts().status.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndMeta);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         if reply.is_empty() {
@@ -273,7 +271,7 @@ pub(super) fn extend_invocation(
     holder: Holder<'_>,
     ttl: Duration,
 ) -> Invocation<'static> {
-    let mut inv = SCRIPTS.extend.prepare_invoke();
+    let mut inv = backend.scripts().extend.prepare_invoke();
     backend.keys(&mut inv, key, Keys::LockAndMeta);
     inv.arg(holder.owner()).arg(ceil_ms(ttl));
     fence_arg(&mut inv, holder);

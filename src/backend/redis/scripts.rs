@@ -33,32 +33,50 @@ const HELPERS: &str = include_str!("common.lua");
 /// never pays for creating their closures.
 const HELPERS_MARK: &str = "-- @helpers\n";
 
-/// A script's source with the helpers spliced in at its marker (if any).
-fn source(script: &str) -> String {
-    script.replacen(HELPERS_MARK, HELPERS, 1)
+/// A script's source with the helpers spliced in at its marker (if any);
+/// `legacy`: the variant that keeps per-lock fence counters in step (see
+/// `legacy.rs`).
+fn source(script: &str, legacy: bool) -> String {
+    let spliced = script.replacen(HELPERS_MARK, HELPERS, 1);
+    if legacy {
+        super::legacy::keeping_counters(spliced)
+    } else {
+        spliced
+    }
 }
 
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(&source(include_str!("acquire.lua"))),
-    release: Script::new(&source(include_str!("release.lua"))),
-    extend: Script::new(&source(include_str!("extend.lua"))),
-    claim: Script::new(&source(include_str!("claim.lua"))),
-    force_release: Script::new(&source(include_str!("force_release.lua"))),
-    status: Script::new(&source(include_str!("status.lua"))),
-    leave: Script::new(&source(include_str!("leave.lua"))),
-    metadata: Script::new(include_str!("meta.lua")),
-    owners: Script::new(include_str!("owners.lua")),
-    // A flight's begin is acquire's script inside a function (its fast path
-    // included), after a look for a fresh result.
-    flight_begin: Script::new(&source(&include_str!("flight_begin.lua").replacen(
-        "-- @acquire\n",
-        include_str!("acquire.lua"),
-        1,
-    ))),
-    flight_publish: Script::new(&source(include_str!("flight_publish.lua"))),
-    // KEYS = a flight's result.
-    flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
-});
+impl Scripts {
+    fn new(legacy: bool) -> Self {
+        let src = |script: &str| source(script, legacy);
+        Scripts {
+            acquire: Script::new(&src(include_str!("acquire.lua"))),
+            release: Script::new(&src(include_str!("release.lua"))),
+            extend: Script::new(&src(include_str!("extend.lua"))),
+            claim: Script::new(&src(include_str!("claim.lua"))),
+            force_release: Script::new(&src(include_str!("force_release.lua"))),
+            status: Script::new(&src(include_str!("status.lua"))),
+            leave: Script::new(&src(include_str!("leave.lua"))),
+            metadata: Script::new(include_str!("meta.lua")),
+            owners: Script::new(include_str!("owners.lua")),
+            // A flight's begin is acquire's script inside a function (its
+            // fast path included), after a look for a fresh result.
+            flight_begin: Script::new(&src(&include_str!("flight_begin.lua").replacen(
+                "-- @acquire\n",
+                include_str!("acquire.lua"),
+                1,
+            ))),
+            flight_publish: Script::new(&src(include_str!("flight_publish.lua"))),
+            // KEYS = a flight's result.
+            flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
+        }
+    }
+}
+
+/// The scripts.
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(false));
+/// The scripts while versions with per-lock fence counters may still run
+/// ([`RedisBackend::keep_legacy_fence_counters`](super::RedisBackend::keep_legacy_fence_counters)).
+pub(super) static LEGACY_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(true));
 
 /// The elements of an array reply.
 pub(super) fn array(value: Value, what: &str) -> Result<Vec<Value>, LockError> {
@@ -174,7 +192,7 @@ mod tests {
             ("leave", include_str!("leave.lua")),
         ] {
             assert_eq!(script.matches(HELPERS_MARK).count(), 1, "{name}");
-            let src = source(script);
+            let src = source(script, false);
             assert!(src.contains("local function hand_off"), "{name}");
             assert!(!src.contains(HELPERS_MARK), "{name}");
         }

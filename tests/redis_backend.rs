@@ -490,6 +490,59 @@ async fn fences_never_repeat_beside_the_previous_version() {
     assert!(held < holder.fence && holder.fence < handed && handed < after);
 }
 
+/// (Issue 27.6) With the owner index on, refused acquisitions (a busy lock
+/// answered at once, or a waiter whose max wait ran out) leave no index
+/// behind: only what was granted is indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_acquisitions_leave_no_owner_index() {
+    let server = RedisServer::start();
+    let b = backend(&server).index_owners(true);
+    let held = b
+        .acquire(&req("busy", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    for i in 0..50 {
+        let r = req("busy", &format!("refused-{i}"), 30 * SEC, Duration::ZERO);
+        let refused = b.acquire(&r).await;
+        assert!(
+            matches!(refused, Err(LockError::AcquisitionFailed { .. })),
+            "{refused:?}"
+        );
+    }
+    for i in 0..3 {
+        let r = req("busy", &format!("waited-{i}"), 30 * SEC, ms(20));
+        let refused = b.acquire(&r).await;
+        assert!(
+            matches!(refused, Err(LockError::Timeout { .. })),
+            "{refused:?}"
+        );
+    }
+    // Another acquisition under the holder's own token (a reused custom
+    // owner) is refused too, and must not take the holder's entry along.
+    let again = b
+        .acquire(&req("busy", "holder", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(again, Err(LockError::AcquisitionFailed { .. })),
+        "{again:?}"
+    );
+    assert_eq!(
+        server.cmd(&["KEYS", "lock:o:*"]),
+        "lock:o:{holder}",
+        "index entries of refused acquisitions"
+    );
+    let found = b.held_by("holder", 10).await.unwrap();
+    assert_eq!(found.len(), 1);
+    b.release(&key("busy"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.cmd(&["KEYS", "lock:o:*"]),
+        "",
+        "released: no index left"
+    );
+}
+
 /// Locking 10^5 distinct keys leaves at most one counter per hash slot
 /// behind (per-key counters would leave 10^5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,10 +83,15 @@ impl RedisBackend {
     ///
     /// The index of an owner is a hash `{prefix}o:{<owner>}` (its own
     /// cluster slot) naming the locks the owner took. It is written beside
-    /// acquire, release and extend in the **same round trip** (pipelined on
-    /// the one connection; on a cluster, sent at the same time to the node
-    /// owning the owner's slot): no round trip more, but one more command
-    /// each, so it stays off unless lookups are wanted. It is a hint: every
+    /// acquire and extend in the **same round trip** (pipelined on the one
+    /// connection; on a cluster, sent at the same time to the node owning
+    /// the owner's slot): no round trip more, but one more command each.
+    /// Only what was granted stays indexed: a refused acquisition takes its
+    /// entry back (one more round trip, before the refusal is answered),
+    /// and a release drops the entry once it has released (one more round
+    /// trip, after the lock is free), never on a refused release (a stale
+    /// holder of a reused owner token). So it stays off unless lookups are
+    /// wanted. It is a hint: every
     /// lookup checks each lock it names (held, by this owner) and drops
     /// entries that no longer hold, so a stale entry (a force release, an
     /// expiry) never gives a wrong answer. A lock whose index entry is

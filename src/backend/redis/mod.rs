@@ -5,10 +5,11 @@
 //!
 //! - **One round trip per operation**: acquire, release, extend, force
 //!   release and status are each one Lua script, atomic on the server, called
-//!   by hash (`EVALSHA`; reloaded after `SCRIPT FLUSH` or a restart). A lock
-//!   taken with metadata costs one more (the metadata is stored after the
-//!   acquisition); the opt-in owner index adds a command to the same round
-//!   trip, not a round trip.
+//!   by hash (`EVALSHA`; sent with `EVAL` after `SCRIPT FLUSH` or a
+//!   restart). A lock taken with metadata costs one more (the metadata is
+//!   stored after the acquisition); the opt-in owner index adds a command to
+//!   the same round trip of an acquisition or extension, and a round trip to
+//!   a release (after the lock is free) and to a refused acquisition.
 //! - **Expiry on the server's clock**: TTLs are `PX`/`PEXPIRE` on the
 //!   server, and waiters' deadlines and hand-offs use the server's `TIME`.
 //!   A lock taken on the fast path (free, nobody waiting) reports
@@ -46,7 +47,7 @@
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
-//! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → `1` for each lock the owner took; a hint, checked on every lookup |
+//! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → the owner's acquisitions of the lock granted or under way, for each lock the owner holds; a hint, checked on every lookup |
 //! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
 //! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
 //! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |

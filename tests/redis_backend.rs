@@ -743,6 +743,120 @@ async fn a_publish_repeated_after_a_lost_reply_reports_its_success() {
     assert_eq!(direct.status(r.key()).await.unwrap(), None, "released");
 }
 
+/// How many scripts `server` has run so far: `EVALSHA`s that found their
+/// script, and `EVAL`s (`INFO commandstats`).
+fn scripts(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    let field = |command: &str, name: &str| -> u64 {
+        let prefix = format!("cmdstat_{command}:");
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{name}="))?.parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    field("evalsha", "calls") - field("evalsha", "failed_calls") + field("eval", "calls")
+}
+
+/// Wait until `server` has run `n` more scripts than `before`.
+async fn scripts_run(server: &RedisServer, before: u64, n: u64) {
+    let deadline = Instant::now() + 10 * SEC;
+    while scripts(server) < before + n {
+        assert!(Instant::now() < deadline, "the held scripts never ran");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+/// (Issue 21.3 on Redis) An acquisition times out on a stalled connection
+/// (the backend replaces it); its cleanup, a release with the owner token
+/// made for it (as the layer sends one), must not run before it on the new
+/// connection: the acquisition, landing later, would take the lock for
+/// nobody. The cleanup queues behind it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_release_never_overtakes_its_acquisition() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(ms(300));
+    // Connected, with the scripts loaded.
+    let warm = req("warm", "w", 10 * SEC, Duration::ZERO);
+    let lease = b.acquire(&warm).await.unwrap();
+    b.release(warm.key(), Holder::new("w", lease.fence))
+        .await
+        .unwrap();
+
+    let before = scripts(&server);
+    proxy.hold_open_commands(true);
+    let r = req("k", "made-for-this-call", 30 * SEC, Duration::ZERO);
+    assert!(unavailable(b.acquire(&r).await));
+    let _ = b
+        .release(r.key(), Holder::owner_only("made-for-this-call"))
+        .await;
+    proxy.hold_open_commands(false);
+    scripts_run(&server, before, 2).await;
+    assert_eq!(
+        direct.status(&key("k")).await.unwrap(),
+        None,
+        "the acquisition ran after its cleanup: a lock for nobody"
+    );
+}
+
+/// The same for a waiter: its queueing attempt times out, and its leave
+/// (from the acquisition's drop guard) must not run first, or the late
+/// attempt leaves an entry for nobody in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_leave_never_overtakes_its_queueing() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(ms(300));
+    // Connected and subscribed (a wait served), with the scripts loaded.
+    let first = direct
+        .acquire(&req("warm", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("warm", "w", 10 * SEC, 5 * SEC));
+    queued(&server, "warm", 1).await;
+    direct
+        .release(&key("warm"), Holder::new("a", first.fence))
+        .await
+        .unwrap();
+    let lease = granted(waiter).await;
+    b.release(&key("warm"), Holder::new("w", lease.fence))
+        .await
+        .unwrap();
+    direct
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let before = scripts(&server);
+    proxy.hold_open_commands(true);
+    let waited = b.acquire(&req("k", "waiter", 30 * SEC, 5 * SEC)).await;
+    assert!(unavailable(waited));
+    // The leave goes out from a task of its own: let it be sent (held behind
+    // the attempt, or run elsewhere) before the attempt is let through.
+    tokio::select! {
+        () = proxy.held_writes(2) => {}
+        () = scripts_run(&server, before, 1) => {}
+    }
+    proxy.hold_open_commands(false);
+    // The attempt and a leave have run.
+    scripts_run(&server, before, 2).await;
+    assert_eq!(
+        server.cmd(&["HLEN", &stored("k", ":w")]),
+        "0",
+        "the waiter's entry stayed queued: its leave ran before it queued"
+    );
+}
+
 /// (16.10) A waiter is handed the lock, but reads the grant only after the
 /// lock was taken back (its lease ran out, someone else took it) and its own
 /// re-check queued it again. It must not believe the old grant, nor leave its

@@ -258,20 +258,28 @@ impl Pinned {
         invocation: &Invocation<'_>,
         end: Instant,
     ) -> Result<Value, LockError> {
-        self.eval_on(invocation, end).await.map(|(value, _)| value)
+        self.eval_traced(invocation, end, &mut None).await
     }
 
-    /// [`Pinned::eval`], also returning the connection the script ran on.
-    pub(super) async fn eval_on(
+    /// [`Pinned::eval`], keeping in `sent` the connection the script went
+    /// out on until its reply comes back: after a timeout, a connection
+    /// error or a cancellation, `sent` names where the call may still be
+    /// in flight (see `trail.rs`).
+    pub(super) async fn eval_traced(
         &self,
         invocation: &Invocation<'_>,
         end: Instant,
-    ) -> Result<(Value, Conn), LockError> {
+        sent: &mut Option<Conn>,
+    ) -> Result<Value, LockError> {
         let mut retried = false;
         loop {
             let (generation, mut conn) = self.get(end).await?;
+            *sent = Some(conn.clone());
             match timeout_at(end, invocation.invoke(&mut conn)).await {
-                Ok(Ok(value)) => return Ok((value, conn)),
+                Ok(Ok(value)) => {
+                    *sent = None;
+                    return Ok(value);
+                }
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);
                     if !retried && Instant::now() < end {
@@ -280,7 +288,10 @@ impl Pinned {
                     }
                     return Err(redis_error(&e));
                 }
-                Ok(Err(e)) => return Err(redis_error(&e)),
+                Ok(Err(e)) => {
+                    *sent = None;
+                    return Err(redis_error(&e));
+                }
                 Err(_) => {
                     // No answer in time: the socket may be half-open, so the
                     // next call starts on a fresh one.
@@ -288,6 +299,25 @@ impl Pinned {
                     return Err(timed_out("waiting for Redis to answer"));
                 }
             }
+        }
+    }
+
+    /// Run a script on `conn`, behind whatever was sent on it before (a
+    /// cleanup behind the call it cleans up, see `trail.rs`); on the
+    /// current connection if `conn` turns out broken (what was sent on it
+    /// can no longer run). No answer in time is a timeout: the script stays
+    /// queued behind the earlier call, and goes nowhere else.
+    pub(super) async fn eval_behind(
+        &self,
+        invocation: &Invocation<'_>,
+        mut conn: Conn,
+        end: Instant,
+    ) -> Result<Value, LockError> {
+        match timeout_at(end, invocation.invoke(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if is_connection_error(&e) => self.eval(invocation, end).await,
+            Ok(Err(e)) => Err(redis_error(&e)),
+            Err(_) => Err(timed_out("waiting for Redis to answer")),
         }
     }
 }

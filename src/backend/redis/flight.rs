@@ -22,6 +22,7 @@ use super::error::bad_reply;
 use super::keys::Keys;
 use super::ops::{acquire_args, granted};
 use super::scripts::{array, ceil_ms, int, int_at, uint_at};
+use super::trail::Trail;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -51,7 +52,14 @@ impl RedisBackend {
             .arg(id)
             .arg(wake.channel(slot).as_ref())
             .arg(ceil_ms(req.max_wait().min(MAX_TTL) + WATCHERS_GRACE));
-        let reply = match self.shared.conn.eval(&inv, end).await? {
+        // Cleaned up with the owner token after a lost reply: behind it.
+        let mut trail = Trail::new(&self.shared.trails, req.owner());
+        let reply = match self
+            .shared
+            .conn
+            .eval_traced(&inv, end, &mut trail.sent)
+            .await?
+        {
             // Acquire's fast path: free and nobody waiting.
             Value::Int(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;

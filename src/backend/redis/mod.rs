@@ -102,6 +102,7 @@ mod legacy;
 mod ops;
 mod replicas;
 mod scripts;
+mod trail;
 mod wait;
 mod wake;
 
@@ -116,6 +117,7 @@ use self::conn::{Pinned, Source};
 use self::dedicated::Dedicated;
 use self::error::config_error;
 use self::replicas::MinReplicas;
+use self::trail::Trails;
 use self::wake::{Transport, Wakeups};
 use super::{
     BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease,
@@ -163,6 +165,8 @@ struct Shared {
     conn: Pinned,
     /// For calls that block their connection (`min_replicas`' `WAIT`).
     dedicated: Dedicated,
+    /// Where acquisitions without a reply went (cleanups follow them).
+    trails: Trails,
     wake: Wakeups,
 }
 
@@ -299,6 +303,7 @@ impl RedisBackend {
             shared: Arc::new(Shared {
                 conn: Pinned::new(source),
                 dedicated: Dedicated::new(),
+                trails: Trails::default(),
                 wake: Wakeups::new(transport),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),

@@ -11,6 +11,7 @@ use super::error::bad_reply;
 use super::invoke::Invocation;
 use super::keys::Keys;
 use super::scripts::{array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at};
+use super::trail::Trail;
 use crate::backend::{Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -77,6 +78,21 @@ impl RedisBackend {
         Instant::now() + self.op_timeout
     }
 
+    /// Run a cleanup of `owner`'s acquisition (a release without fence, a
+    /// leave): behind that acquisition if it may still be in flight (see
+    /// `trail.rs`).
+    async fn cleanup(
+        &self,
+        inv: &Invocation<'_>,
+        owner: &str,
+        end: Instant,
+    ) -> Result<Value, LockError> {
+        match self.shared.trails.of(owner) {
+            Some(conn) => self.shared.conn.eval_behind(inv, conn, end).await,
+            None => self.shared.conn.eval(inv, end).await,
+        }
+    }
+
     /// One acquire attempt; `queue` = (remaining wait ms, waiter id) of a
     /// waiter, which joins the queue when the lock is busy and the wait is
     /// not zero.
@@ -96,7 +112,13 @@ impl RedisBackend {
                 .arg(id)
                 .arg(self.shared.wake.channel(slot).as_ref());
         }
-        let reply = match self.shared.conn.eval(&inv, end).await? {
+        let mut trail = Trail::new(&self.shared.trails, req.owner());
+        let reply = match self
+            .shared
+            .conn
+            .eval_traced(&inv, end, &mut trail.sent)
+            .await?
+        {
             // The fast path: free and nobody waiting.
             Value::Int(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
@@ -133,7 +155,7 @@ impl RedisBackend {
             LeaveMode::Claim => "claim",
             LeaveMode::Drop => "drop",
         });
-        let reply = array(self.shared.conn.eval(&inv, end).await?, WHAT)?;
+        let reply = array(self.cleanup(&inv, owner, end).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
             1 => {
                 let at = server_time(uint_at(&reply, 2, WHAT)?);
@@ -168,7 +190,12 @@ impl RedisBackend {
             owner
         });
         fence_arg(&mut inv, holder);
-        let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
+        let reply = match holder.fence() {
+            Some(_) => self.shared.conn.eval(&inv, self.deadline()).await?,
+            // Without a fence: the cleanup of an acquisition whose reply
+            // never came, behind it.
+            None => self.cleanup(&inv, owner, self.deadline()).await?,
+        };
         match int(&reply, "release")? {
             1 => Ok(()),
             0 => Err(LockError::NotFound),

@@ -58,36 +58,45 @@ async fn a_missing_script_needs_only_the_slots_own_node() {
         .unwrap();
 }
 
-/// Two watched locks whose renewals fall due together, one on a shard that
-/// stalls for longer than their TTL: the other is renewed all along.
+/// Two watched locks, one on a shard that stalls for longer than the other
+/// lock's TTL: the other is renewed all along. The stalled one's renewals
+/// fall due with the other's (the watchdog renews a little early to share a
+/// round), and wait up to the op timeout: neither may hold back the other
+/// lock's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_holds_back_only_its_own_renewals() {
     let cluster = RedisCluster::start();
     let shared = SharedBackend::new(backend(&cluster));
     let primaries = cluster.primaries();
     let (stalled, healthy) = (primaries[0], primaries[1]);
-    let spec = |name: &str| LockSpec::new(name, Duration::from_millis(1200)).global();
-    let mut slow = OwnedLock::acquire(shared.clone(), &spec(&cluster.lock_name_on(stalled, "s")))
-        .await
-        .unwrap();
-    let mut fast = OwnedLock::acquire(shared.clone(), &spec(&cluster.lock_name_on(healthy, "f")))
-        .await
-        .unwrap();
+    let spec = |name: &str, ttl_ms| LockSpec::new(name, Duration::from_millis(ttl_ms)).global();
+    let mut slow = OwnedLock::acquire(
+        shared.clone(),
+        &spec(&cluster.lock_name_on(stalled, "s"), 6_000),
+    )
+    .await
+    .unwrap();
+    let mut fast = OwnedLock::acquire(
+        shared.clone(),
+        &spec(&cluster.lock_name_on(healthy, "f"), 1_200),
+    )
+    .await
+    .unwrap();
     slow.start_watchdog();
     fast.start_watchdog();
 
-    cluster.pause(stalled, 3_000);
-    // Twice the TTL: the healthy shard's lock must never be lost meanwhile.
+    cluster.pause(stalled, 5_000);
+    // Past the stalled lock's first renewals (from 1.5 s on) and their op
+    // timeouts (2 s): the healthy shard's lock must never be lost meanwhile.
     tokio::select! {
         () = fast.lost() => panic!("the healthy shard's lock was lost while another shard stalled"),
-        () = tokio::time::sleep(Duration::from_millis(2_400)) => {}
+        () = tokio::time::sleep(Duration::from_millis(4_500)) => {}
     }
     let status = fast.status().await.unwrap().expect("still held");
     assert_eq!(status.fence, fast.fence());
-    // The stalled one ran out unrenewed, and its holder was told.
-    slow.lost().await;
     cluster.unpause(stalled);
     fast.release().await.unwrap();
+    let _ = slow.release().await;
 }
 
 /// With a replica gone, one acquisition blocks in `WAIT` on its primary;

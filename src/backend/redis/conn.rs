@@ -16,7 +16,7 @@
 //! retries stop when the caller's op timeout drops the request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -34,10 +34,13 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub(super) struct Pinned {
     source: Source,
-    slot: Mutex<Option<Slot>>,
+    slot: Arc<Mutex<Option<Slot>>>,
     /// Single flight for replacing the connection.
     connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
+    generation: Arc<AtomicU64>,
+    /// A cluster connection is being replaced in the background.
+    #[cfg(feature = "redis-cluster")]
+    replacing: Arc<AtomicBool>,
     // The eviction policy was looked at (once per backend).
     policy_checked: AtomicBool,
 }
@@ -99,9 +102,11 @@ impl Pinned {
     pub(super) fn new(source: Source) -> Self {
         Pinned {
             source,
-            slot: Mutex::new(None),
+            slot: Arc::default(),
             connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            generation: Arc::default(),
+            #[cfg(feature = "redis-cluster")]
+            replacing: Arc::default(),
             policy_checked: AtomicBool::new(false),
         }
     }
@@ -121,9 +126,7 @@ impl Pinned {
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Slot>> {
-        // The slot is only ever replaced whole, so a poisoned lock still holds
-        // a consistent value.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        lock_slot(&self.slot)
     }
 
     fn current(&self) -> Option<(u64, Conn)> {
@@ -222,6 +225,45 @@ impl Pinned {
         Ok(())
     }
 
+    /// A call on the connection of `generation` got no answer in time. One
+    /// server: forget it (the next call opens another). A cluster: one
+    /// slow shard must not stall the others, and a new cluster connection
+    /// would have to reach every node first, the slow one included; so the
+    /// current one stays in use while another is made in the background,
+    /// and replaces it if that succeeds (a half-open socket to one node is
+    /// then gone).
+    fn timed_out(&self, generation: u64) {
+        match &self.source {
+            Source::Single(_) => self.invalidate(generation),
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(nodes) => {
+                if self.replacing.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    self.replacing.store(false, Ordering::Release);
+                    return self.invalidate(generation);
+                };
+                let (nodes, slot) = (nodes.clone(), Arc::clone(&self.slot));
+                let (counter, replacing) =
+                    (Arc::clone(&self.generation), Arc::clone(&self.replacing));
+                runtime.spawn(async move {
+                    let end = Instant::now() + CLUSTER_REPLACE_BOUND;
+                    if let Ok(conn) = nodes.connect(end).await {
+                        let mut slot = lock_slot(&slot);
+                        if slot.as_ref().is_some_and(|s| s.generation == generation) {
+                            *slot = Some(Slot {
+                                generation: counter.fetch_add(1, Ordering::Relaxed) + 1,
+                                conn: Conn::Cluster(conn),
+                            });
+                        }
+                    }
+                    replacing.store(false, Ordering::Release);
+                });
+            }
+        }
+    }
+
     /// Forget the connection of `generation` (if it is still the current one).
     fn invalidate(&self, generation: u64) {
         let mut slot = self.slot();
@@ -295,7 +337,7 @@ impl Pinned {
                 Err(_) => {
                     // No answer in time: the socket may be half-open, so the
                     // next call starts on a fresh one.
-                    self.invalidate(generation);
+                    self.timed_out(generation);
                     return Err(timed_out("waiting for Redis to answer"));
                 }
             }
@@ -320,6 +362,16 @@ impl Pinned {
             Err(_) => Err(timed_out("waiting for Redis to answer")),
         }
     }
+}
+
+/// How long a cluster connection made in the background may take.
+#[cfg(feature = "redis-cluster")]
+const CLUSTER_REPLACE_BOUND: Duration = Duration::from_secs(10);
+
+fn lock_slot(slot: &Mutex<Option<Slot>>) -> MutexGuard<'_, Option<Slot>> {
+    // The slot is only ever replaced whole, so a poisoned lock still holds a
+    // consistent value.
+    slot.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Warn when the `CONFIG GET maxmemory-policy` reply names a policy that

@@ -191,17 +191,13 @@ impl RedisCluster {
 
     /// Stop node `port` from serving its clients for `ms` milliseconds
     /// (`CLIENT PAUSE ... ALL`): a stalled shard. The cluster bus goes on,
-    /// so the other nodes do not fail it over.
+    /// so the other nodes do not fail it over. Nothing ends it early (a
+    /// `CLIENT UNPAUSE` would wait for the pause itself).
     pub fn pause(&self, port: u16, ms: u64) {
         assert_eq!(
             self.cmd(port, &["CLIENT", "PAUSE", &ms.to_string(), "ALL"]),
             "OK"
         );
-    }
-
-    /// End a [`RedisCluster::pause`] early.
-    pub fn unpause(&self, port: u16) {
-        assert_eq!(self.cmd(port, &["CLIENT", "UNPAUSE"]), "OK");
     }
 
     /// The primaries' ports.

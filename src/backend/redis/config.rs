@@ -9,6 +9,9 @@ use super::RedisBackend;
 use super::replicas::MinReplicas;
 use super::scripts::{LEGACY_SCRIPTS, SCRIPTS, Scripts};
 use crate::spec::MAX_TTL;
+// Named in the docs.
+#[cfg(doc)]
+use crate::{backend::LockBackend, error::LockError};
 
 impl RedisBackend {
     /// Put every key under `prefix` instead of `lock:`.

@@ -14,7 +14,7 @@ use common::proxy::Proxy;
 use common::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
-use tower_lock::backend::{AcquireRequest, Lease};
+use tower_lock::backend::{AcquireRequest, FlightPublish, FlightStart, Lease};
 use tower_lock::{LockBackend, LockError, LockKey};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -392,6 +392,157 @@ async fn legacy_per_key_counters_are_migrated_on_first_use() {
     assert_eq!(server.cmd(&["EXISTS", &stored("h", ":fence")]), "0");
 }
 
+/// A process of the version before per-slot counters (its own acquire and
+/// release scripts, tests/fixtures/per_key_fences), locking a key in turns
+/// with this version, as during a rolling upgrade.
+struct PreviousVersion<'a>(&'a RedisServer);
+
+impl PreviousVersion<'_> {
+    /// Acquire `name` (free, nobody queued) and release it: its fence.
+    fn cycle(&self, name: &str, owner: &str) -> u64 {
+        let keys = [
+            stored(name, ""),
+            stored(name, ":fence"),
+            stored(name, ":q"),
+            stored(name, ":w"),
+        ];
+        let tail = format!("1 - 1 {owner}");
+        let mut args = vec![
+            "EVAL",
+            include_str!("fixtures/per_key_fences/acquire.lua"),
+            "4",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        args.extend(["10000", tail.as_str()]);
+        let fence = self
+            .0
+            .cmd(&args)
+            .parse()
+            .expect("the old fast path's fence");
+        let mut args = vec![
+            "EVAL",
+            include_str!("fixtures/per_key_fences/release.lua"),
+            "4",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        args.push(owner);
+        assert_eq!(self.0.cmd(&args), "1");
+        fence
+    }
+}
+
+/// (Issue 27.4) A rolling upgrade: the previous version and this one lock
+/// the same keys in turns. With the old per-lock counters kept in step,
+/// every fence is above every earlier one, whichever version gave it
+/// (deleting the old counter let the old version count again from 1: one
+/// key's fences were 1, 2, 3, 4, 1, 2, 3, 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_never_repeat_beside_the_previous_version() {
+    let server = RedisServer::start();
+    let new = backend(&server).keep_legacy_fence_counters(true);
+    let old = PreviousVersion(&server);
+    let cycle = |name: &'static str, owner: &'static str| {
+        let new = new.clone();
+        async move {
+            let lease = new
+                .acquire(&req(name, owner, 10 * SEC, Duration::ZERO))
+                .await
+                .unwrap();
+            new.release(&key(name), Holder::new(owner, lease.fence))
+                .await
+                .unwrap();
+            lease.fence
+        }
+    };
+    // New first on a fresh key, then old, in turns; and old first.
+    for (name, new_first) in [("fresh", true), ("used", false)] {
+        let mut fences = Vec::new();
+        for round in 0..4 {
+            for _ in 0..4 {
+                if (round % 2 == 0) == new_first {
+                    fences.push(cycle(name, "new").await);
+                } else {
+                    fences.push(old.cycle(name, "old"));
+                }
+            }
+        }
+        assert!(
+            fences.windows(2).all(|w| w[0] < w[1]),
+            "{name}: fences in acquisition order {fences:?}"
+        );
+    }
+    // Waiters handed the lock draw through the same counter.
+    let held = cycle("h", "new").await;
+    let holder = new
+        .acquire(&req("h", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&new, req("h", "w", 10 * SEC, 5 * SEC));
+    queued(&server, "h", 1).await;
+    new.release(&key("h"), Holder::new("a", holder.fence))
+        .await
+        .unwrap();
+    let handed = granted(waiter).await.fence;
+    new.release(&key("h"), Holder::new("w", handed))
+        .await
+        .unwrap();
+    let after = old.cycle("h", "old");
+    assert!(held < holder.fence && holder.fence < handed && handed < after);
+}
+
+/// (Issue 27.6) With the owner index on, refused acquisitions (a busy lock
+/// answered at once, or a waiter whose max wait ran out) leave no index
+/// behind: only what was granted is indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_acquisitions_leave_no_owner_index() {
+    let server = RedisServer::start();
+    let b = backend(&server).index_owners(true);
+    let held = b
+        .acquire(&req("busy", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    for i in 0..50 {
+        let r = req("busy", &format!("refused-{i}"), 30 * SEC, Duration::ZERO);
+        let refused = b.acquire(&r).await;
+        assert!(
+            matches!(refused, Err(LockError::AcquisitionFailed { .. })),
+            "{refused:?}"
+        );
+    }
+    for i in 0..3 {
+        let r = req("busy", &format!("waited-{i}"), 30 * SEC, ms(20));
+        let refused = b.acquire(&r).await;
+        assert!(
+            matches!(refused, Err(LockError::Timeout { .. })),
+            "{refused:?}"
+        );
+    }
+    // Another acquisition under the holder's own token (a reused custom
+    // owner) is refused too, and must not take the holder's entry along.
+    let again = b
+        .acquire(&req("busy", "holder", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(again, Err(LockError::AcquisitionFailed { .. })),
+        "{again:?}"
+    );
+    assert_eq!(
+        server.cmd(&["KEYS", "lock:o:*"]),
+        "lock:o:{holder}",
+        "index entries of refused acquisitions"
+    );
+    let found = b.held_by("holder", 10).await.unwrap();
+    assert_eq!(found.len(), 1);
+    b.release(&key("busy"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.cmd(&["KEYS", "lock:o:*"]),
+        "",
+        "released: no index left"
+    );
+}
+
 /// Locking 10^5 distinct keys leaves at most one counter per hash slot
 /// behind (per-key counters would leave 10^5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,6 +694,167 @@ async fn a_force_release_repeated_after_a_lost_reply_frees_one_holder() {
     assert_eq!(st.waiters, 1, "y still queued");
     let y = y.await.unwrap();
     assert!(matches!(y, Err(LockError::Timeout { .. })), "{y:?}");
+}
+
+/// A flight's publish whose reply is lost is run again (the connection is
+/// replaced): the second run finds the lock released by the first, and must
+/// recognise that success (the result is stored under the leader's fence)
+/// instead of reporting a failed publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_repeated_after_a_lost_reply_reports_its_success() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let leader = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    let r = req("flight", "leader", 30 * SEC, SEC);
+    let lease = match leader.flight_begin(&r).await.unwrap() {
+        FlightStart::Leader(lease) => lease,
+        _ => panic!("not the leader"),
+    };
+    let publish = FlightPublish {
+        fence: lease.fence,
+        value: Arc::from(&b"result"[..]),
+        result_ttl: 10 * SEC,
+        keep: 10 * SEC,
+    };
+
+    // The scripts are loaded: the reply lost is the publish's own.
+    let warm = req("warm", "leader", 30 * SEC, SEC);
+    let FlightStart::Leader(warm_lease) = leader.flight_begin(&warm).await.unwrap() else {
+        panic!("not the leader");
+    };
+    let warm_publish = FlightPublish {
+        fence: warm_lease.fence,
+        ..publish.clone()
+    };
+    leader
+        .flight_publish(warm.key(), "leader", &warm_publish)
+        .await
+        .unwrap();
+
+    proxy.reset_next_reply();
+    leader
+        .flight_publish(r.key(), "leader", &publish)
+        .await
+        .expect("the publish succeeded, but was reported as failed");
+    proxy.resets(1).await;
+    let stored = direct.flight_result(r.key()).await.unwrap().unwrap();
+    assert_eq!((stored.seq, &*stored.value), (lease.fence, &b"result"[..]));
+    assert_eq!(direct.status(r.key()).await.unwrap(), None, "released");
+}
+
+/// How many scripts `server` has run so far: `EVALSHA`s that found their
+/// script, and `EVAL`s (`INFO commandstats`).
+fn scripts(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    let field = |command: &str, name: &str| -> u64 {
+        let prefix = format!("cmdstat_{command}:");
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{name}="))?.parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    field("evalsha", "calls") - field("evalsha", "failed_calls") + field("eval", "calls")
+}
+
+/// Wait until `server` has run `n` more scripts than `before`.
+async fn scripts_run(server: &RedisServer, before: u64, n: u64) {
+    let deadline = Instant::now() + 10 * SEC;
+    while scripts(server) < before + n {
+        assert!(Instant::now() < deadline, "the held scripts never ran");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+/// (Issue 21.3 on Redis) An acquisition times out on a stalled connection
+/// (the backend replaces it); its cleanup, a release with the owner token
+/// made for it (as the layer sends one), must not run before it on the new
+/// connection: the acquisition, landing later, would take the lock for
+/// nobody. The cleanup queues behind it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_release_never_overtakes_its_acquisition() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(ms(300));
+    // Connected, with the scripts loaded.
+    let warm = req("warm", "w", 10 * SEC, Duration::ZERO);
+    let lease = b.acquire(&warm).await.unwrap();
+    b.release(warm.key(), Holder::new("w", lease.fence))
+        .await
+        .unwrap();
+
+    let before = scripts(&server);
+    proxy.hold_open_commands(true);
+    let r = req("k", "made-for-this-call", 30 * SEC, Duration::ZERO);
+    assert!(unavailable(b.acquire(&r).await));
+    let _ = b
+        .release(r.key(), Holder::owner_only("made-for-this-call"))
+        .await;
+    proxy.hold_open_commands(false);
+    scripts_run(&server, before, 2).await;
+    assert_eq!(
+        direct.status(&key("k")).await.unwrap(),
+        None,
+        "the acquisition ran after its cleanup: a lock for nobody"
+    );
+}
+
+/// The same for a waiter: its queueing attempt times out, and its leave
+/// (from the acquisition's drop guard) must not run first, or the late
+/// attempt leaves an entry for nobody in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_leave_never_overtakes_its_queueing() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(ms(300));
+    // Connected and subscribed (a wait served), with the scripts loaded.
+    let first = direct
+        .acquire(&req("warm", "a", 10 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("warm", "w", 10 * SEC, 5 * SEC));
+    queued(&server, "warm", 1).await;
+    direct
+        .release(&key("warm"), Holder::new("a", first.fence))
+        .await
+        .unwrap();
+    let lease = granted(waiter).await;
+    b.release(&key("warm"), Holder::new("w", lease.fence))
+        .await
+        .unwrap();
+    direct
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let before = scripts(&server);
+    proxy.hold_open_commands(true);
+    let waited = b.acquire(&req("k", "waiter", 30 * SEC, 5 * SEC)).await;
+    assert!(unavailable(waited));
+    // The leave goes out from a task of its own: let it be sent (held behind
+    // the attempt, or run elsewhere) before the attempt is let through.
+    tokio::select! {
+        () = proxy.held_writes(2) => {}
+        () = scripts_run(&server, before, 1) => {}
+    }
+    proxy.hold_open_commands(false);
+    // The attempt and a leave have run.
+    scripts_run(&server, before, 2).await;
+    assert_eq!(
+        server.cmd(&["HLEN", &stored("k", ":w")]),
+        "0",
+        "the waiter's entry stayed queued: its leave ran before it queued"
+    );
 }
 
 /// (16.10) A waiter is handed the lock, but reads the grant only after the

@@ -56,6 +56,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     ) -> BoxFuture<'a, Vec<Result<Lease, LockError>>> {
         (**self).extend_many(batch)
     }
+    fn extend_each<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> Option<Vec<BoxFuture<'a, Result<Lease, LockError>>>> {
+        (**self).extend_each(batch)
+    }
     fn held_by<'a>(
         &'a self,
         owner: &'a str,
@@ -99,7 +105,6 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 }
 
 /// Drive `futures` concurrently; their outputs in order.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     use std::task::Poll;
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();

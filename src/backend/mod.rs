@@ -59,7 +59,9 @@
 //! [`LockError::Unsupported`].
 //!
 //! Optional: [`LockBackend::extend_many`] (the watchdog renews every due
-//! lock in one call: override it to use one round trip), and
+//! lock in one call: override it to use one round trip),
+//! [`LockBackend::extend_each`] (the same renewals completing one by one,
+//! for a store spread over several servers), and
 //! [`LockBackend::try_acquire_now`]/[`try_release_now`](LockBackend::try_release_now),
 //! for a store in this process only, which let the layer take and give back
 //! a lock without a future.
@@ -258,6 +260,24 @@ pub trait LockBackend: Send + Sync + 'static {
             }
             out
         })
+    }
+
+    /// The same renewals as [`extend_many`](LockBackend::extend_many), one
+    /// future per request (in order), for a backend whose locks live on
+    /// independent servers (a Redis Cluster's shards): the watchdog then
+    /// applies each result as it comes, so a slow server delays only its
+    /// own locks' renewals. Polled together, the futures should still cost
+    /// one round trip per server (pipelined).
+    ///
+    /// The default is `None`: the watchdog renews with one
+    /// [`extend_many`](LockBackend::extend_many) call, which suits a backend
+    /// on one server.
+    fn extend_each<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> Option<Vec<BoxFuture<'a, Result<Lease, LockError>>>> {
+        let _ = batch;
+        None
     }
 
     /// Single-flight, one atomic step for the flight `req.key()`: the stored

@@ -18,10 +18,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{ExtendRequest, LockBackend};
-use crate::error::LockError;
 use crate::key::LockKey;
 use crate::observe::Meter;
 
+mod renew;
 mod signal;
 
 pub use signal::LostSignal;
@@ -32,6 +32,8 @@ struct Watched {
     fence: u64,
     ttl: Duration,
     due: Instant,
+    /// A renewal of it is in flight.
+    renewing: bool,
     signal: LostSignal,
     meter: Meter,
 }
@@ -111,6 +113,7 @@ impl Watchdog {
             fence,
             ttl,
             due: Instant::now(),
+            renewing: false,
             signal,
             meter,
         })
@@ -161,29 +164,35 @@ impl Dog {
 
     async fn run(self: Arc<Self>) {
         loop {
-            let (ids, batch, gates, next) = {
+            let (due, next) = {
                 let mut state = self.state();
                 if state.entries.is_empty() {
                     state.running = false;
                     return;
                 }
                 let now = Instant::now();
-                let mut ids = Vec::new();
-                let mut batch = Vec::new();
-                let mut gates = Vec::new();
+                let mut due = Vec::new();
                 let mut next: Option<Instant> = None;
                 for (id, e) in &mut state.entries {
+                    if e.renewing {
+                        // Its renewal is in flight; its answer wakes us.
+                        continue;
+                    }
                     // Renew a little early to share a round trip with others.
                     if e.due <= now + e.ttl / 12 {
                         match e.signal.0.gate.clone().try_lock_owned() {
                             Ok(gate) => {
-                                ids.push(*id);
-                                gates.push(gate);
-                                batch.push(ExtendRequest {
-                                    key: e.key.clone(),
-                                    owner: e.owner.clone(),
-                                    fence: e.fence,
-                                    ttl: e.ttl,
+                                e.renewing = true;
+                                due.push(renew::Due {
+                                    id: *id,
+                                    gate,
+                                    expiry: e.signal.expiry(),
+                                    req: ExtendRequest {
+                                        key: e.key.clone(),
+                                        owner: e.owner.clone(),
+                                        fence: e.fence,
+                                        ttl: e.ttl,
+                                    },
                                 });
                                 continue;
                             }
@@ -194,59 +203,19 @@ impl Dog {
                     }
                     next = Some(next.map_or(e.due, |n| n.min(e.due)));
                 }
-                (ids, batch, gates, next)
+                (due, next)
             };
-            if batch.is_empty() {
-                let wake_at = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
-                tokio::select! {
-                    _ = tokio::time::sleep_until(wake_at) => {}
-                    _ = self.wake.notified() => {}
-                }
+            if !due.is_empty() {
+                // In a task of its own: a slow round trip must not hold
+                // back the next locks falling due.
+                tokio::spawn(Arc::clone(&self).renew(due));
                 continue;
             }
-            let sent = Instant::now();
-            let results = self.backend.extend_many(&batch).await;
-            let mut state = self.state();
-            for (i, id) in ids.iter().enumerate() {
-                let Some(e) = state.entries.get_mut(id) else {
-                    continue; // released meanwhile: the result means nothing
-                };
-                let result = results
-                    .get(i)
-                    .cloned()
-                    .unwrap_or(Err(LockError::BackendUnavailable("no result".into())));
-                match result {
-                    Ok(_) => {
-                        e.meter.renewed();
-                        // What the backend was told, which `e.ttl` still is:
-                        // a change by hand waits for the gate.
-                        let ttl = batch[i].ttl;
-                        e.due = sent + ttl / 3;
-                        e.signal.set_expiry(sent + ttl);
-                    }
-                    Err(err @ (LockError::NotFound | LockError::OwnershipMismatch)) => {
-                        e.meter.renewal_failed(&err);
-                        e.meter.lost();
-                        tracing::warn!(key = %e.key.digest(), "lock lost: renewal found it gone");
-                        e.signal.mark_lost();
-                        state.entries.remove(id);
-                    }
-                    Err(err) => {
-                        e.meter.renewal_failed(&err);
-                        if e.signal.is_lost() {
-                            e.meter.lost();
-                            tracing::warn!(key = %e.key.digest(), "lock lost: TTL passed without renewal");
-                            e.signal.mark_lost();
-                            state.entries.remove(id);
-                        } else {
-                            tracing::debug!(key = %e.key.digest(), code = err.code(), "renewal failed; retrying");
-                            e.due = Instant::now() + (e.ttl / 10).max(Duration::from_millis(5));
-                        }
-                    }
-                }
+            let wake_at = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake_at) => {}
+                _ = self.wake.notified() => {}
             }
-            drop(state);
-            drop(gates);
         }
     }
 }

@@ -74,6 +74,27 @@ pub async fn a_stale_acquisition_of_a_reused_owner_touches_nothing(h: Harness) {
     b.release().await.unwrap();
 }
 
+/// The same stale holder A, with the locks indexed by owner (Redis's
+/// `index_owners`): its refused release must leave B's lock findable by
+/// owner. The index follows what happened, not what was asked.
+pub async fn a_stale_release_of_a_reused_owner_keeps_the_lock_findable(h: Harness) {
+    let u = h.unit();
+    let indexed = h.indexed();
+    let a = OwnedLock::acquire(indexed.clone(), &nightly(u * 3))
+        .await
+        .unwrap();
+    h.advance(u * 4).await;
+    let b = OwnedLock::acquire(h.indexed(), &nightly(u * 30))
+        .await
+        .unwrap();
+    assert_eq!(a.release().await.unwrap_err(), LockError::OwnershipMismatch);
+    let found = indexed.held_by("nightly-job", 10).await.unwrap();
+    assert_eq!(found.len(), 1, "the stale release hid B's lock");
+    assert_eq!(found[0].status.fence, b.fence());
+    b.release().await.unwrap();
+    assert!(indexed.held_by("nightly-job", 10).await.unwrap().is_empty());
+}
+
 /// A's watchdog outlives A's lock (force-released while A is paused); B
 /// takes the lock with the same owner. A's next renewal must fail, and A's
 /// lost signal fire, rather than renew B's lock.

@@ -228,6 +228,7 @@ for_each_backend! {
             job_layer_watchdog_keeps_a_long_job_locked,
             lookups_never_list_an_expired_lock,
             a_stale_acquisition_of_a_reused_owner_touches_nothing,
+            a_stale_release_of_a_reused_owner_keeps_the_lock_findable,
             a_stale_watchdog_never_renews_a_later_acquisition,
             a_finished_job_never_restores_within_its_minimum_hold,
         ],

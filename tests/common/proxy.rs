@@ -29,7 +29,14 @@ struct Ctl {
     hold_pubsub: watch::Sender<bool>,
     /// While true, client→server data of command connections waits.
     hold_commands: watch::Sender<bool>,
+    /// Command connections numbered below this hold their client→server
+    /// data (those open when [`Proxy::hold_open_commands`] was called).
+    hold_below: watch::Sender<usize>,
+    /// Connections accepted so far (each is numbered in that order).
+    accepted: std::sync::atomic::AtomicUsize,
     resets: watch::Sender<usize>,
+    /// Client writes that arrived on a command connection while it was held.
+    held_writes: watch::Sender<usize>,
 }
 
 impl Proxy {
@@ -42,7 +49,10 @@ impl Proxy {
             reset_next_reply: AtomicBool::new(false),
             hold_pubsub: watch::Sender::new(false),
             hold_commands: watch::Sender::new(false),
+            hold_below: watch::Sender::new(0),
+            accepted: std::sync::atomic::AtomicUsize::new(0),
             resets: watch::Sender::new(0),
+            held_writes: watch::Sender::new(0),
         });
         let task = tokio::spawn({
             let ctl = ctl.clone();
@@ -75,6 +85,13 @@ impl Proxy {
         rx.wait_for(|r| *r >= n).await.expect("proxy alive");
     }
 
+    /// Wait until `n` client writes in all arrived on held command
+    /// connections (and wait there).
+    pub async fn held_writes(&self, n: usize) {
+        let mut rx = self.ctl.held_writes.subscribe();
+        rx.wait_for(|h| *h >= n).await.expect("proxy alive");
+    }
+
     /// Hold back (or let go) what the server sends to pub/sub connections.
     pub fn hold_pubsub(&self, hold: bool) {
         self.ctl.hold_pubsub.send_replace(hold);
@@ -83,6 +100,18 @@ impl Proxy {
     /// Hold back (or let go) what clients send on command connections.
     pub fn hold_commands(&self, hold: bool) {
         self.ctl.hold_commands.send_replace(hold);
+    }
+
+    /// Hold back (or let go) what clients send on the command connections
+    /// open now; connections opened later pass (a stalled socket, while a
+    /// new one works).
+    pub fn hold_open_commands(&self, hold: bool) {
+        let below = if hold {
+            self.ctl.accepted.load(SeqCst)
+        } else {
+            0
+        };
+        self.ctl.hold_below.send_replace(below);
     }
 }
 
@@ -93,6 +122,7 @@ impl Drop for Proxy {
 }
 
 async fn connection(ctl: Arc<Ctl>, client: TcpStream) {
+    let number = ctl.accepted.fetch_add(1, SeqCst);
     let Ok(server) = TcpStream::connect(("127.0.0.1", ctl.upstream)).await else {
         return;
     };
@@ -107,36 +137,66 @@ async fn connection(ctl: Arc<Ctl>, client: TcpStream) {
     // connection (a RESP2 subscriber sends nothing but (P|S)SUBSCRIBE and
     // PING).
     let pubsub = Arc::new(AtomicBool::new(false));
-    let up = tokio::spawn(upstream(ctl.clone(), pubsub.clone(), client_rx, server_tx));
+    let up = tokio::spawn(upstream(
+        ctl.clone(),
+        number,
+        pubsub.clone(),
+        client_rx,
+        server_tx,
+    ));
     downstream(ctl, pubsub, server_rx, client_tx).await;
     up.abort();
 }
 
-/// Client → server.
+/// Client → server. Read as it comes (so that what waits can be counted),
+/// forwarded in order once no hold applies.
 async fn upstream(
     ctl: Arc<Ctl>,
+    number: usize,
     pubsub: Arc<AtomicBool>,
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let reader = {
+        let ctl = ctl.clone();
+        let pubsub = pubsub.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let chunk = buf[..n].to_vec();
+                if contains(&chunk, b"SUBSCRIBE") {
+                    pubsub.store(true, SeqCst);
+                }
+                if !pubsub.load(SeqCst)
+                    && (*ctl.hold_commands.borrow() || number < *ctl.hold_below.borrow())
+                {
+                    ctl.held_writes.send_modify(|n| *n += 1);
+                }
+                if tx.send(chunk).is_err() {
+                    return;
+                }
+            }
+        })
+    };
     let mut hold = ctl.hold_commands.subscribe();
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let chunk = &buf[..n];
-        if contains(chunk, b"SUBSCRIBE") {
-            pubsub.store(true, SeqCst);
+    let mut hold_below = ctl.hold_below.subscribe();
+    while let Some(chunk) = rx.recv().await {
+        if !pubsub.load(SeqCst)
+            && (hold.wait_for(|h| !*h).await.is_err()
+                || hold_below.wait_for(|b| number >= *b).await.is_err())
+        {
+            break;
         }
-        if !pubsub.load(SeqCst) && hold.wait_for(|h| !*h).await.is_err() {
-            return;
-        }
-        if to.write_all(chunk).await.is_err() {
-            return;
+        if to.write_all(&chunk).await.is_err() {
+            break;
         }
     }
+    reader.abort();
 }
 
 /// Server → client.

@@ -171,6 +171,35 @@ impl RedisCluster {
             .port
     }
 
+    /// A lock name (global scope, default prefix `lock:`) whose slot the
+    /// primary `port` owns: `<stem><n>` for the first `n` that fits.
+    pub fn lock_name_on(&self, port: u16, stem: &str) -> String {
+        (0..)
+            .map(|i| format!("{stem}{i}"))
+            .find(|name| {
+                let slot: u16 = self
+                    .cmd(
+                        self.live_port(),
+                        &["CLUSTER", "KEYSLOT", &format!("lock:{{g:{name}}}")],
+                    )
+                    .parse()
+                    .unwrap();
+                self.owner_of(slot) == port
+            })
+            .unwrap()
+    }
+
+    /// Stop node `port` from serving its clients for `ms` milliseconds
+    /// (`CLIENT PAUSE ... ALL`): a stalled shard. The cluster bus goes on,
+    /// so the other nodes do not fail it over. Nothing ends it early (a
+    /// `CLIENT UNPAUSE` would wait for the pause itself).
+    pub fn pause(&self, port: u16, ms: u64) {
+        assert_eq!(
+            self.cmd(port, &["CLIENT", "PAUSE", &ms.to_string(), "ALL"]),
+            "OK"
+        );
+    }
+
     /// The primaries' ports.
     pub fn primaries(&self) -> Vec<u16> {
         self.nodes()

@@ -60,8 +60,9 @@ impl Nodes {
             .min_retry_wait(MIN_RETRY_WAIT_MS)
             .max_retry_wait(MAX_RETRY_WAIT_MS)
             .retry_wait_formula(2, 2)
-            // Our op timeout bounds every call; on a timeout the whole
-            // connection is replaced (as for one server).
+            // Our op timeout bounds every call; after a timeout another
+            // connection is made in the background (see
+            // `Pinned::timed_out`).
             .response_timeout(Duration::from_secs(3600))
     }
 

@@ -16,7 +16,8 @@ end
 
 -- The next fencing token: from the slot's counter, and above the lock's own
 -- counter if a version before per-slot counters left one, which then goes
--- (its last value now lies below the slot's counter).
+-- (its last value now lies below the slot's counter). While such versions
+-- may still run, it is kept in step instead (legacy.rs).
 local function next_fence()
   local f = redis.call('INCR', fence)
   local legacy = redis.call('GET', KEYS[5])

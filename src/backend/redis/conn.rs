@@ -16,15 +16,16 @@
 //! retries stop when the caller's op timeout drops the request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
-use deadpool_redis::redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use deadpool_redis::redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::time::{Instant, timeout_at};
 
 use super::error::{pool_error, redis_error, timed_out};
+use super::invoke::Invocation;
 use crate::error::LockError;
 
 /// The redis-rs per-request timeout on our connection. Every call is bounded
@@ -33,10 +34,13 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub(super) struct Pinned {
     source: Source,
-    slot: Mutex<Option<Slot>>,
+    slot: Arc<Mutex<Option<Slot>>>,
     /// Single flight for replacing the connection.
     connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
+    generation: Arc<AtomicU64>,
+    /// A cluster connection is being replaced in the background.
+    #[cfg(feature = "redis-cluster")]
+    replacing: Arc<AtomicBool>,
     // The eviction policy was looked at (once per backend).
     policy_checked: AtomicBool,
 }
@@ -98,9 +102,11 @@ impl Pinned {
     pub(super) fn new(source: Source) -> Self {
         Pinned {
             source,
-            slot: Mutex::new(None),
+            slot: Arc::default(),
             connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            generation: Arc::default(),
+            #[cfg(feature = "redis-cluster")]
+            replacing: Arc::default(),
             policy_checked: AtomicBool::new(false),
         }
     }
@@ -120,9 +126,7 @@ impl Pinned {
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Slot>> {
-        // The slot is only ever replaced whole, so a poisoned lock still holds
-        // a consistent value.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        lock_slot(&self.slot)
     }
 
     fn current(&self) -> Option<(u64, Conn)> {
@@ -174,6 +178,25 @@ impl Pinned {
         Ok((generation, conn))
     }
 
+    /// A new connection from the source, for one caller alone (see
+    /// `dedicated.rs`); the operations' connection is left as it is.
+    pub(super) async fn open(&self, end: Instant) -> Result<Conn, LockError> {
+        match &self.source {
+            Source::Single(pool) => {
+                let object = match timeout_at(end, pool.get()).await {
+                    Ok(Ok(object)) => object,
+                    Ok(Err(e)) => return Err(pool_error(e)),
+                    Err(_) => return Err(timed_out("connecting to Redis")),
+                };
+                let mut conn = deadpool_redis::Connection::take(object);
+                conn.set_response_timeout(RESPONSE_TIMEOUT);
+                Ok(Conn::Single(conn))
+            }
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(nodes) => Ok(Conn::Cluster(nodes.connect(end).await?)),
+        }
+    }
+
     /// On a new connection to one server: refuse a server too old for the scripts, and
     /// (once per backend) warn about an eviction policy that can drop locks.
     async fn check_server(
@@ -202,6 +225,45 @@ impl Pinned {
         Ok(())
     }
 
+    /// A call on the connection of `generation` got no answer in time. One
+    /// server: forget it (the next call opens another). A cluster: one
+    /// slow shard must not stall the others, and a new cluster connection
+    /// would have to reach every node first, the slow one included; so the
+    /// current one stays in use while another is made in the background,
+    /// and replaces it if that succeeds (a half-open socket to one node is
+    /// then gone).
+    fn timed_out(&self, generation: u64) {
+        match &self.source {
+            Source::Single(_) => self.invalidate(generation),
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(nodes) => {
+                if self.replacing.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    self.replacing.store(false, Ordering::Release);
+                    return self.invalidate(generation);
+                };
+                let (nodes, slot) = (nodes.clone(), Arc::clone(&self.slot));
+                let (counter, replacing) =
+                    (Arc::clone(&self.generation), Arc::clone(&self.replacing));
+                runtime.spawn(async move {
+                    let end = Instant::now() + CLUSTER_REPLACE_BOUND;
+                    if let Ok(conn) = nodes.connect(end).await {
+                        let mut slot = lock_slot(&slot);
+                        if slot.as_ref().is_some_and(|s| s.generation == generation) {
+                            *slot = Some(Slot {
+                                generation: counter.fetch_add(1, Ordering::Relaxed) + 1,
+                                conn: Conn::Cluster(conn),
+                            });
+                        }
+                    }
+                    replacing.store(false, Ordering::Release);
+                });
+            }
+        }
+    }
+
     /// Forget the connection of `generation` (if it is still the current one).
     fn invalidate(&self, generation: u64) {
         let mut slot = self.slot();
@@ -227,28 +289,39 @@ impl Pinned {
     ///   run with that attempt answers the lease again (claim.lua);
     /// - leave checks the waiter's ticket; status only reads;
     /// - force release records a nonce with its answer, and a second run
-    ///   with that nonce only repeats the answer (force_release.lua).
+    ///   with that nonce only repeats the answer (force_release.lua);
+    /// - a flight's publish that finds the lock gone but its own result
+    ///   stored (under the leader's fence) answers success again
+    ///   (flight_publish.lua).
     ///
     /// A new script must keep this true, or not come through here.
     pub(super) async fn eval(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         end: Instant,
     ) -> Result<Value, LockError> {
-        self.eval_on(invocation, end).await.map(|(value, _)| value)
+        self.eval_traced(invocation, end, &mut None).await
     }
 
-    /// [`Pinned::eval`], also returning the connection the script ran on.
-    pub(super) async fn eval_on(
+    /// [`Pinned::eval`], keeping in `sent` the connection the script went
+    /// out on until its reply comes back: after a timeout, a connection
+    /// error or a cancellation, `sent` names where the call may still be
+    /// in flight (see `trail.rs`).
+    pub(super) async fn eval_traced(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         end: Instant,
-    ) -> Result<(Value, Conn), LockError> {
+        sent: &mut Option<Conn>,
+    ) -> Result<Value, LockError> {
         let mut retried = false;
         loop {
             let (generation, mut conn) = self.get(end).await?;
-            match timeout_at(end, invocation.invoke_async::<Value>(&mut conn)).await {
-                Ok(Ok(value)) => return Ok((value, conn)),
+            *sent = Some(conn.clone());
+            match timeout_at(end, invocation.invoke(&mut conn)).await {
+                Ok(Ok(value)) => {
+                    *sent = None;
+                    return Ok(value);
+                }
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);
                     if !retried && Instant::now() < end {
@@ -257,16 +330,48 @@ impl Pinned {
                     }
                     return Err(redis_error(&e));
                 }
-                Ok(Err(e)) => return Err(redis_error(&e)),
+                Ok(Err(e)) => {
+                    *sent = None;
+                    return Err(redis_error(&e));
+                }
                 Err(_) => {
                     // No answer in time: the socket may be half-open, so the
                     // next call starts on a fresh one.
-                    self.invalidate(generation);
+                    self.timed_out(generation);
                     return Err(timed_out("waiting for Redis to answer"));
                 }
             }
         }
     }
+
+    /// Run a script on `conn`, behind whatever was sent on it before (a
+    /// cleanup behind the call it cleans up, see `trail.rs`); on the
+    /// current connection if `conn` turns out broken (what was sent on it
+    /// can no longer run). No answer in time is a timeout: the script stays
+    /// queued behind the earlier call, and goes nowhere else.
+    pub(super) async fn eval_behind(
+        &self,
+        invocation: &Invocation<'_>,
+        mut conn: Conn,
+        end: Instant,
+    ) -> Result<Value, LockError> {
+        match timeout_at(end, invocation.invoke(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if is_connection_error(&e) => self.eval(invocation, end).await,
+            Ok(Err(e)) => Err(redis_error(&e)),
+            Err(_) => Err(timed_out("waiting for Redis to answer")),
+        }
+    }
+}
+
+/// How long a cluster connection made in the background may take.
+#[cfg(feature = "redis-cluster")]
+const CLUSTER_REPLACE_BOUND: Duration = Duration::from_secs(10);
+
+fn lock_slot(slot: &Mutex<Option<Slot>>) -> MutexGuard<'_, Option<Slot>> {
+    // The slot is only ever replaced whole, so a poisoned lock still holds a
+    // consistent value.
+    slot.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Warn when the `CONFIG GET maxmemory-policy` reply names a policy that

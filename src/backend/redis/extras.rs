@@ -7,7 +7,7 @@ use deadpool_redis::redis::Value;
 
 use super::RedisBackend;
 use super::keys::Keys;
-use super::scripts::{SCRIPTS, array, ceil_ms, int, string_at};
+use super::scripts::{array, ceil_ms, int, string_at};
 use crate::backend::{HeldBy, Holder, Lease, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -16,8 +16,11 @@ use crate::spec::{AcquireRequest, owners_match};
 
 /// An owner index operation (see `owners.lua`).
 enum Index<'a> {
+    /// One more acquisition of the lock by the owner (granted, or under
+    /// way).
     Add(&'a LockKey, u64),
-    Del(&'a LockKey),
+    /// One fewer: released, or refused.
+    Drop(&'a LockKey),
     Keep(u64),
 }
 
@@ -32,7 +35,18 @@ impl RedisBackend {
                 self.acquire_inner(req),
                 self.index(req.owner(), Index::Add(req.key(), ttl))
             );
-            lease?
+            match lease {
+                Ok(lease) => lease,
+                // Refused: only what was granted stays indexed. (Unreachable
+                // is no answer: the lock may have been taken, and the
+                // caller's cleanup release drops the entry if so.)
+                Err(e) => {
+                    if !matches!(e, LockError::BackendUnavailable(_)) {
+                        let _ = self.index(req.owner(), Index::Drop(req.key())).await;
+                    }
+                    return Err(e);
+                }
+            }
         } else {
             self.acquire_inner(req).await?
         };
@@ -41,26 +55,26 @@ impl RedisBackend {
         {
             // Never a lock without the metadata it was asked with.
             let holder = Holder::new(req.owner(), lease.fence);
-            let _ = self.release_inner(req.key(), holder).await;
+            let _ = self.release_full(req.key(), holder).await;
             return Err(e);
         }
         Ok(lease)
     }
 
-    /// Release, and drop the index entry in the same round trip (when on):
-    /// whatever the answer, `owner` does not hold the lock afterwards.
+    /// Release, then (when on) drop the index entry, only if the release
+    /// did release: a stale release of a reused owner token (another
+    /// acquisition of the same owner holds the lock now) leaves the entry
+    /// of the acquisition that holds. One more round trip, after the lock
+    /// is free already.
     pub(super) async fn release_full(
         &self,
         key: &LockKey,
         holder: Holder<'_>,
     ) -> Result<(), LockError> {
-        if !self.index_owners {
-            return self.release_inner(key, holder).await;
+        let released = self.release_inner(key, holder).await;
+        if self.index_owners && released.is_ok() {
+            let _ = self.index(holder.owner(), Index::Drop(key)).await;
         }
-        let (released, _) = tokio::join!(
-            self.release_inner(key, holder),
-            self.index(holder.owner(), Index::Del(key))
-        );
         released
     }
 
@@ -87,7 +101,7 @@ impl RedisBackend {
         fence: u64,
         metadata: &LockMetadata,
     ) -> Result<(), LockError> {
-        let mut inv = SCRIPTS.metadata.prepare_invoke();
+        let mut inv = self.scripts().metadata.prepare_invoke();
         self.keys(&mut inv, req.key(), Keys::LockAndMeta);
         inv.arg(req.owner()).arg(fence).arg(metadata.as_json());
         // 0: the lock is not this acquisition's any more (it ran out); the
@@ -100,11 +114,11 @@ impl RedisBackend {
     }
 
     async fn index(&self, owner: &str, op: Index<'_>) -> Result<Value, LockError> {
-        let mut inv = SCRIPTS.owners.prepare_invoke();
+        let mut inv = self.scripts().owners.prepare_invoke();
         inv.key(self.owner_key(owner));
         match op {
             Index::Add(key, ttl) => inv.arg("add").arg(key.encoded(usize::MAX)).arg(ttl),
-            Index::Del(key) => inv.arg("del").arg(key.encoded(usize::MAX)),
+            Index::Drop(key) => inv.arg("drop").arg(key.encoded(usize::MAX)),
             Index::Keep(ttl) => inv.arg("keep").arg(ttl),
         };
         self.shared.conn.eval(&inv, self.deadline()).await
@@ -128,7 +142,7 @@ impl RedisBackend {
                 "lookups by owner need the owner index (RedisBackend::index_owners)",
             ));
         }
-        let mut inv = SCRIPTS.owners.prepare_invoke();
+        let mut inv = self.scripts().owners.prepare_invoke();
         inv.key(self.owner_key(owner)).arg("list");
         let fields = array(
             self.shared.conn.eval(&inv, self.deadline()).await?,
@@ -154,7 +168,7 @@ impl RedisBackend {
         }
         if !stale.is_empty() {
             let drops = stale.iter().map(|field| {
-                let mut inv = SCRIPTS.owners.prepare_invoke();
+                let mut inv = self.scripts().owners.prepare_invoke();
                 inv.key(self.owner_key(owner))
                     .arg("del")
                     .arg(field.as_str());

@@ -21,7 +21,8 @@ use super::RedisBackend;
 use super::error::bad_reply;
 use super::keys::Keys;
 use super::ops::{acquire_args, granted};
-use super::scripts::{SCRIPTS, array, ceil_ms, int, int_at, uint_at};
+use super::scripts::{array, ceil_ms, int, int_at, uint_at};
+use super::trail::Trail;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -44,14 +45,21 @@ impl RedisBackend {
         // Registered before the script runs: a result published right after
         // it reaches this caller.
         let mut watch = wake.watch_flight(id, slot, end, self.op_timeout).await?;
-        let mut inv = SCRIPTS.flight_begin.prepare_invoke();
+        let mut inv = self.scripts().flight_begin.prepare_invoke();
         self.keys(&mut inv, req.key(), Keys::Flight);
         let sent = acquire_args(&mut inv, req, ceil_ms(req.ttl()));
         inv.arg(0)
             .arg(id)
             .arg(wake.channel(slot).as_ref())
             .arg(ceil_ms(req.max_wait().min(MAX_TTL) + WATCHERS_GRACE));
-        let reply = match self.shared.conn.eval(&inv, end).await? {
+        // Cleaned up with the owner token after a lost reply: behind it.
+        let mut trail = Trail::new(&self.shared.trails, req.owner());
+        let reply = match self
+            .shared
+            .conn
+            .eval_traced(&inv, end, &mut trail.sent)
+            .await?
+        {
             // Acquire's fast path: free and nobody waiting.
             Value::Int(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
@@ -90,7 +98,7 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<Option<FlightResult>, LockError> {
         const WHAT: &str = "flight result";
-        let mut inv = SCRIPTS.flight_result.prepare_invoke();
+        let mut inv = self.scripts().flight_result.prepare_invoke();
         self.keys(&mut inv, key, Keys::FlightResult);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         match reply.first() {
@@ -106,7 +114,7 @@ impl RedisBackend {
         publish: &FlightPublish,
     ) -> Result<(), LockError> {
         const WHAT: &str = "flight publish";
-        let mut inv = SCRIPTS.flight_publish.prepare_invoke();
+        let mut inv = self.scripts().flight_publish.prepare_invoke();
         self.keys(&mut inv, key, Keys::Flight);
         inv.arg(owner)
             .arg(publish.fence)

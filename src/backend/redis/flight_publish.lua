@@ -3,19 +3,29 @@
 -- ARGV = owner, fence (the leader's), value, result TTL ms (0: none), keep
 -- ms.
 -- Returns 1 (stored unless a newer result is, watchers told, lock released
--- or handed on), 0 (not held: expired), -1 (held by another owner or under
--- another fence).
+-- or handed on; also for a repeated run of a publish that did all that), 0
+-- (not held: expired), -1 (held by another owner or under another fence).
 
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local result, fresh, watchers = KEYS[6], KEYS[7], KEYS[8]
 local owner, seq, value = ARGV[1], ARGV[2], ARGV[3]
 
 local current = redis.call('GET', lock)
-if not current then
-  return 0
+local _, f, holder
+if current then
+  _, f, _, _, _, holder = string.match(current, '^(%d) (%d+) (%d+) (%S+) (%S+) (.+)$')
 end
-local _, f, _, _, _, holder = string.match(current, '^(%d) (%d+) (%d+) (%S+) (%S+) (.+)$')
-if holder ~= owner or f ~= seq then
+if not current or holder ~= owner or f ~= seq then
+  -- Not (or no longer) the leader's lock. A run repeated after a lost reply
+  -- (see Pinned::eval) finds it released by its own first run: the result
+  -- stored under the leader's fence, which no one else can store, says
+  -- that run succeeded.
+  if redis.call('HGET', result, 'seq') == seq then
+    return 1
+  end
+  if not current then
+    return 0
+  end
   return -1
 end
 

@@ -10,9 +10,8 @@
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::ScriptInvocation;
-
 use super::RedisBackend;
+use super::invoke::Invocation;
 use crate::key::LockKey;
 
 /// The longest stored key, in bytes: longer encodings are hashed.
@@ -73,7 +72,7 @@ impl RedisBackend {
     }
 
     /// Add the lock's keys to `inv` (see [`Keys`]); the lock's hash slot.
-    pub(super) fn keys(&self, inv: &mut ScriptInvocation<'_>, key: &LockKey, which: Keys) -> u16 {
+    pub(super) fn keys(&self, inv: &mut Invocation<'_>, key: &LockKey, which: Keys) -> u16 {
         let mut buf = self.lock_key(key);
         let slot = slot_of(&buf);
         if let Keys::FlightResult = which {

@@ -5,10 +5,11 @@
 //!
 //! - **One round trip per operation**: acquire, release, extend, force
 //!   release and status are each one Lua script, atomic on the server, called
-//!   by hash (`EVALSHA`; reloaded after `SCRIPT FLUSH` or a restart). A lock
-//!   taken with metadata costs one more (the metadata is stored after the
-//!   acquisition); the opt-in owner index adds a command to the same round
-//!   trip, not a round trip.
+//!   by hash (`EVALSHA`; sent with `EVAL` after `SCRIPT FLUSH` or a
+//!   restart). A lock taken with metadata costs one more (the metadata is
+//!   stored after the acquisition); the opt-in owner index adds a command to
+//!   the same round trip of an acquisition or extension, and a round trip to
+//!   a release (after the lock is free) and to a refused acquisition.
 //! - **Expiry on the server's clock**: TTLs are `PX`/`PEXPIRE` on the
 //!   server, and waiters' deadlines and hand-offs use the server's `TIME`.
 //!   A lock taken on the fast path (free, nobody waiting) reports
@@ -41,12 +42,12 @@
 //! |---|---|---|
 //! | `lock:{E}` | string, TTL = the lock's | `"<flag> <fence> <acquired ms> <grant> <attempt> <owner>"` |
 //! | `lock:{fence:T}` | integer, no TTL | fencing counter of the hash slot of `{E}` (`T`: see [`RedisBackend::fence_counter_key`]) |
-//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use |
+//! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use; kept in step while [`keep_legacy_fence_counters`](RedisBackend::keep_legacy_fence_counters) is on |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
-//! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → `1` for each lock the owner took; a hint, checked on every lookup |
+//! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → the owner's acquisitions of the lock granted or under way, for each lock the owner holds; a hint, checked on every lookup |
 //! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
 //! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
 //! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |
@@ -82,20 +83,26 @@
 //! - Upgrading from per-lock counters: the first acquisition of a lock by
 //!   this version draws a fence above both its old counter and its slot's,
 //!   then deletes the old counter. An instance of an older version running
-//!   beside this one would recreate that counter from 1: its fences then go
-//!   backwards (a fenced store refuses its writes as stale), so stop the old
-//!   instances before the new ones lock the same keys.
+//!   beside this one would count that counter again from 1, handing out
+//!   fences given already; while old instances may run, turn on
+//!   [`RedisBackend::keep_legacy_fence_counters`], which keeps every lock's
+//!   old counter in step instead (`legacy.rs` has the upgrade path).
 
 #[cfg(feature = "redis-cluster")]
 mod cluster;
+mod config;
 mod conn;
+mod dedicated;
 mod error;
 mod extras;
 mod flight;
+mod invoke;
 mod keys;
+mod legacy;
 mod ops;
 mod replicas;
 mod scripts;
+mod trail;
 mod wait;
 mod wake;
 
@@ -107,8 +114,10 @@ use deadpool_redis::redis::{Client, IntoConnectionInfo};
 use deadpool_redis::{Config, Pool, Runtime};
 
 use self::conn::{Pinned, Source};
+use self::dedicated::Dedicated;
 use self::error::config_error;
 use self::replicas::MinReplicas;
+use self::trail::Trails;
 use self::wake::{Transport, Wakeups};
 use super::{
     BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease,
@@ -116,7 +125,7 @@ use super::{
 };
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, MAX_TTL};
+use crate::spec::AcquireRequest;
 
 /// Locks in Redis, through a [`deadpool_redis`] pool. Cheap to clone (clones
 /// share connections and waiters).
@@ -149,10 +158,15 @@ pub struct RedisBackend {
     op_timeout: Duration,
     min_replicas: Option<MinReplicas>,
     index_owners: bool,
+    keep_legacy_fences: bool,
 }
 
 struct Shared {
     conn: Pinned,
+    /// For calls that block their connection (`min_replicas`' `WAIT`).
+    dedicated: Dedicated,
+    /// Where acquisitions without a reply went (cleanups follow them).
+    trails: Trails,
     wake: Wakeups,
 }
 
@@ -164,6 +178,7 @@ impl fmt::Debug for RedisBackend {
             .field("op_timeout", &self.op_timeout)
             .field("min_replicas", &self.min_replicas)
             .field("index_owners", &self.index_owners)
+            .field("keep_legacy_fences", &self.keep_legacy_fences)
             .finish_non_exhaustive()
     }
 }
@@ -287,119 +302,16 @@ impl RedisBackend {
         RedisBackend {
             shared: Arc::new(Shared {
                 conn: Pinned::new(source),
+                dedicated: Dedicated::new(),
+                trails: Trails::default(),
                 wake: Wakeups::new(transport),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
             min_replicas: None,
             index_owners: false,
+            keep_legacy_fences: false,
         }
-    }
-
-    /// Put every key under `prefix` instead of `lock:`.
-    ///
-    /// Keep it short, and without `{` or `}`: braces in the prefix would
-    /// become the cluster hash tag and put every lock in one slot.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
-        self
-    }
-
-    /// Bound every backend call by `op_timeout` (default 2 s), connecting and
-    /// pool checkout included; at least 1 ms, at most a year (longer is as
-    /// good as forever). `acquire` with a max wait returns within max wait +
-    /// `op_timeout`.
-    pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
-        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
-        self
-    }
-
-    /// Confirm every acquisition on `replicas` replicas of the lock's
-    /// primary (`WAIT`) before granting it; if they have not acknowledged it
-    /// within `timeout`, release the lock and fail the acquisition with
-    /// [`LockError::BackendUnavailable`] (the layer's `503`). Off by default
-    /// (`replicas` = 0 turns it off), and then it costs nothing.
-    ///
-    /// It costs two more round trips per acquisition (the lock is extended
-    /// to its TTL on the operation connection, so that the `WAIT` covers a
-    /// lock handed over by another process's release too, then `WAIT`),
-    /// plus the replicas' acknowledgement.
-    ///
-    /// What it buys: a failover to a replica that acknowledged loses no
-    /// lock granted before it, so fewer locks are lost on failover. What it
-    /// does not: replication stays asynchronous (a replica that did not
-    /// acknowledge may still be promoted, `WAIT` is no consensus), releases
-    /// and extensions are not confirmed, and a lock taken and then refused
-    /// here may already have been seen by a reader of the replicas. Fencing
-    /// stays the real protection (see the README's guarantees).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_lock::backend::redis::RedisBackend;
-    ///
-    /// let backend = RedisBackend::from_url("redis://10.0.0.5:6379")?
-    ///     .min_replicas(1, Duration::from_millis(50));
-    /// assert_eq!(backend.get_min_replicas(), Some((1, Duration::from_millis(50))));
-    /// # Ok::<(), tower_lock::LockError>(())
-    /// ```
-    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.min_replicas = (replicas > 0).then_some(MinReplicas {
-            replicas,
-            timeout: timeout.clamp(Duration::from_millis(1), MAX_TTL),
-        });
-        self
-    }
-
-    /// The replicas every acquisition is confirmed on, and how long that may
-    /// take; `None` when off (see [`RedisBackend::min_replicas`]).
-    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
-        self.min_replicas.map(|m| (m.replicas, m.timeout))
-    }
-
-    /// Keep an index from owner tokens to their locks, so that
-    /// [`LockBackend::held_by`] can answer (default off: it then answers
-    /// [`LockError::Unsupported`]).
-    ///
-    /// The index of an owner is a hash `{prefix}o:{<owner>}` (its own
-    /// cluster slot) naming the locks the owner took. It is written beside
-    /// acquire, release and extend in the **same round trip** (pipelined on
-    /// the one connection; on a cluster, sent at the same time to the node
-    /// owning the owner's slot): no round trip more, but one more command
-    /// each, so it stays off unless lookups are wanted. It is a hint: every
-    /// lookup checks each lock it names (held, by this owner) and drops
-    /// entries that no longer hold, so a stale entry (a force release, an
-    /// expiry) never gives a wrong answer. A lock whose index entry is
-    /// missing (taken while the index was off, or an index write that
-    /// failed) is not found by owner; [`LockBackend::owns`] and `status`
-    /// always ask the lock itself.
-    pub fn index_owners(mut self, on: bool) -> Self {
-        self.index_owners = on;
-        self
-    }
-
-    /// Whether the owner index is kept.
-    pub fn get_index_owners(&self) -> bool {
-        self.index_owners
-    }
-
-    /// The key prefix.
-    pub fn get_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The bound on one backend call.
-    pub fn get_op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The pool connections come from; `None` on a cluster.
-    pub fn get_pool(&self) -> Option<&Pool> {
-        self.shared.conn.pool()
-    }
-
-    /// Whether this backend is on a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        self.shared.conn.is_cluster()
     }
 }
 
@@ -438,7 +350,14 @@ impl LockBackend for RedisBackend {
         holder: Holder<'a>,
         attempt: u64,
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
-        Box::pin(self.claim_inner(key, holder, attempt))
+        match self.min_replicas {
+            None => Box::pin(self.claim_inner(key, holder, attempt)),
+            Some(min) => Box::pin(async move {
+                let claimed = self.claim_inner(key, holder, attempt).await?;
+                let holder = Holder::new(holder.owner(), claimed.fence);
+                self.confirmed(key, holder, claimed.ttl, min).await
+            }),
+        }
     }
 
     /// All extensions go out together on the one multiplexed connection, so
@@ -454,6 +373,24 @@ impl LockBackend for RedisBackend {
                 .map(|r| self.extend_full(&r.key, r.holder(), r.ttl))
                 .collect(),
         ))
+    }
+
+    /// The same extensions, each its own future: on a cluster each goes to
+    /// its shard's connection (one pipelined round trip per shard, as
+    /// [`extend_many`](LockBackend::extend_many)), and a stalled shard holds
+    /// back only its own locks' renewals.
+    fn extend_each<'a>(
+        &'a self,
+        batch: &'a [ExtendRequest],
+    ) -> Option<Vec<BoxFuture<'a, Result<Lease, LockError>>>> {
+        Some(
+            batch
+                .iter()
+                .map(|r| -> BoxFuture<'a, _> {
+                    Box::pin(self.extend_full(&r.key, r.holder(), r.ttl))
+                })
+                .collect(),
+        )
     }
 
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, LockError>> {
@@ -481,7 +418,20 @@ impl LockBackend for RedisBackend {
         &'a self,
         req: &'a AcquireRequest,
     ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
-        Box::pin(self.flight_begin_inner(req))
+        match self.min_replicas {
+            None => Box::pin(self.flight_begin_inner(req)),
+            // A leader holds the flight's lock as any holder does.
+            Some(min) => Box::pin(async move {
+                match self.flight_begin_inner(req).await? {
+                    FlightStart::Leader(lease) => {
+                        let holder = Holder::new(req.owner(), lease.fence);
+                        let lease = self.confirmed(req.key(), holder, req.ttl(), min).await?;
+                        Ok(FlightStart::Leader(lease))
+                    }
+                    other => Ok(other),
+                }
+            }),
+        }
     }
 
     fn flight_result<'a>(

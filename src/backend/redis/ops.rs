@@ -3,15 +3,15 @@
 
 use std::time::{Duration, SystemTime};
 
-use deadpool_redis::redis::{ScriptInvocation, Value};
+use deadpool_redis::redis::Value;
 use tokio::time::Instant;
 
 use super::RedisBackend;
 use super::error::bad_reply;
+use super::invoke::Invocation;
 use super::keys::Keys;
-use super::scripts::{
-    SCRIPTS, array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at,
-};
+use super::scripts::{array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at};
+use super::trail::Trail;
 use crate::backend::{Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -49,7 +49,7 @@ pub(super) enum Left {
 /// which errs on the early side (the server's TTL starts when the script
 /// runs, after this).
 pub(super) fn acquire_args(
-    inv: &mut ScriptInvocation<'_>,
+    inv: &mut Invocation<'_>,
     req: &AcquireRequest,
     ttl_ms: u64,
 ) -> SystemTime {
@@ -78,6 +78,21 @@ impl RedisBackend {
         Instant::now() + self.op_timeout
     }
 
+    /// Run a cleanup of `owner`'s acquisition (a release without fence, a
+    /// leave): behind that acquisition if it may still be in flight (see
+    /// `trail.rs`).
+    async fn cleanup(
+        &self,
+        inv: &Invocation<'_>,
+        owner: &str,
+        end: Instant,
+    ) -> Result<Value, LockError> {
+        match self.shared.trails.of(owner) {
+            Some(conn) => self.shared.conn.eval_behind(inv, conn, end).await,
+            None => self.shared.conn.eval(inv, end).await,
+        }
+    }
+
     /// One acquire attempt; `queue` = (remaining wait ms, waiter id) of a
     /// waiter, which joins the queue when the lock is busy and the wait is
     /// not zero.
@@ -89,7 +104,7 @@ impl RedisBackend {
         end: Instant,
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
-        let mut inv = SCRIPTS.acquire.prepare_invoke();
+        let mut inv = self.scripts().acquire.prepare_invoke();
         let slot = self.keys(&mut inv, req.key(), Keys::All);
         let sent = acquire_args(&mut inv, req, ttl_ms);
         if let Some((wait_ms, id)) = queue {
@@ -97,7 +112,13 @@ impl RedisBackend {
                 .arg(id)
                 .arg(self.shared.wake.channel(slot).as_ref());
         }
-        let reply = match self.shared.conn.eval(&inv, end).await? {
+        let mut trail = Trail::new(&self.shared.trails, req.owner());
+        let reply = match self
+            .shared
+            .conn
+            .eval_traced(&inv, end, &mut trail.sent)
+            .await?
+        {
             // The fast path: free and nobody waiting.
             Value::Int(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
@@ -125,7 +146,7 @@ impl RedisBackend {
         end: Instant,
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
-        let mut inv = SCRIPTS.leave.prepare_invoke();
+        let mut inv = self.scripts().leave.prepare_invoke();
         let slot = self.keys(&mut inv, key, Keys::All);
         inv.arg(owner)
             .arg(id)
@@ -134,7 +155,7 @@ impl RedisBackend {
             LeaveMode::Claim => "claim",
             LeaveMode::Drop => "drop",
         });
-        let reply = array(self.shared.conn.eval(&inv, end).await?, WHAT)?;
+        let reply = array(self.cleanup(&inv, owner, end).await?, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
             1 => {
                 let at = server_time(uint_at(&reply, 2, WHAT)?);
@@ -156,7 +177,7 @@ impl RedisBackend {
         key: &LockKey,
         holder: Holder<'_>,
     ) -> Result<(), LockError> {
-        let mut inv = SCRIPTS.release.prepare_invoke();
+        let mut inv = self.scripts().release.prepare_invoke();
         self.keys(&mut inv, key, Keys::All);
         // The script finds the holder as the value's tail after a space, which
         // is exact only for owners without spaces; no holder has one (see
@@ -169,7 +190,12 @@ impl RedisBackend {
             owner
         });
         fence_arg(&mut inv, holder);
-        let reply = self.shared.conn.eval(&inv, self.deadline()).await?;
+        let reply = match holder.fence() {
+            Some(_) => self.shared.conn.eval(&inv, self.deadline()).await?,
+            // Without a fence: the cleanup of an acquisition whose reply
+            // never came, behind it.
+            None => self.cleanup(&inv, owner, self.deadline()).await?,
+        };
         match int(&reply, "release")? {
             1 => Ok(()),
             0 => Err(LockError::NotFound),
@@ -199,7 +225,7 @@ impl RedisBackend {
         let Some(fence) = holder.fence() else {
             return Err(LockError::OwnershipMismatch);
         };
-        let mut inv = SCRIPTS.claim.prepare_invoke();
+        let mut inv = self.scripts().claim.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndMeta);
         inv.arg(holder.owner()).arg(fence).arg(attempt);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
@@ -221,7 +247,7 @@ impl RedisBackend {
     }
 
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
-        let mut inv = SCRIPTS.force_release.prepare_invoke();
+        let mut inv = self.scripts().force_release.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndForced);
         // Names this call, so that a run repeated after a lost reply only
         // repeats the first run's answer (see force_release.lua).
@@ -235,7 +261,7 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<Option<LockStatus>, LockError> {
         const WHAT: &str = "status";
-        let mut inv = SCRIPTS.status.prepare_invoke();
+        let mut inv = self.scripts().status.prepare_invoke();
         self.keys(&mut inv, key, Keys::AllAndMeta);
         let reply = array(self.shared.conn.eval(&inv, self.deadline()).await?, WHAT)?;
         if reply.is_empty() {
@@ -257,7 +283,7 @@ impl RedisBackend {
 
 /// The acquisition's fence as a script argument: `''` for any (see
 /// [`Holder::owner_only`]).
-fn fence_arg(inv: &mut ScriptInvocation<'_>, holder: Holder<'_>) {
+fn fence_arg(inv: &mut Invocation<'_>, holder: Holder<'_>) {
     match holder.fence() {
         Some(fence) => inv.arg(fence),
         None => inv.arg(""),
@@ -271,8 +297,8 @@ pub(super) fn extend_invocation(
     key: &LockKey,
     holder: Holder<'_>,
     ttl: Duration,
-) -> ScriptInvocation<'static> {
-    let mut inv = SCRIPTS.extend.prepare_invoke();
+) -> Invocation<'static> {
+    let mut inv = backend.scripts().extend.prepare_invoke();
     backend.keys(&mut inv, key, Keys::LockAndMeta);
     inv.arg(holder.owner()).arg(ceil_ms(ttl));
     fence_arg(&mut inv, holder);

@@ -3,13 +3,14 @@
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use deadpool_redis::redis::{Script, Value};
+use deadpool_redis::redis::Value;
 
 use super::error::bad_reply;
+use super::invoke::Script;
 use crate::error::LockError;
 
-/// Every script, hashed once per process. `redis::Script` sends `EVALSHA` and
-/// loads the script on `NOSCRIPT`, so a `SCRIPT FLUSH` or a restarted server
+/// Every script, hashed once per process. A call sends `EVALSHA`, and `EVAL`
+/// on `NOSCRIPT` (see `invoke.rs`), so a `SCRIPT FLUSH` or a restarted server
 /// costs one extra round trip on the next call, not a failure.
 pub(super) struct Scripts {
     pub(super) acquire: Script,
@@ -32,32 +33,50 @@ const HELPERS: &str = include_str!("common.lua");
 /// never pays for creating their closures.
 const HELPERS_MARK: &str = "-- @helpers\n";
 
-/// A script's source with the helpers spliced in at its marker (if any).
-fn source(script: &str) -> String {
-    script.replacen(HELPERS_MARK, HELPERS, 1)
+/// A script's source with the helpers spliced in at its marker (if any);
+/// `legacy`: the variant that keeps per-lock fence counters in step (see
+/// `legacy.rs`).
+fn source(script: &str, legacy: bool) -> String {
+    let spliced = script.replacen(HELPERS_MARK, HELPERS, 1);
+    if legacy {
+        super::legacy::keeping_counters(spliced)
+    } else {
+        spliced
+    }
 }
 
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(&source(include_str!("acquire.lua"))),
-    release: Script::new(&source(include_str!("release.lua"))),
-    extend: Script::new(&source(include_str!("extend.lua"))),
-    claim: Script::new(&source(include_str!("claim.lua"))),
-    force_release: Script::new(&source(include_str!("force_release.lua"))),
-    status: Script::new(&source(include_str!("status.lua"))),
-    leave: Script::new(&source(include_str!("leave.lua"))),
-    metadata: Script::new(include_str!("meta.lua")),
-    owners: Script::new(include_str!("owners.lua")),
-    // A flight's begin is acquire's script inside a function (its fast path
-    // included), after a look for a fresh result.
-    flight_begin: Script::new(&source(&include_str!("flight_begin.lua").replacen(
-        "-- @acquire\n",
-        include_str!("acquire.lua"),
-        1,
-    ))),
-    flight_publish: Script::new(&source(include_str!("flight_publish.lua"))),
-    // KEYS = a flight's result.
-    flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
-});
+impl Scripts {
+    fn new(legacy: bool) -> Self {
+        let src = |script: &str| source(script, legacy);
+        Scripts {
+            acquire: Script::new(&src(include_str!("acquire.lua"))),
+            release: Script::new(&src(include_str!("release.lua"))),
+            extend: Script::new(&src(include_str!("extend.lua"))),
+            claim: Script::new(&src(include_str!("claim.lua"))),
+            force_release: Script::new(&src(include_str!("force_release.lua"))),
+            status: Script::new(&src(include_str!("status.lua"))),
+            leave: Script::new(&src(include_str!("leave.lua"))),
+            metadata: Script::new(include_str!("meta.lua")),
+            owners: Script::new(include_str!("owners.lua")),
+            // A flight's begin is acquire's script inside a function (its
+            // fast path included), after a look for a fresh result.
+            flight_begin: Script::new(&src(&include_str!("flight_begin.lua").replacen(
+                "-- @acquire\n",
+                include_str!("acquire.lua"),
+                1,
+            ))),
+            flight_publish: Script::new(&src(include_str!("flight_publish.lua"))),
+            // KEYS = a flight's result.
+            flight_result: Script::new("return redis.call('HMGET', KEYS[1], 'seq', 'value')"),
+        }
+    }
+}
+
+/// The scripts.
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(false));
+/// The scripts while versions with per-lock fence counters may still run
+/// ([`RedisBackend::keep_legacy_fence_counters`](super::RedisBackend::keep_legacy_fence_counters)).
+pub(super) static LEGACY_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(true));
 
 /// The elements of an array reply.
 pub(super) fn array(value: Value, what: &str) -> Result<Vec<Value>, LockError> {
@@ -173,7 +192,7 @@ mod tests {
             ("leave", include_str!("leave.lua")),
         ] {
             assert_eq!(script.matches(HELPERS_MARK).count(), 1, "{name}");
-            let src = source(script);
+            let src = source(script, false);
             assert!(src.contains("local function hand_off"), "{name}");
             assert!(!src.contains(HELPERS_MARK), "{name}");
         }
@@ -186,12 +205,12 @@ mod tests {
     fn scripts_compile_into_distinct_hashes() {
         let s = &*SCRIPTS;
         let hashes = [
-            s.acquire.get_hash(),
-            s.release.get_hash(),
-            s.extend.get_hash(),
-            s.force_release.get_hash(),
-            s.status.get_hash(),
-            s.leave.get_hash(),
+            s.acquire.hash(),
+            s.release.hash(),
+            s.extend.hash(),
+            s.force_release.hash(),
+            s.status.hash(),
+            s.leave.hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             for b in &hashes[i + 1..] {

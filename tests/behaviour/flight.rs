@@ -786,3 +786,21 @@ impl FrozenRun {
         }
     }
 }
+
+/// A result TTL or max wait of `Duration::MAX` ("forever") is clamped as
+/// any other long duration: the result is stored and answers the next
+/// caller, nothing panics.
+pub async fn durations_without_end_saturate(h: Harness) {
+    let flights = flights(&h).max_wait(Duration::MAX);
+    let work = Work::default();
+    work.open(10);
+    let first = flights
+        .run("forever", Duration::MAX, || work.clone().compute(1, false))
+        .await
+        .unwrap();
+    let cached = flights
+        .run("forever", Duration::MAX, || work.clone().compute(2, false))
+        .await
+        .unwrap();
+    assert_eq!((first, cached, work.runs()), (1, 1, 1));
+}

@@ -175,6 +175,7 @@ for_each_backend! {
             the_layer_never_shares_an_oversized_body,
             the_layer_works_with_a_lock_layer_and_the_extractor,
             waiters_are_woken_by_the_result_not_by_the_lock,
+            durations_without_end_saturate,
             // The seeds' APIs (issue 14).
             metadata_round_trips_through_every_lookup,
             bad_metadata_is_refused_before_anything_is_locked,

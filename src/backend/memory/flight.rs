@@ -17,7 +17,7 @@ use super::table::Inner;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, owners_match};
+use crate::spec::{AcquireRequest, MAX_TTL, owners_match};
 
 /// The flights of one backend.
 #[derive(Default)]
@@ -170,10 +170,17 @@ impl Inner {
         };
         slot.stored = Some(Stored {
             result: result.clone(),
-            fresh_until: now + publish.result_ttl,
-            keep_until: now + publish.keep.max(publish.result_ttl),
+            fresh_until: after(now, publish.result_ttl),
+            keep_until: after(now, publish.keep.max(publish.result_ttl)),
         });
         slot.tx.send_replace(Some(result));
         Ok(())
     }
+}
+
+/// `now + d`, with `d` clamped to [`MAX_TTL`] as the Redis and PostgreSQL
+/// backends clamp it: `Duration::MAX` ("forever") must not overflow.
+fn after(now: Instant, d: std::time::Duration) -> Instant {
+    // A year after now is always representable; the fallback is unreachable.
+    now.checked_add(d.min(MAX_TTL)).unwrap_or(now)
 }

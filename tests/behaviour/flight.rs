@@ -804,3 +804,77 @@ pub async fn durations_without_end_saturate(h: Harness) {
         .unwrap();
     assert_eq!((first, cached, work.runs()), (1, 1, 1));
 }
+
+/// The result stored for the flight `key`, fresh or only kept.
+async fn stored(h: &Harness, key: &str) -> Option<Vec<u8>> {
+    let key = tower_lock::LockKey::from_encoded(&format!("f:{key}")).expect("a flight key");
+    let result = h.backend.flight_result(&key).await.expect("flight result");
+    result.map(|r| r.value.to_vec())
+}
+
+/// A result nobody waits for is not kept beyond its result TTL: with a
+/// zero TTL it is not stored at all (per-user keys would otherwise pile up
+/// results for the whole max wait).
+pub async fn a_result_nobody_waits_for_is_not_kept(h: Harness) {
+    let flights = flights(&h);
+    let work = Work::default();
+    work.open(1);
+    let value = flights
+        .run("alone", Duration::ZERO, || work.clone().compute(1, false))
+        .await
+        .unwrap();
+    assert_eq!(value, 1);
+    assert_eq!(stored(&h, "alone").await, None, "nobody waited for it");
+}
+
+/// With a result TTL and nobody waiting, the result lives for its TTL, not
+/// for the (longer) max wait.
+pub async fn a_result_nobody_waits_for_lives_for_its_ttl_alone(h: Harness) {
+    let flights = flights(&h);
+    let work = Work::default();
+    work.open(1);
+    flights
+        .run("brief", h.units(2), || work.clone().compute(1, false))
+        .await
+        .unwrap();
+    assert_eq!(stored(&h, "brief").await.as_deref(), Some(&b"1"[..]));
+    h.advance(h.units(3)).await;
+    assert_eq!(stored(&h, "brief").await, None, "past its result TTL");
+}
+
+/// A result kept for the callers that waited for it never answers a
+/// later flight's callers once it is no longer kept.
+pub async fn a_later_flight_never_gets_an_earlier_result(h: Harness) {
+    let flights = flights(&h).max_wait(h.units(2));
+    let work = Work::default();
+    for (round, value) in [(0usize, 1u64), (1, 2)] {
+        let mut set = JoinSet::new();
+        spawn_run(
+            &mut set,
+            &flights,
+            "rounds",
+            Duration::ZERO,
+            &work,
+            value,
+            false,
+        );
+        until_runs(&h, &work, round + 1).await;
+        spawn_run(
+            &mut set,
+            &flights,
+            "rounds",
+            Duration::ZERO,
+            &work,
+            0,
+            false,
+        );
+        until_waiting(&h, &flights, "rounds", 1).await;
+        work.open(1);
+        while let Some(outcome) = set.join_next().await {
+            assert_eq!(outcome.unwrap().unwrap(), value, "round {round}");
+        }
+        // The first round's result is no longer kept.
+        h.advance(h.units(3)).await;
+    }
+    assert_eq!(work.runs(), 2);
+}

@@ -176,6 +176,7 @@ for_each_backend! {
             the_layer_works_with_a_lock_layer_and_the_extractor,
             waiters_are_woken_by_the_result_not_by_the_lock,
             durations_without_end_saturate,
+            a_result_nobody_waits_for_is_not_kept,
             // The seeds' APIs (issue 14).
             metadata_round_trips_through_every_lookup,
             bad_metadata_is_refused_before_anything_is_locked,
@@ -211,6 +212,8 @@ for_each_backend! {
             a_dead_leader_is_replaced_when_its_lock_runs_out,
             waiting_past_the_max_wait_times_out,
             the_layer_answers_429_after_the_max_wait,
+            a_result_nobody_waits_for_lives_for_its_ttl_alone,
+            a_later_flight_never_gets_an_earlier_result,
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,

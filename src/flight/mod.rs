@@ -40,7 +40,9 @@
 //! stores responses in a small binary frame of its own (status, headers,
 //! body bytes), so bodies are not re-encoded.
 
+mod body;
 mod engine;
+mod frame;
 mod layer;
 mod request;
 mod response;

@@ -18,6 +18,7 @@
 mod common;
 
 mod flight;
+mod flight_http;
 mod harness;
 mod keys;
 mod lifecycle;
@@ -30,6 +31,7 @@ mod support;
 /// Every backend-generic test, by name.
 mod tests {
     pub use super::flight::*;
+    pub use super::flight_http::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -177,6 +179,14 @@ for_each_backend! {
             waiters_are_woken_by_the_result_not_by_the_lock,
             durations_without_end_saturate,
             a_result_nobody_waits_for_is_not_kept,
+            // Single-flight over HTTP: every client gets what it asked for.
+            conditional_and_range_requests_stay_out_of_flights,
+            a_varied_response_reaches_only_the_requests_it_fits,
+            head_and_get_are_separate_flights,
+            a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends,
+            a_stream_past_the_cap_releases_every_follower_at_once,
+            an_event_stream_is_never_shared,
+            copies_carry_no_lock_or_hop_by_hop_headers,
             // The seeds' APIs (issue 14).
             metadata_round_trips_through_every_lookup,
             bad_metadata_is_refused_before_anything_is_locked,

@@ -115,6 +115,24 @@ impl LockKey {
         Ok(k)
     }
 
+    /// The flight `key` of the HTTP layer for a request of `method`: a GET's
+    /// is [`LockKey::flight`]`(key)` itself; any other method's is `key`,
+    /// a unit separator (U+001F, which no validated key contains, so no
+    /// user's key can name it) and the method: a flight of its own, as a
+    /// HEAD's response must never answer a GET.
+    pub(crate) fn flight_of_method(key: &str, method: &http::Method) -> Result<Self, LockError> {
+        if *method == http::Method::GET {
+            return Self::flight(key);
+        }
+        let key = normalise(key)?;
+        let mut k = Self::new(
+            SmolStr::new(format!("{key}\u{1f}{}", method.as_str())),
+            None,
+        );
+        k.hash |= FLIGHT_BIT;
+        Ok(k)
+    }
+
     /// Whether this is a single-flight key (see [`LockKey::encoded`]).
     pub fn is_flight(&self) -> bool {
         self.hash & FLIGHT_BIT != 0
@@ -356,6 +374,19 @@ mod tests {
         assert_eq!(flight, LockKey::flight("report").unwrap());
         assert!(flight.is_flight() && !global.is_flight());
         assert!(LockKey::flight("").is_err());
+    }
+
+    #[test]
+    fn each_method_has_flights_of_its_own() {
+        let get = LockKey::flight_of_method("page", &http::Method::GET).unwrap();
+        let head = LockKey::flight_of_method("page", &http::Method::HEAD).unwrap();
+        assert_eq!(get, LockKey::flight("page").unwrap());
+        assert_ne!(get, head);
+        assert_ne!(get.encoded(4096), head.encoded(4096));
+        assert!(head.is_flight());
+        // No key a user can give names another method's flight.
+        assert!(LockKey::flight("page\u{1f}HEAD").is_err());
+        assert!(LockKey::flight_of_method("", &http::Method::HEAD).is_err());
     }
 
     #[test]

@@ -88,7 +88,10 @@ pub struct FlightPublish {
     /// zero: only the callers already waiting get it.
     pub result_ttl: Duration,
     /// How long it is kept at all, for callers that were waiting when it
-    /// came and read it once they hold the lock (at least `result_ttl`).
+    /// came and read it once they hold the lock (at least `result_ttl`). A
+    /// backend keeps it that long only when callers wait for it (they watch
+    /// for the result or are queued for the lock); with nobody waiting it is
+    /// kept for `result_ttl` alone, and not stored at all when that is zero.
     pub keep: Duration,
 }
 

@@ -16,17 +16,51 @@ use super::service::SingleFlightService;
 /// the others wait, and get a copy of that response (status, headers, body;
 /// `single-flight: shared`) without running the handler.
 ///
-/// - **Never shared**: a response that sets a cookie, says
-///   `Cache-Control: private` or `no-store`, carries a kept lock's owner
-///   token (`lock-owner`), has a status other than 2xx or 3xx (a failure:
-///   the next waiter runs the handler itself), has trailers, or whose body
-///   is larger than the cap ([`SingleFlight::max_result_bytes`], 1 MiB by
-///   default; the leader's body then streams on, unbuffered beyond the
-///   cap). The waiters then run the handler themselves, one at a time.
+/// Sharing a response is caching it for the length of a flight (and its
+/// result TTL), so the layer keeps to what an HTTP cache must (RFC 9111):
+///
+/// - **Method**: it is part of the flight. A GET's flight is the key
+///   itself ([`SingleFlight::status`] names it); a HEAD (whose body axum
+///   strips, keeping the GET's `content-length`), and any other method,
+///   has a flight of its own under the same key.
+/// - **Conditional and range requests** (`If-None-Match`,
+///   `If-Modified-Since`, `If-Match`, `If-Unmodified-Since`, `If-Range`,
+///   `Range`) neither lead nor follow: they go to the handler untouched, as
+///   a request without a flight, so a `304` or a `206` never reaches a
+///   client that asked for the whole.
+/// - **`Vary`**: the leader's request headers that its response's `Vary`
+///   names are kept with it; a follower whose own differ (another
+///   `Accept-Encoding` with a `CompressionLayer` inside, another `Origin`
+///   with a CORS layer inside) runs the handler on its own instead. When
+///   clients differ much in such a header, put it (normalised) in the key,
+///   so each variant has a flight of its own.
+/// - **Never shared**, the next waiter then running the handler itself, one
+///   at a time: a response that sets a cookie, says `Cache-Control:
+///   private` or `no-store`, carries a kept lock's owner token
+///   (`lock-owner`), says `Vary: *`, is a `206` or a `304`, has a status
+///   other than 2xx or 3xx (a failure: the next waiter tries for itself),
+///   or whose body has trailers or fails.
+/// - **Streams**: the leader's client gets the head and then the body as it
+///   comes, never held back; the layer keeps a copy up to the cap
+///   ([`SingleFlight::max_result_bytes`], 1 MiB by default) and shares it
+///   when the body ends within the cap and within one lock TTL
+///   ([`SingleFlight::lock_ttl`]) of the head. A body ready at once (a
+///   string, JSON) is shared before the response goes out, whether or not
+///   its client reads it. A body that grows past the cap, or is still open
+///   one lock TTL after the head, and any `text/event-stream`, is not
+///   shared: every follower waiting then runs the handler on its own, at
+///   once (not one after another, and without a `429`).
+/// - **Headers of a copy**: the leader's, less the hop-by-hop ones
+///   (`Connection` and those it lists, `Keep-Alive`, `Transfer-Encoding`,
+///   `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and the leader's lock headers
+///   (`lock-*`, from a [`LockLayer`](crate::LockLayer) inside that ran for
+///   the leader alone).
 /// - **Identity**: the flight key must name everything the response depends
 ///   on. When it depends on who asks, put the caller's identity in the key,
 ///   or one user's response goes to another.
-/// - A shared response is buffered whole by the leader before it is sent.
+/// - A request that runs the handler outside a flight (conditional, range,
+///   a `Vary` that does not fit it, or released from a stream) has no
+///   `single-flight` header.
 /// - A request that waits longer than the max wait gets `429` with
 ///   `Retry-After`, an unreachable backend `503`, an invalid key `400`, with
 ///   the same JSON error bodies as [`LockLayer`](crate::LockLayer).

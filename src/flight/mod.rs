@@ -24,8 +24,11 @@
 //!
 //! Results live in the backend beside the locks, under keys of their own
 //! namespace (`f:<key>`, which no lock can name), for their result TTL (new
-//! callers get them) and at least the max wait (for callers that were
-//! already waiting and read them once they hold the lock). A result larger
+//! callers get them), and, when callers were waiting for them, at most the
+//! max wait (for those that read them once they hold the lock; the memory
+//! backend drops them once the last of these has its result). A result
+//! nobody waits for is kept for its result TTL alone: with a zero TTL it is
+//! not stored at all, so per-user keys do not pile results up. A result larger
 //! than [`max_result_bytes`](SingleFlight::max_result_bytes) (1 MiB by
 //! default) is returned to its own caller and not shared: the waiters then
 //! compute one at a time.
@@ -37,7 +40,9 @@
 //! stores responses in a small binary frame of its own (status, headers,
 //! body bytes), so bodies are not re-encoded.
 
+mod body;
 mod engine;
+mod frame;
 mod layer;
 mod request;
 mod response;

@@ -13,6 +13,13 @@ use http::Request;
 /// caller's identity in the key, or the first caller's response goes to
 /// everyone.
 ///
+/// The layer adds what HTTP itself says a response depends on (see
+/// [`SingleFlightLayer`](crate::SingleFlightLayer)): the method is part of
+/// the flight (a HEAD never shares a GET's), conditional and range requests
+/// stay out of flights, and a response reaches only the requests its
+/// `Vary` fits. With a result TTL of zero, a response nobody waited for is
+/// not stored at all; otherwise it is kept for the result TTL.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_lock::FlightSpec;

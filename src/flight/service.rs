@@ -1,22 +1,26 @@
 //! [`SingleFlightService`]: the middleware service, its future and body.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
-use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::engine::{Leader, Role, join};
+pub use super::body::FlightBody;
+use super::body::{Sharing, release_followers};
+use super::engine::{Role, join};
+use super::frame::{Shared, decode};
 use super::layer::SingleFlightLayer;
 use super::request::{FlightRequest, FlightSpec};
-use super::response::{LEADER, SHARED, SINGLE_FLIGHT, decode, encode, unshareable};
+use super::response::{
+    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, shared_headers, stays_out, varied, vary, verdict,
+};
 use crate::key::LockKey;
 use crate::rejection::default_rejection;
 
@@ -86,7 +90,8 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let Some(spec) = self.layer.hook.flight_request(&req) else {
+        let spec = self.layer.hook.flight_request(&req);
+        let Some(spec) = spec.filter(|_| stays_out(req.headers()).is_none()) else {
             return SingleFlightFuture {
                 state: State::Passthrough {
                     future: self.inner.call(req),
@@ -117,66 +122,81 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body,
 {
-    let key = match LockKey::flight(spec.get_key()) {
+    // The method is part of the flight: a HEAD's response (no body, and
+    // the GET's `content-length`) must never answer a GET.
+    let key = match LockKey::flight_of_method(spec.get_key(), req.method()) {
         Ok(key) => key,
         Err(e) => return Ok(rejection(&e)),
     };
     let leader = match join(flights.get_backend(), key, flights.settings()).await {
-        Ok(Role::Shared(result)) => match decode(Bytes::from_owner(SharedBytes(result.value))) {
-            Some(res) => {
-                let (mut parts, body) = res.into_parts();
-                parts.headers.insert(SINGLE_FLIGHT, SHARED);
-                return Ok(Response::from_parts(parts, FlightBody::full(body)));
+        Ok(Role::Shared(result)) => {
+            match decode(Bytes::from_owner(SharedBytes(result.value))) {
+                Some(Shared::Response { response, varied })
+                    if fits(response.headers(), &varied, req.headers()) =>
+                {
+                    let (mut parts, body) = (*response).into_parts();
+                    parts.headers.insert(SINGLE_FLIGHT, SHARED);
+                    return Ok(Response::from_parts(parts, FlightBody::full(body)));
+                }
+                // The response varies on a header this request has another
+                // value of (`Vary`): not for it.
+                Some(Shared::Response { .. }) => {
+                    tracing::debug!("a shared single-flight response varies; not used");
+                }
+                Some(Shared::Alone) => {}
+                // Not a response frame (another program, or another version,
+                // stored something else under this key).
+                None => tracing::warn!("a shared single-flight result is not a response; not used"),
             }
-            // Not a response frame (another program stored something else
-            // under this key): run the handler for this request alone.
-            None => {
-                tracing::warn!("a shared single-flight result is not a response; not used");
-                None
-            }
-        },
-        Ok(Role::Leader(leader)) => Some(leader),
+            // This request runs the handler on its own, outside the flight.
+            let res = inner.call(req).await?;
+            return Ok(res.map(FlightBody::inner));
+        }
+        Ok(Role::Leader(leader)) => leader,
         Err(e) => return Ok(rejection(&e)),
     };
+    // What the response's `Vary` may name, to be checked against each
+    // follower's request.
+    let asked = req.headers().clone();
     let res = match inner.call(req).await {
         Ok(res) => res,
         Err(e) => {
-            if let Some(leader) = leader {
-                leader.abandon().await;
-            }
+            leader.abandon().await;
             return Err(e);
         }
     };
     let (mut parts, body) = res.into_parts();
     parts.headers.insert(SINGLE_FLIGHT, LEADER);
-    let Some(leader) = leader else {
-        return Ok(Response::from_parts(parts, FlightBody::inner(body)));
-    };
-    if let Some(why) = unshareable(&parts) {
-        tracing::debug!(fence = leader.fence(), why, "response not shared");
-        leader.abandon().await;
-        return Ok(Response::from_parts(parts, FlightBody::inner(body)));
-    }
-    let body = match collect(body, flights.get_max_result_bytes()).await {
-        Collected::Whole(bytes) => bytes,
-        Collected::Partial(body) => {
-            tracing::debug!(
-                fence = leader.fence(),
-                "response over the cap or not plain; not shared"
-            );
+    match verdict(&parts) {
+        Verdict::Share => {}
+        Verdict::Next(why) => {
+            tracing::debug!(fence = leader.fence(), why, "response not shared");
             leader.abandon().await;
-            return Ok(Response::from_parts(parts, body));
+            return Ok(Response::from_parts(parts, FlightBody::inner(body)));
         }
+        Verdict::Alone(why) => {
+            tracing::debug!(fence = leader.fence(), why, "response not shared");
+            release_followers(leader).await;
+            return Ok(Response::from_parts(parts, FlightBody::inner(body)));
+        }
+    }
+    let owned = |list: Vec<(&HeaderName, &HeaderValue)>| -> Vec<(HeaderName, HeaderValue)> {
+        list.into_iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect()
     };
-    share(leader, &parts, &body, spec).await;
-    Ok(Response::from_parts(parts, FlightBody::full(body)))
-}
-
-async fn share(leader: Box<Leader>, parts: &http::response::Parts, body: &Bytes, spec: FlightSpec) {
-    let frame = encode(parts, body);
-    leader
-        .publish(Arc::from(frame), spec.get_result_ttl())
-        .await;
+    let names = vary(&parts.headers).unwrap_or_default();
+    let sharing = Sharing::new(
+        leader,
+        parts.status,
+        owned(shared_headers(&parts.headers)),
+        owned(varied(&names, &asked)),
+        (flights.get_max_result_bytes(), flights.get_lock_ttl()),
+        spec.get_result_ttl(),
+    );
+    let mut body = FlightBody::tee(body, sharing);
+    std::future::poll_fn(|cx| body.read_ahead(cx)).await;
+    Ok(Response::from_parts(parts, body))
 }
 
 fn rejection<B: Body>(error: &crate::LockError) -> Response<FlightBody<B>> {
@@ -191,49 +211,6 @@ impl AsRef<[u8]> for SharedBytes {
     fn as_ref(&self) -> &[u8] {
         &self.0
     }
-}
-
-enum Collected<B: Body> {
-    /// The whole body, within the cap.
-    Whole(Bytes),
-    /// Over the cap, with trailers, or failed: what was read, then the rest.
-    Partial(FlightBody<B>),
-}
-
-/// Read `body` whole if it stays within `cap` bytes of data and has no
-/// trailers; else hand back what was read followed by the rest.
-async fn collect<B: Body>(body: B, cap: usize) -> Collected<B> {
-    let mut body = Box::pin(body);
-    let mut read: VecDeque<Frame<Bytes>> = VecDeque::new();
-    let mut len = 0usize;
-    loop {
-        match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            None => break,
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(mut data) => {
-                    let bytes = data.copy_to_bytes(data.remaining());
-                    len += bytes.len();
-                    read.push_back(Frame::data(bytes));
-                    if len > cap {
-                        return Collected::Partial(FlightBody::chain(read, body, None));
-                    }
-                }
-                Err(frame) => {
-                    let trailers = frame.into_trailers().ok();
-                    read.extend(trailers.map(Frame::trailers));
-                    return Collected::Partial(FlightBody::chain(read, body, None));
-                }
-            },
-            Some(Err(e)) => return Collected::Partial(FlightBody::chain(read, body, Some(e))),
-        }
-    }
-    let mut whole = bytes::BytesMut::with_capacity(len);
-    for frame in read {
-        if let Ok(data) = frame.into_data() {
-            whole.extend_from_slice(&data);
-        }
-    }
-    Collected::Whole(whole.freeze())
 }
 
 pin_project! {
@@ -279,136 +256,6 @@ where
                 .poll(cx)
                 .map(|res| res.map(|res| res.map(FlightBody::inner))),
             StateProj::Flight { future } => future.as_mut().poll(cx),
-        }
-    }
-}
-
-pin_project! {
-    /// Response body of [`SingleFlightService`]: the handler's body, or a
-    /// stored copy of one, or a rejection.
-    pub struct FlightBody<B>
-    where
-        B: Body,
-    {
-        #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B>
-    where
-        B: Body,
-    {
-        Inner {
-            #[pin]
-            body: B,
-        },
-        Full {
-            bytes: Option<Bytes>,
-        },
-        // What the leader read before it gave up sharing, then the rest.
-        Chain {
-            read: VecDeque<Frame<Bytes>>,
-            rest: Pin<Box<B>>,
-            error: Option<B::Error>,
-            done: bool,
-        },
-    }
-}
-
-impl<B: Body> FlightBody<B> {
-    fn inner(body: B) -> Self {
-        FlightBody {
-            kind: Kind::Inner { body },
-        }
-    }
-
-    fn full(bytes: Bytes) -> Self {
-        FlightBody {
-            kind: Kind::Full {
-                bytes: (!bytes.is_empty()).then_some(bytes),
-            },
-        }
-    }
-
-    fn chain(read: VecDeque<Frame<Bytes>>, rest: Pin<Box<B>>, error: Option<B::Error>) -> Self {
-        FlightBody {
-            kind: Kind::Chain {
-                read,
-                rest,
-                error,
-                done: false,
-            },
-        }
-    }
-}
-
-impl<B: Body> fmt::Debug for FlightBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FlightBody").finish_non_exhaustive()
-    }
-}
-
-impl<B: Body> Body for FlightBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx).map(|frame| {
-                frame.map(|r| r.map(|frame| frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))))
-            }),
-            KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            KindProj::Chain {
-                read,
-                rest,
-                error,
-                done,
-            } => {
-                if let Some(frame) = read.pop_front() {
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                if let Some(e) = error.take() {
-                    *done = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                if *done {
-                    return Poll::Ready(None);
-                }
-                rest.as_mut().poll_frame(cx).map(|frame| {
-                    frame.map(|r| {
-                        r.map(|frame| frame.map_data(|mut d| d.copy_to_bytes(d.remaining())))
-                    })
-                })
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { bytes } => bytes.is_none(),
-            Kind::Chain {
-                read,
-                rest,
-                error,
-                done,
-            } => *done || (read.is_empty() && error.is_none() && rest.is_end_stream()),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Full { bytes } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
-            Kind::Chain { .. } => SizeHint::default(),
         }
     }
 }

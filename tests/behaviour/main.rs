@@ -18,6 +18,7 @@
 mod common;
 
 mod flight;
+mod flight_http;
 mod harness;
 mod identity;
 mod input;
@@ -34,6 +35,7 @@ mod tests {
     pub use super::flight::*;
     pub use super::identity::*;
     pub use super::input::*;
+    pub use super::flight_http::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -179,6 +181,16 @@ for_each_backend! {
             the_layer_never_shares_an_oversized_body,
             the_layer_works_with_a_lock_layer_and_the_extractor,
             waiters_are_woken_by_the_result_not_by_the_lock,
+            durations_without_end_saturate,
+            a_result_nobody_waits_for_is_not_kept,
+            // Single-flight over HTTP: every client gets what it asked for.
+            conditional_and_range_requests_stay_out_of_flights,
+            a_varied_response_reaches_only_the_requests_it_fits,
+            head_and_get_are_separate_flights,
+            a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends,
+            a_stream_past_the_cap_releases_every_follower_at_once,
+            an_event_stream_is_never_shared,
+            copies_carry_no_lock_or_hop_by_hop_headers,
             // The seeds' APIs (issue 14).
             metadata_round_trips_through_every_lookup,
             bad_metadata_is_refused_before_anything_is_locked,
@@ -223,6 +235,8 @@ for_each_backend! {
             a_dead_leader_is_replaced_when_its_lock_runs_out,
             waiting_past_the_max_wait_times_out,
             the_layer_answers_429_after_the_max_wait,
+            a_result_nobody_waits_for_lives_for_its_ttl_alone,
+            a_later_flight_never_gets_an_earlier_result,
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,

@@ -17,7 +17,7 @@ use super::table::Inner;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, owners_match};
+use crate::spec::{AcquireRequest, MAX_TTL, owners_match};
 
 /// The flights of one backend.
 #[derive(Default)]
@@ -42,7 +42,8 @@ struct Stored {
     result: FlightResult,
     /// New callers get it until then.
     fresh_until: Instant,
-    /// Kept for waiters that read it once they hold the lock until then.
+    /// Kept for waiters that read it once they hold the lock until then,
+    /// while there are any.
     keep_until: Instant,
 }
 
@@ -54,9 +55,23 @@ impl Slot {
         }
     }
 
-    /// The stored result, if still kept at `now`.
+    /// The stored result, if still kept at `now`: while it answers new
+    /// callers, and past that only while callers that waited for it are
+    /// still waiting (each holds a receiver until it has its result).
     fn kept(&self, now: Instant) -> Option<&Stored> {
-        self.stored.as_ref().filter(|s| s.keep_until > now)
+        let waited = self.tx.receiver_count() > 0;
+        self.stored
+            .as_ref()
+            .filter(|s| s.fresh_until > now || (waited && s.keep_until > now))
+    }
+
+    /// Drop the result once it is no longer kept, from the channel too: a
+    /// later caller must neither read it nor be woken with it.
+    fn prune(&mut self, now: Instant) {
+        if self.stored.is_some() && self.kept(now).is_none() {
+            self.stored = None;
+            self.tx.send_replace(None);
+        }
     }
 }
 
@@ -90,6 +105,7 @@ impl Inner {
             .slots
             .entry(req.key().clone())
             .or_insert_with(Slot::new);
+        slot.prune(now);
         let seen = match slot.kept(now) {
             Some(stored) if stored.fresh_until > now => {
                 return Ok(FlightStart::Fresh(stored.result.clone()));
@@ -170,10 +186,20 @@ impl Inner {
         };
         slot.stored = Some(Stored {
             result: result.clone(),
-            fresh_until: now + publish.result_ttl,
-            keep_until: now + publish.keep.max(publish.result_ttl),
+            fresh_until: after(now, publish.result_ttl),
+            keep_until: after(now, publish.keep.max(publish.result_ttl)),
         });
         slot.tx.send_replace(Some(result));
+        // Nobody waits for it and it answers nobody new (zero result TTL):
+        // not kept at all.
+        slot.prune(now);
         Ok(())
     }
+}
+
+/// `now + d`, with `d` clamped to [`MAX_TTL`] as the Redis and PostgreSQL
+/// backends clamp it: `Duration::MAX` ("forever") must not overflow.
+fn after(now: Instant, d: std::time::Duration) -> Instant {
+    // A year after now is always representable; the fallback is unreachable.
+    now.checked_add(d.min(MAX_TTL)).unwrap_or(now)
 }

@@ -383,8 +383,11 @@ $$;
 -- ('f <ticket> <seq>[ <value in hex, up to 3800 bytes>]' on its channel,
 -- delivered at commit), the lock
 -- released as a release does (the oldest queued caller gets it and reads
--- the stored result). 1 done, 0 not held (expired: passed on, not stored),
--- -1 held by another owner or under another fence.
+-- the stored result). Kept for `p_keep_ms` only while callers wait for it
+-- (flight watchers, or queued for the lock); with nobody waiting it is kept
+-- for its result TTL alone, and not stored at all without one. 1 done, 0
+-- not held (expired: passed on, not stored), -1 held by another owner or
+-- under another fence.
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_publish"(
   p_key text, p_owner text, p_fence bigint, p_value bytea,
   p_fresh_ms bigint, p_keep_ms bigint)
@@ -396,6 +399,7 @@ DECLARE
   w record;
   h record;
   v_news text;
+  v_keep_ms bigint := p_keep_ms;
 BEGIN
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   IF NOT FOUND THEN
@@ -405,9 +409,20 @@ BEGIN
     IF r.owner <> p_owner OR r.fence <> p_fence THEN
       RETURN -1;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_flight_watchers" AS x
+                     WHERE x.key = p_key AND x.expires_at > v_now)
+       AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS x
+                         WHERE x.key = p_key AND x.deadline > v_now) THEN
+      v_keep_ms := p_fresh_ms;
+    END IF;
+    IF v_keep_ms = 0 THEN
+      -- Nobody waits for it, and it answers nobody new.
+      DELETE FROM "{schema}"."{table}_flights" AS f WHERE f.key = p_key AND f.seq < p_fence;
+    END IF;
     INSERT INTO "{schema}"."{table}_flights" AS f (key, seq, value, fresh_until, keep_until)
-      VALUES (p_key, p_fence, p_value, v_now + p_fresh_ms * interval '1 millisecond',
-              v_now + p_keep_ms * interval '1 millisecond')
+      SELECT p_key, p_fence, p_value, v_now + p_fresh_ms * interval '1 millisecond',
+             v_now + v_keep_ms * interval '1 millisecond'
+        WHERE v_keep_ms > 0
       ON CONFLICT (key) DO UPDATE SET
           seq = excluded.seq, value = excluded.value,
           fresh_until = excluded.fresh_until, keep_until = excluded.keep_until

@@ -1,7 +1,9 @@
 -- flight publish: KEYS = the flight's lock, fence, queue, waiters, legacy
 -- fence, result, fresh, watchers (as flight_begin).
 -- ARGV = owner, fence (the leader's), value, result TTL ms (0: none), keep
--- ms.
+-- ms (used only while callers wait: watchers, or queued for the lock; with
+-- nobody waiting the result is kept for its result TTL alone, and not
+-- stored at all without one).
 -- Returns 1 (stored unless a newer result is, watchers told, lock released
 -- or handed on; also for a repeated run of a publish that did all that), 0
 -- (not held: expired), -1 (held by another owner or under another fence).
@@ -31,10 +33,18 @@ end
 
 -- @helpers
 
+local keep = ARGV[5]
+if redis.call('EXISTS', watchers, queue) == 0 then
+  keep = ARGV[4]
+end
+
 local stored = tonumber(redis.call('HGET', result, 'seq') or '0')
-if tonumber(seq) > stored then
+if tonumber(seq) > stored and keep == '0' then
+  -- Nobody waits for it, and it answers nobody new.
+  redis.call('DEL', result, fresh)
+elseif tonumber(seq) > stored then
   redis.call('HSET', result, 'seq', seq, 'value', value)
-  redis.call('PEXPIRE', result, ARGV[5])
+  redis.call('PEXPIRE', result, keep)
   if ARGV[4] ~= '0' then
     redis.call('PSETEX', fresh, ARGV[4], seq)
   else

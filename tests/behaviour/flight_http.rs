@@ -1,0 +1,517 @@
+//! Single-flight over HTTP: every client gets what it asked for (issue 21,
+//! items 8 to 12). A shared response is a cached one, so what an HTTP cache
+//! respects applies: conditional and range requests stay out of flights and
+//! a `206` or `304` is never shared; a response reaches only the requests
+//! its `Vary` fits; HEAD and GET are separate flights; the leader's body
+//! streams to its own client as it comes, and one that outgrows the cap,
+//! stays open (a stream) or is an event stream releases the followers to
+//! run on their own; copies carry neither the leader's lock headers nor its
+//! hop-by-hop headers.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode, header};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+use tower_http::compression::CompressionLayer;
+use tower_lock::{FlightSpec, LockLayer, LockSpec, SingleFlight, SingleFlightLayer};
+
+use super::flight::{Answer, LONG, all, flights, gated_get, spawn_call, until_waiting};
+use super::harness::Harness;
+use super::support::*;
+
+/// The layer on a route `/{id}`, flights keyed `page:{id}`.
+fn on_route(
+    flights: &SingleFlight,
+) -> SingleFlightLayer<impl Fn(&Request<Body>) -> Option<FlightSpec> + Send + Sync + 'static> {
+    SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
+        let id = tower_lock::path_params(req).get("id")?.to_owned();
+        Some(FlightSpec::new(format!("page:{id}")))
+    })
+}
+
+/// Wait until `n` handler runs have begun.
+async fn until_entered(h: &Harness, ctl: &Ctl, n: usize) {
+    for _ in 0..20_000 {
+        if ctl.runs() >= n {
+            return;
+        }
+        h.tick().await;
+    }
+    panic!("run {n} never began (ran {})", ctl.runs());
+}
+
+fn flight_header(a: &Answer) -> Option<&str> {
+    a.headers.get("single-flight").map(|v| v.to_str().unwrap())
+}
+
+const PAGE: &str = "the whole page, every byte of it";
+
+/// A conditional or range request neither leads nor follows: its `304` or
+/// `206` never reaches plain GETs, which share a whole `200` of their own.
+pub async fn conditional_and_range_requests_stay_out_of_flights(h: Harness) {
+    for (i, (name, value, status)) in [
+        ("if-none-match", "\"v1\"", StatusCode::NOT_MODIFIED),
+        (
+            "if-modified-since",
+            "Sun, 06 Nov 1994 08:49:37 GMT",
+            StatusCode::NOT_MODIFIED,
+        ),
+        ("range", "bytes=0-3", StatusCode::PARTIAL_CONTENT),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let flights = flights(&h);
+        let ctl = Ctl::default();
+        let runs = ctl.clone();
+        let handler = get(move |headers: HeaderMap| {
+            let ctl = runs.clone();
+            async move {
+                ctl.checkpoint(&headers).await;
+                if headers.contains_key("if-none-match")
+                    || headers.contains_key("if-modified-since")
+                {
+                    return (StatusCode::NOT_MODIFIED, [(header::ETAG, "\"v1\"")]).into_response();
+                }
+                if headers.contains_key("range") {
+                    let range = [(header::CONTENT_RANGE, "bytes 0-3/32")];
+                    return (StatusCode::PARTIAL_CONTENT, range, "the ").into_response();
+                }
+                ([(header::ETAG, "\"v1\"")], PAGE).into_response()
+            }
+        });
+        let app = Router::new().route("/{id}", handler.layer(on_route(&flights)));
+        let uri = format!("/c{i}");
+        let mut first = JoinSet::new();
+        spawn_call(&mut first, &app, gated_get(&uri, &[(name, value)]));
+        ctl.entered().await;
+        let mut plain = JoinSet::new();
+        for _ in 0..3 {
+            spawn_call(&mut plain, &app, gated_get(&uri, &[]));
+        }
+        // The plain GETs have a flight of their own: one leads, two wait.
+        until_waiting(&h, &flights, &format!("page:c{i}"), 2).await;
+        ctl.open(4);
+        let plain = all(plain).await;
+        for a in &plain {
+            assert_eq!(
+                a.status,
+                StatusCode::OK,
+                "{name}: a plain GET gets the whole page"
+            );
+            assert_eq!(a.body, PAGE, "{name}");
+        }
+        let first = all(first).await;
+        assert_eq!(first[0].status, status, "{name}");
+        assert_eq!(flight_header(&first[0]), None, "{name}: outside flights");
+        let shared = plain.iter().filter(|a| flight_header(a) == Some("shared"));
+        assert_eq!(shared.count(), 2, "{name}");
+        assert_eq!(
+            ctl.runs(),
+            2,
+            "{name}: the conditional request and one plain GET"
+        );
+    }
+}
+
+/// With the layer outside a `CompressionLayer`, the gzip response (`Vary:
+/// accept-encoding`) reaches only the followers that accept gzip; the
+/// others run the handler on their own and get the plain body.
+pub async fn a_varied_response_reaches_only_the_requests_it_fits(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            ([(header::CONTENT_TYPE, "text/plain")], PAGE.repeat(4))
+        }
+    });
+    let route = handler
+        .layer::<_, Infallible>(CompressionLayer::new())
+        .layer::<_, Infallible>(on_route(&flights));
+    let app = Router::new().route("/{id}", route);
+    let gzip = ("accept-encoding", "gzip");
+    let mut set = JoinSet::new();
+    spawn_call(&mut set, &app, gated_get("/v", &[gzip]));
+    ctl.entered().await;
+    for i in 0..4 {
+        let asks: &[(&str, &str)] = if i % 2 == 0 { &[gzip] } else { &[] };
+        spawn_call(&mut set, &app, gated_get("/v", asks));
+    }
+    until_waiting(&h, &flights, "page:v", 4).await;
+    ctl.open(5);
+    let answers = all(set).await;
+    let (zipped, plain): (Vec<_>, Vec<_>) = answers
+        .iter()
+        .partition(|a| a.headers.contains_key(header::CONTENT_ENCODING));
+    assert_eq!(
+        plain.len(),
+        2,
+        "a gzip body reached a client that did not ask for it"
+    );
+    assert_eq!(
+        zipped.len(),
+        3,
+        "the leader and the two followers asking for gzip"
+    );
+    for a in &zipped {
+        assert_eq!(a.headers[header::CONTENT_ENCODING], "gzip");
+        assert!(matches!(flight_header(a), Some("leader" | "shared")));
+    }
+    for a in &plain {
+        assert_eq!(
+            a.body,
+            PAGE.repeat(4),
+            "a plain body for a client without gzip"
+        );
+        assert_eq!(flight_header(a), None, "ran on its own");
+    }
+    assert_eq!(ctl.runs(), 3);
+}
+
+/// With the layer outside the Router (`layer.layer(router)`, as
+/// `ServiceBuilder` puts it), a HEAD's response comes to it with its body
+/// stripped by axum and the GET's `content-length` kept. HEAD and GET are
+/// two flights: the GETs get the body.
+pub async fn head_and_get_are_separate_flights(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            PAGE
+        }
+    });
+    let layer = SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
+        Some(FlightSpec::new(format!("page:{}", req.uri().path())))
+    });
+    let app = tower::Layer::layer(&layer, Router::new().route("/p", handler));
+    let call = |set: &mut JoinSet<Answer>, req: Request<Body>| {
+        let app = app.clone();
+        set.spawn(async move {
+            let (parts, body) = app.oneshot(req).await.unwrap().into_parts();
+            Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body: body.collect().await.unwrap().to_bytes(),
+            }
+        });
+    };
+    let mut head = JoinSet::new();
+    call(
+        &mut head,
+        Request::head("/p")
+            .header(GATE, "1")
+            .body(Body::empty())
+            .unwrap(),
+    );
+    ctl.entered().await;
+    let mut gets = JoinSet::new();
+    for _ in 0..2 {
+        call(&mut gets, gated_get("/p", &[]));
+    }
+    until_waiting(&h, &flights, "page:/p", 1).await;
+    ctl.open(3);
+    let head = all(head).await;
+    assert_eq!(head[0].status, StatusCode::OK);
+    assert!(head[0].body.is_empty(), "axum strips a HEAD's body");
+    assert_eq!(
+        head[0].headers[header::CONTENT_LENGTH],
+        PAGE.len().to_string()
+    );
+    for a in all(gets).await {
+        assert_eq!(a.body, PAGE, "{:?}", a.headers);
+        assert!(matches!(flight_header(&a), Some("leader" | "shared")));
+    }
+    assert_eq!(ctl.runs(), 2, "one HEAD and one GET ran the handler");
+}
+
+/// A body the test feeds chunk by chunk.
+struct Fed(mpsc::UnboundedReceiver<Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+/// A route `/{id}` whose handler, for a request with `x-stream`, answers
+/// with a body the test feeds (its feed goes to the returned receiver), and
+/// for others with `own`.
+fn streaming_app(
+    flights: &SingleFlight,
+    ctl: &Ctl,
+    content_type: &'static str,
+) -> (
+    Router,
+    mpsc::UnboundedReceiver<mpsc::UnboundedSender<Bytes>>,
+) {
+    let (feeds_tx, feeds) = mpsc::unbounded_channel();
+    let feeds_tx = Arc::new(Mutex::new(feeds_tx));
+    let ctl = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let (ctl, feeds_tx) = (ctl.clone(), feeds_tx.clone());
+        async move {
+            ctl.checkpoint(&headers).await;
+            if !headers.contains_key("x-stream") {
+                return "own".into_response();
+            }
+            let (feed, chunks) = mpsc::unbounded_channel();
+            feeds_tx.lock().unwrap().send(feed).unwrap();
+            let head = [(header::CONTENT_TYPE, content_type)];
+            (head, Body::new(Fed(chunks))).into_response()
+        }
+    });
+    let app = Router::new().route("/{id}", handler.layer(on_route(flights)));
+    (app, feeds)
+}
+
+/// The leader's response as it comes: its head, while its body streams.
+async fn leader_head(app: &Router, uri: &str) -> http::Response<Body> {
+    let req = Request::get(uri)
+        .header("x-stream", "1")
+        .body(Body::empty());
+    let call = app.clone().oneshot(req.unwrap());
+    tokio::time::timeout(LONG, call)
+        .await
+        .expect("the head never came while the body streamed")
+        .unwrap()
+}
+
+async fn next_chunk(body: &mut Body) -> Bytes {
+    let frame = body.frame().await.expect("a frame").unwrap();
+    frame.into_data().expect("data")
+}
+
+/// A streamed body reaches the leader's client as it comes (never held
+/// back behind the cap), and when it ends within the cap, the followers
+/// that waited meanwhile get it.
+pub async fn a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let (app, mut feeds) = streaming_app(&flights, &ctl, "text/plain");
+    let head = tokio::spawn({
+        let app = app.clone();
+        async move { leader_head(&app, "/s").await }
+    });
+    let feed = feeds.recv().await.unwrap();
+    feed.send(Bytes::from_static(b"hello ")).unwrap();
+    let res = head.await.unwrap();
+    assert_eq!(res.headers()["single-flight"], "leader");
+    let mut body = res.into_body();
+    assert_eq!(next_chunk(&mut body).await, "hello ");
+    let mut followers = JoinSet::new();
+    for _ in 0..2 {
+        spawn_call(&mut followers, &app, gated_get("/s", &[]));
+    }
+    until_waiting(&h, &flights, "page:s", 2).await;
+    feed.send(Bytes::from_static(b"world")).unwrap();
+    drop(feed);
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "world");
+    for a in all(followers).await {
+        assert_eq!(a.body, "hello world");
+        assert_eq!(flight_header(&a), Some("shared"));
+    }
+    assert_eq!(ctl.runs(), 1);
+}
+
+/// A streamed body that grows past the cap is not shared: every follower
+/// runs the handler on its own at once (not one after another), while the
+/// leader's client gets its whole body.
+pub async fn a_stream_past_the_cap_releases_every_follower_at_once(h: Harness) {
+    let flights = flights(&h).max_result_bytes(16);
+    let ctl = Ctl::default();
+    let (app, mut feeds) = streaming_app(&flights, &ctl, "text/plain");
+    let head = tokio::spawn({
+        let app = app.clone();
+        async move { leader_head(&app, "/big").await }
+    });
+    let feed = feeds.recv().await.unwrap();
+    feed.send(Bytes::from_static(b"0123456789")).unwrap();
+    let mut body = head.await.unwrap().into_body();
+    assert_eq!(next_chunk(&mut body).await, "0123456789");
+    let mut followers = JoinSet::new();
+    for _ in 0..2 {
+        spawn_call(&mut followers, &app, gated_get("/big", &[]));
+    }
+    until_waiting(&h, &flights, "page:big", 2).await;
+    // 20 bytes: past the cap of 16.
+    feed.send(Bytes::from_static(b"0123456789")).unwrap();
+    assert_eq!(next_chunk(&mut body).await, "0123456789");
+    // Both followers run the handler now, side by side.
+    until_entered(&h, &ctl, 3).await;
+    ctl.open(2);
+    for a in all(followers).await {
+        assert_eq!(a.body, "own");
+        assert_eq!(flight_header(&a), None, "ran on its own");
+    }
+    drop(feed);
+    assert!(body.collect().await.unwrap().to_bytes().is_empty());
+}
+
+/// A body still open one lock TTL after the leader's head (a stream that
+/// stays open, small) is not shared: the followers run on their own then,
+/// and the leader's client keeps its stream. Memory only: the clock is
+/// paused, so the lock TTL is exact (the release itself is the same on
+/// every backend: `a_stream_past_the_cap_releases_every_follower_at_once`).
+pub async fn a_stream_open_past_the_lock_ttl_releases_the_followers(h: Harness) {
+    assert!(h.is_paused(), "needs the paused clock");
+    let ttl = Duration::from_secs(2);
+    let flights = flights(&h).lock_ttl(ttl);
+    let ctl = Ctl::default();
+    let (app, mut feeds) = streaming_app(&flights, &ctl, "application/x-ndjson");
+    let head = tokio::spawn({
+        let app = app.clone();
+        async move { leader_head(&app, "/open").await }
+    });
+    let feed = feeds.recv().await.unwrap();
+    feed.send(Bytes::from_static(b"{\"tick\":1}\n")).unwrap();
+    let mut body = head.await.unwrap().into_body();
+    assert_eq!(next_chunk(&mut body).await, "{\"tick\":1}\n");
+    // The leader's client keeps reading.
+    let reader = tokio::spawn(async move { body.collect().await.unwrap().to_bytes() });
+    let mut followers = JoinSet::new();
+    for _ in 0..2 {
+        spawn_call(&mut followers, &app, gated_get("/open", &[]));
+    }
+    until_waiting(&h, &flights, "page:open", 2).await;
+    // In small steps, as time passes: the watchdog renews the leader's lock
+    // on its schedule.
+    let step = ttl / 20;
+    for _ in 0..19 {
+        tokio::time::advance(step).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(ctl.runs(), 1, "within the lock TTL the followers wait");
+    tokio::time::advance(step).await;
+    until_entered(&h, &ctl, 3).await;
+    ctl.open(2);
+    for a in all(followers).await {
+        assert_eq!(a.body, "own");
+    }
+    feed.send(Bytes::from_static(b"{\"tick\":2}\n")).unwrap();
+    drop(feed);
+    assert_eq!(reader.await.unwrap(), "{\"tick\":2}\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_stream_open_past_the_lock_ttl_releases_the_followers() {
+    let h = super::harness::memory_backend_paused().await;
+    a_stream_open_past_the_lock_ttl_releases_the_followers(h).await;
+}
+
+/// An event stream (`text/event-stream`) is each client's own: the
+/// followers run the handler on their own as soon as the leader's head is
+/// in, even though its body is complete and small.
+pub async fn an_event_stream_is_never_shared(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                "data: hi\n\n",
+            )
+        }
+    });
+    let app = Router::new().route("/{id}", handler.layer(on_route(&flights)));
+    let mut set = JoinSet::new();
+    for _ in 0..3 {
+        spawn_call(&mut set, &app, gated_get("/events", &[]));
+    }
+    until_waiting(&h, &flights, "page:events", 2).await;
+    ctl.open(1);
+    until_entered(&h, &ctl, 3).await;
+    ctl.open(2);
+    for a in all(set).await {
+        assert_eq!(a.body, "data: hi\n\n");
+        assert_ne!(flight_header(&a), Some("shared"));
+    }
+}
+
+/// A shared copy carries neither the leader's lock headers (of the
+/// `LockLayer` inside, which ran for the leader alone) nor its hop-by-hop
+/// headers (`Connection`, those it lists, `Keep-Alive`, ...).
+pub async fn copies_carry_no_lock_or_hop_by_hop_headers(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            let head = [
+                ("connection", "x-hop"),
+                ("x-hop", "1"),
+                ("keep-alive", "timeout=5"),
+                ("x-kept", "yes"),
+            ];
+            (head, PAGE)
+        }
+    });
+    let lock = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        Some(LockSpec::new("page-lock", LONG).global())
+    })
+    .lock_headers(true);
+    let route = handler
+        .layer::<_, Infallible>(lock)
+        .layer::<_, Infallible>(on_route(&flights));
+    let app = Router::new().route("/{id}", route);
+    let mut set = JoinSet::new();
+    for _ in 0..3 {
+        spawn_call(&mut set, &app, gated_get("/h", &[]));
+    }
+    until_waiting(&h, &flights, "page:h", 2).await;
+    ctl.open(1);
+    let answers = all(set).await;
+    assert_eq!(ctl.runs(), 1);
+    for a in &answers {
+        assert_eq!(a.body, PAGE);
+        assert_eq!(a.headers["x-kept"], "yes");
+        let leads = flight_header(a) == Some("leader");
+        let names = [
+            "lock-acquired",
+            "lock-fence",
+            "lock-key",
+            "connection",
+            "x-hop",
+            "keep-alive",
+        ];
+        for name in names {
+            assert_eq!(
+                a.headers.contains_key(name),
+                leads,
+                "{name} on {:?}",
+                flight_header(a)
+            );
+        }
+    }
+}

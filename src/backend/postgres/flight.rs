@@ -2,7 +2,7 @@
 //! a row of the locks table under its `f:` key; its latest result is a row
 //! of `<table>_flights` and the callers waiting for it are rows of
 //! `<table>_flight_watchers` (see `schema.sql`). A begin and a publish are
-//! one function call each (`functions.sql`); a watcher hears the result
+//! one function call each (`flight.sql`); a watcher hears the result
 //! through its backend's `LISTEN` channel: its `seq`, and its value when
 //! that is at most 3800 bytes (in hex: a `NOTIFY` payload is limited to
 //! 8000 bytes); a larger one it reads with one more statement.
@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use super::PostgresBackend;
 use super::error::bad_reply;
-use super::ops::{Statement, attempt, ceil_ms, col, fence, granted};
+use super::ops::{attempt, ceil_ms, col, fence, granted};
+use super::statements::Statement;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -52,6 +53,7 @@ impl PostgresBackend {
                     &ticket,
                     &keep_ms,
                 ],
+                Some(&key),
                 end,
                 self.op_timeout,
             )
@@ -103,6 +105,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::FlightResult,
                 &[&stored],
+                Some(&stored),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -138,6 +141,7 @@ impl PostgresBackend {
                     &ceil_ms(publish.result_ttl.min(MAX_TTL)),
                     &ceil_ms(publish.keep.max(publish.result_ttl).min(MAX_TTL)),
                 ],
+                Some(&stored),
                 self.deadline(),
                 self.op_timeout,
             )

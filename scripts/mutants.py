@@ -30,7 +30,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 TEST_CMD = [
     "cargo", "test", "--all-features", "-q", "--no-fail-fast",
     "--lib", "--test", "behaviour", "--test", "redis_backend", "--test", "smoke",
-    "--test", "stacking", "--test", "postgres_backend",
+    "--test", "stacking", "--test", "postgres_backend", "--test", "postgres_races",
 ]
 TIMEOUT_S = 600
 
@@ -90,19 +90,19 @@ MUTANTS = [
      "Err(LockError::BackendUnavailable(e)) if Instant::now() + pause < until => {",
      "Err(LockError::BackendUnavailable(e)) if false && Instant::now() + pause < until => {"),
     # PostgreSQL statements and functions
-    ("postgres-acquire-fast-path-ignores-queue", "src/backend/postgres/ops.rs",
-     "WHERE l.expires_at <= now() AND NOT l.queued \\",
-     "WHERE l.expires_at <= now() \\"),
+    ("postgres-take-over-ignores-queue", "src/backend/postgres/functions.sql",
+     "    IF r.queued THEN\n      h := \"{schema}\".\"{table}_hand_off\"(p_key, p_channel, p_ticket);",
+     "    IF false THEN\n      h := \"{schema}\".\"{table}_hand_off\"(p_key, p_channel, p_ticket);"),
     ("postgres-release-without-hand-off", "src/backend/postgres/functions.sql",
-     '  -- waiter gets it now; with none left, the row goes.\n  h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);\n  IF h.fence IS NULL THEN',
+     '  -- waiter gets it now; with none left, the row goes.\n  h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);\n  IF h.fence IS NULL THEN',
      '  -- waiter gets it now; with none left, the row goes.\n  h := NULL;\n  IF true THEN'),
     ("postgres-retry-by-owner-only", "src/backend/postgres/functions.sql",
      "IF r.expires_at > v_now AND r.owner = p_owner AND r.attempt = p_attempt THEN",
      "IF r.expires_at > v_now AND r.owner = p_owner THEN"),
-    ("postgres-release-ignores-owner", "src/backend/postgres/ops.rs",
+    ("postgres-release-ignores-owner", "src/backend/postgres/statements.rs",
      "WHERE l.key = $1::text AND l.owner = $2::text \\",
      "WHERE l.key = $1::text \\"),
-    ("postgres-release-ignores-fence", "src/backend/postgres/ops.rs",
+    ("postgres-release-ignores-fence", "src/backend/postgres/statements.rs",
      "AND ($3::bigint IS NULL OR l.fence = $3::bigint) \\",
      "AND true \\"),
     ("postgres-extend-ignores-fence", "src/backend/postgres/functions.sql",
@@ -112,11 +112,54 @@ MUTANTS = [
      "    v_fence := nextval('\"{schema}\".\"{table}_fence\"');",
      "    v_fence := r.fence;"),
     ("postgres-hand-off-to-dead-waiters", "src/backend/postgres/functions.sql",
-     "    IF w.deadline > p_now THEN",
+     "    IF w.deadline > v_at THEN",
      "    IF true THEN"),
     ("postgres-fence-reused-on-hand-off", "src/backend/postgres/functions.sql",
      "          attempt = w.attempt,\n          fence = nextval('\"{schema}\".\"{table}_fence\"'),",
      "          attempt = w.attempt,\n          fence = l.fence,"),
+    # Round 3 (issue 21): fences in grant order, cleanup in order, the sweep
+    # beside a hand-off, session settings, broken connections.
+    ("postgres-fence-drawn-before-the-insert", "src/backend/postgres/functions.sql",
+     "      VALUES (p_key, p_owner, p_attempt, 0, v_now, v_now + v_ttl)\n"
+     "      ON CONFLICT (key) DO NOTHING;\n"
+     "    IF FOUND THEN\n"
+     "      UPDATE \"{schema}\".\"{table}\" AS l SET fence = nextval('\"{schema}\".\"{table}_fence\"')\n"
+     "        WHERE l.key = p_key\n"
+     "        RETURNING l.fence INTO fence;\n",
+     "      VALUES (p_key, p_owner, p_attempt, nextval('\"{schema}\".\"{table}_fence\"'), v_now, v_now + v_ttl)\n"
+     "      ON CONFLICT (key) DO NOTHING\n"
+     "      RETURNING l.fence INTO fence;\n"
+     "    IF FOUND THEN\n"),
+    ("postgres-hand-off-dated-by-the-caller", "src/backend/postgres/functions.sql",
+     "  v_at timestamptz := clock_timestamp();",
+     "  v_at timestamptz := now();"),
+    ("postgres-keyed-calls-by-load", "src/backend/postgres/conn.rs",
+     "            Some(key) => self.slot_for(key),",
+     "            Some(_) => self.pick(),"),
+    ("postgres-grant-to-a-gone-waiter-dropped", "src/backend/postgres/listen.rs",
+     "        if let Some(key) = key {",
+     "        if let Some(key) = key.filter(|_| false) {"),
+    ("postgres-claimed-grant-passed-on", "src/backend/postgres/functions.sql",
+     "SET expires_at = v_now + v_ttl, granted_to = NULL",
+     "SET expires_at = v_now + v_ttl"),
+    ("postgres-hand-off-trusts-a-vanished-entry", "src/backend/postgres/functions.sql",
+     "    CONTINUE WHEN NOT FOUND;",
+     "    IF NOT FOUND THEN\n      fence := NULL;\n      RETURN;\n    END IF;"),
+    ("postgres-isolation-left-to-the-database", "src/backend/postgres/conn.rs",
+     "SET default_transaction_isolation = 'read committed'; ",
+     ""),
+    ("postgres-commits-left-to-the-database", "src/backend/postgres/conn.rs",
+     "WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END",
+     "WHEN 'remote_apply' THEN 'remote_apply' ELSE current_setting('synchronous_commit') END"),
+    ("postgres-broken-call-not-sent-again", "src/backend/postgres/conn.rs",
+     "if !retried && (which.repeatable() || probing) && Instant::now() < end {",
+     "if false && !retried && (which.repeatable() || probing) && Instant::now() < end {"),
+    ("postgres-dead-pooled-connection-kept", "src/backend/postgres/conn.rs",
+     "                Ok(Err(e)) if broken(&e, &client) => {",
+     "                Ok(Err(e)) if broken(&e, &client) && false => {"),
+    ("postgres-force-release-on-an-unproven-connection", "src/backend/postgres/conn.rs",
+     "                if !which.repeatable() {\n                    // Sent only",
+     "                if false {\n                    // Sent only"),
     # Memory backend
     ("memory-expired-lock-free-for-newcomer", "src/backend/memory/table.rs",
      "let handed = (expired && self.hand_off(entry)).then_some(entry.expires);",

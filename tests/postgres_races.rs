@@ -385,6 +385,49 @@ async fn a_grant_to_a_waiter_that_is_gone_goes_to_the_next() {
     assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "waiter");
 }
 
+/// A waiter whose grant's notification is held back in the network finds
+/// the lock its own by re-checking, and returns. When the notification
+/// arrives, its call is gone, so the grant looks abandoned: it must not be
+/// passed on, as the lock is in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_its_waiter_claimed_is_never_passed_on() {
+    let server = PgServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = backend(&proxy.postgres_url()).await;
+    let held = b
+        .acquire(&req("claimed", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("claimed", "waiter", 30 * SEC, 10 * SEC));
+    queued(&server, "claimed", 1).await;
+    proxy.hold_pubsub(true);
+    b.release(&key("claimed"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    // Its safety-net re-check finds the lock handed to it.
+    let lease = waiter.await.unwrap().unwrap();
+
+    // The late notification; what it sets off about the key is held, and
+    // the holder's release goes behind it.
+    proxy.hold_carrying(b"g:claimed");
+    proxy.hold_pubsub(false);
+    proxy.carried(1).await;
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.release(&key("claimed"), Holder::new("waiter", lease.fence))
+                .await
+        }
+    });
+    proxy.carried(2).await;
+    proxy.let_go_all();
+    assert_eq!(
+        release.await.unwrap(),
+        Ok(()),
+        "the waiter's lock was passed on under it"
+    );
+}
+
 // ---------------------------------------- 4. sweep against a hand-off
 
 /// The sweep deletes a long-dead waiter entry (in a transaction still open)

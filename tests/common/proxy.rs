@@ -173,7 +173,7 @@ async fn connection(ctl: Arc<Ctl>, client: TcpStream) {
     let (server_rx, server_tx) = server.into_split();
     // Set once the client subscribes: from then on it is a pub/sub
     // connection (a RESP2 subscriber sends nothing but (P|S)SUBSCRIBE and
-    // PING).
+    // PING; a PostgreSQL one, `LISTEN` and empty keep-alive queries).
     let pubsub = Arc::new(AtomicBool::new(false));
     let epoch = *ctl.epoch.borrow();
     // Told when the client side's task ends (a severed connection's client
@@ -250,7 +250,8 @@ async fn upstream(
             return;
         };
         let chunk = &buf[..n];
-        if contains(chunk, b"SUBSCRIBE") {
+        // (tower-lock's PostgreSQL `LISTEN` makes a connection pub/sub too.)
+        if contains(chunk, b"SUBSCRIBE") || contains(chunk, b"LISTEN tower_lock_") {
             pubsub.store(true, SeqCst);
         }
         let carries = ctl

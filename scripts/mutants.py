@@ -119,23 +119,18 @@ MUTANTS = [
      "          attempt = w.attempt,\n          fence = l.fence,"),
     # Round 3 (issue 21): fences in grant order, cleanup in order, the sweep
     # beside a hand-off, session settings, broken connections.
-    ("postgres-fence-drawn-before-the-insert", "src/backend/postgres/functions.sql",
-     "      VALUES (p_key, p_owner, p_attempt, 0, v_now, v_now + v_ttl)\n"
-     "      ON CONFLICT (key) DO NOTHING;\n"
-     "    IF FOUND THEN\n"
-     "      UPDATE \"{schema}\".\"{table}\" AS l SET fence = nextval('\"{schema}\".\"{table}_fence\"')\n"
-     "        WHERE l.key = p_key\n"
-     "        RETURNING l.fence INTO fence;\n",
-     "      VALUES (p_key, p_owner, p_attempt, nextval('\"{schema}\".\"{table}_fence\"'), v_now, v_now + v_ttl)\n"
-     "      ON CONFLICT (key) DO NOTHING\n"
-     "      RETURNING l.fence INTO fence;\n"
-     "    IF FOUND THEN\n"),
+    ("postgres-fence-drawn-before-the-insert", "src/backend/postgres/statements.rs",
+     "RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest) \\",
+     "RETURNING l.fence, true AS newest) \\"),
     ("postgres-hand-off-dated-by-the-caller", "src/backend/postgres/functions.sql",
      "  v_at timestamptz := clock_timestamp();",
      "  v_at timestamptz := now();"),
-    ("postgres-keyed-calls-by-load", "src/backend/postgres/conn.rs",
-     "            Some(key) => self.slot_for(key),",
-     "            Some(_) => self.pick(),"),
+    ("postgres-dropped-call-not-pinned", "src/backend/postgres/conn.rs",
+     "        if let (false, Some(caller)) = (self.answered, self.caller) {",
+     "        if let (false, Some(caller)) = (true, self.caller) {"),
+    ("postgres-fence-checked-only-in-the-statement", "src/backend/postgres/functions.sql",
+     "      IF fence <> pg_sequence_last_value('\"{schema}\".\"{table}_fence\"') THEN",
+     "      IF false THEN"),
     ("postgres-grant-to-a-gone-waiter-dropped", "src/backend/postgres/listen.rs",
      "        if let Some(key) = key {",
      "        if let Some(key) = key.filter(|_| false) {"),

@@ -193,7 +193,7 @@ async fn custom_schema_and_table_names() {
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'app' AND p.proname LIKE 'job_locks_%'"
         ),
-        12
+        13
     );
     assert!(
         PostgresBackend::from_url(&server.url())
@@ -906,12 +906,13 @@ async fn first_calls_after_a_restart_succeed() {
 async fn terminated_connections_are_replaced() {
     let server = PgServer::start();
     let b = backend(&server).await;
-    // Both operation connections in use (keys spread over them), and an
-    // idle one in the pool.
-    for i in 0..16 {
-        b.acquire(&req(&format!("k{i}"), "a", 30 * SEC, Duration::ZERO))
-            .await
-            .unwrap();
+    // Both operation connections in use (concurrent calls spread over
+    // them), and an idle one in the pool.
+    let warm: Vec<_> = (0..16)
+        .map(|i| spawn_acquire(&b, req(&format!("k{i}"), "a", 30 * SEC, Duration::ZERO)))
+        .collect();
+    for w in warm {
+        w.await.unwrap().unwrap();
     }
     b.migrate().await.unwrap();
     let terminate = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \

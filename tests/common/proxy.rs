@@ -44,6 +44,8 @@ struct Ctl {
     needle: Mutex<Option<Vec<u8>>>,
     /// Client chunks that carried the needle.
     carried: watch::Sender<usize>,
+    /// For each of them, the number of the held connection it came on.
+    carriers: Mutex<Vec<usize>>,
     /// Per connection held for the needle, in the order they were held:
     /// whether it was let go.
     held: watch::Sender<Vec<bool>>,
@@ -63,6 +65,7 @@ impl Proxy {
             epoch: watch::Sender::new(0),
             needle: Mutex::new(None),
             carried: watch::Sender::new(0),
+            carriers: Mutex::new(Vec::new()),
             held: watch::Sender::new(Vec::new()),
         });
         let task = tokio::spawn({
@@ -133,6 +136,12 @@ impl Proxy {
     pub async fn carried(&self, n: usize) {
         let mut rx = self.ctl.carried.subscribe();
         rx.wait_for(|c| *c >= n).await.expect("proxy alive");
+    }
+
+    /// The held connection (its number) chunk `n` carrying the needle
+    /// came on (0: the first chunk).
+    pub fn carrier(&self, n: usize) -> usize {
+        self.ctl.carriers.lock().unwrap()[n]
     }
 
     /// How many connections were held for the needle.
@@ -266,15 +275,13 @@ async fn upstream(
                 h.push(false);
             });
         }
+        if carries {
+            ctl.carriers.lock().unwrap().extend(held);
+            ctl.carried.send_modify(|c| *c += 1);
+        }
         if held.is_some_and(|i| !ctl.held.borrow()[i]) || !pending.is_empty() {
             pending.extend_from_slice(chunk);
-            if carries {
-                ctl.carried.send_modify(|c| *c += 1);
-            }
             continue;
-        }
-        if carries {
-            ctl.carried.send_modify(|c| *c += 1);
         }
         if !pubsub.load(SeqCst) && hold.wait_for(|h| !*h).await.is_err() {
             return;

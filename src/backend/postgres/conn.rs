@@ -10,14 +10,13 @@
 //! The pool is used again only to replace a connection that broke or timed
 //! out.
 //!
-//! **One key, one connection.** The operations on a key all go to the same
-//! connection, chosen by the key's hash (those without a key, to the one
-//! with the fewest under way). PostgreSQL runs a connection's statements
-//! in the order they were sent, so what this backend sends about a key
-//! runs in that order: the cleanup after a dropped call (the release of
-//! what a cancelled acquire may have taken, the leave of a waiter that went
-//! away) never overtakes the call it cleans up, which would otherwise take
-//! the lock (or queue) for a caller that is gone.
+//! **Cleanup in order.** Operations go to the connection with the fewest
+//! under way (a lone caller stays on one warm server process), except that
+//! a caller whose call was dropped before its reply came is pinned to that
+//! call's connection until it was answered (`pins.rs`): the cleanup after a
+//! dropped call (the release of what a cancelled acquire may have taken,
+//! the leave of a waiter that went away) never overtakes the call it cleans
+//! up.
 //!
 //! **Settings.** The SQL relies on `READ COMMITTED` (a statement that waited
 //! for a row sees what committed meanwhile; under `REPEATABLE READ` it fails
@@ -51,6 +50,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::error::{pg_error, pool_error, timed_out};
+use super::pins::{self, Pins};
 use super::schema::Names;
 use super::statements::{Statement, Statements};
 use crate::error::LockError;
@@ -74,6 +74,14 @@ pub(super) struct Conns {
     names: Names,
     slots: Box<[Slot]>,
     generation: AtomicU64,
+    pins: Pins,
+}
+
+/// Who makes a call: its stored key and owner token (see `pins.rs`).
+#[derive(Clone, Copy)]
+pub(super) struct Caller<'a> {
+    pub(super) key: &'a str,
+    pub(super) owner: &'a str,
 }
 
 impl Conns {
@@ -89,6 +97,7 @@ impl Conns {
                 })
                 .collect(),
             generation: AtomicU64::new(0),
+            pins: Pins::default(),
         }
     }
 
@@ -106,32 +115,21 @@ impl Conns {
 
     /// The slot with the fewest operations under way, the first on a tie:
     /// a lone caller stays on one connection (one warm server process),
-    /// concurrent ones spread over all. For operations without a key.
-    fn pick(&self) -> &Slot {
-        let mut best = &self.slots[0];
-        let mut least = best.in_flight.load(Ordering::Relaxed);
-        for slot in &self.slots[1..] {
+    /// concurrent ones spread over all.
+    fn pick(&self) -> usize {
+        let mut best = 0;
+        let mut least = self.slots[0].in_flight.load(Ordering::Relaxed);
+        for (i, slot) in self.slots.iter().enumerate().skip(1) {
             if least == 0 {
                 break;
             }
             let n = slot.in_flight.load(Ordering::Relaxed);
             if n < least {
-                best = slot;
+                best = i;
                 least = n;
             }
         }
         best
-    }
-
-    /// The slot of `key` (a stored key): always the same one, so this
-    /// backend's statements about a key run in the order they were sent.
-    fn slot_for(&self, key: &str) -> &Slot {
-        // FNV-1a: a few ns for a key, spread well enough over a few slots.
-        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let n = self.slots.len() as u64;
-        &self.slots[(hash % n) as usize]
     }
 
     /// A live connection of `slot`, connecting it first if needed.
@@ -196,26 +194,37 @@ impl Conns {
     }
 
     /// Run one prepared statement, bounded by `end` (connecting included),
-    /// and return its one row. `key` (stored) chooses the connection; a
-    /// statement without one goes to the least busy.
+    /// and return its one row. `caller` (when the call has one) is pinned
+    /// to the call's connection should the call be dropped before its reply
+    /// (see `pins.rs`).
     pub(super) async fn query_one(
         &self,
         which: Statement,
         params: &[&(dyn ToSql + Sync)],
-        key: Option<&str>,
+        caller: Option<Caller<'_>>,
         end: Instant,
         op_timeout: Duration,
     ) -> Result<Row, LockError> {
-        let slot = match key {
-            Some(key) => self.slot_for(key),
+        let caller = caller.map(|c| pins::caller(c.key, c.owner));
+        let index = match caller.and_then(|c| self.pins.get(c)) {
+            Some(pin) => pin.slot,
             None => self.pick(),
         };
+        let slot = &self.slots[index];
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         let _done = InFlight(slot);
         let mut retried = false;
         loop {
             let (generation, live) = self.get(slot, end, op_timeout).await?;
             let statement = live.statements.get(which);
+            let mut sending = Sending {
+                pins: &self.pins,
+                caller,
+                slot: index,
+                generation,
+                sent: self.pins.now(),
+                answered: false,
+            };
             // (Whether a failure came before the statement was sent.)
             let mut probing = false;
             let sent = async {
@@ -228,7 +237,13 @@ impl Conns {
                 }
                 live.client.query_one(statement, params).await
             };
-            match timeout_at(end, sent).await {
+            let outcome = timeout_at(end, sent).await;
+            if outcome.is_ok() {
+                // Answered (or its connection is gone): nothing of this
+                // call waits in the pipeline any more.
+                sending.answered();
+            }
+            match outcome {
                 Ok(Ok(row)) => return Ok(row),
                 Ok(Err(e)) => {
                     if !broken(&e, &live.client) {
@@ -303,6 +318,33 @@ fn broken(e: &tokio_postgres::Error, client: &tokio_postgres::Client) -> bool {
         || *code == SqlState::ADMIN_SHUTDOWN
         || *code == SqlState::CRASH_SHUTDOWN
         || *code == SqlState::CANNOT_CONNECT_NOW
+}
+
+/// A call on its way: unless [answered](Sending::answered), its caller is
+/// pinned to its connection when it is dropped (cancelled, or timed out).
+struct Sending<'a> {
+    pins: &'a Pins,
+    caller: Option<u64>,
+    slot: usize,
+    generation: u64,
+    /// `Pins::now` before it was sent.
+    sent: u64,
+    answered: bool,
+}
+
+impl Sending<'_> {
+    fn answered(&mut self) {
+        self.answered = true;
+        self.pins.answered(self.slot, self.generation, self.sent);
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if let (false, Some(caller)) = (self.answered, self.caller) {
+            self.pins.pin(caller, self.slot, self.generation);
+        }
+    }
 }
 
 /// Counts an operation on its slot until dropped (also when cancelled).

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use super::PostgresBackend;
+use super::conn::Caller;
 use super::error::bad_reply;
 use super::ops::{attempt, ceil_ms, col, fence, granted};
 use super::statements::Statement;
@@ -53,7 +54,10 @@ impl PostgresBackend {
                     &ticket,
                     &keep_ms,
                 ],
-                Some(&key),
+                Some(Caller {
+                    key: &key,
+                    owner: req.owner(),
+                }),
                 end,
                 self.op_timeout,
             )
@@ -105,7 +109,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::FlightResult,
                 &[&stored],
-                Some(&stored),
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -141,7 +145,10 @@ impl PostgresBackend {
                     &ceil_ms(publish.result_ttl.min(MAX_TTL)),
                     &ceil_ms(publish.keep.max(publish.result_ttl).min(MAX_TTL)),
                 ],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner,
+                }),
                 self.deadline(),
                 self.op_timeout,
             )

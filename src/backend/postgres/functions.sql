@@ -83,6 +83,22 @@ BEGIN
 END
 $$;
 
+-- redraw: the row of `p_key` just went in, in this transaction, with fence
+-- `p_drawn`, and another fence was drawn since. A fence drawn before the
+-- row went in (in its INSERT's VALUES, before any wait for the key) can be
+-- older than one granted meanwhile to a holder whose row was deleted since
+-- (a statement that stalled); this one, drawn with the row ours, is newer
+-- than every fence granted for the key. (With no other fence drawn since
+-- `p_drawn`, none was granted: the sequence, CACHE 1, hands out increasing
+-- numbers, and its last_value is the last one handed out.) Returns it.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_redraw"(p_key text, p_drawn bigint)
+RETURNS bigint
+LANGUAGE sql AS $$
+  UPDATE "{schema}"."{table}" AS l SET fence = nextval('"{schema}"."{table}_fence"')
+    WHERE l.key = p_key AND l.fence = p_drawn
+    RETURNING l.fence
+$$;
+
 -- acquire: take `p_key` for `p_owner`/`p_attempt` for `p_ttl_ms`; a waiter
 -- (`p_wait_ms` > 0 with a channel and ticket) joins the queue when busy.
 -- code 1: acquired (fence, acquired_us, now_us);
@@ -103,18 +119,17 @@ BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   created := false;
   LOOP
-    -- Fast path: free. The row goes in without a fence (0) and gets one
-    -- once it is in (and ours until commit): a fence drawn before the
-    -- insert, in its VALUES, could be older than one granted meanwhile to
-    -- a holder whose row has been deleted since.
+    -- Fast path: free (as the acquire statement's own, see _redraw).
     INSERT INTO "{schema}"."{table}" AS l
         (key, owner, attempt, fence, acquired_at, expires_at)
-      VALUES (p_key, p_owner, p_attempt, 0, v_now, v_now + v_ttl)
-      ON CONFLICT (key) DO NOTHING;
+      VALUES (p_key, p_owner, p_attempt, nextval('"{schema}"."{table}_fence"'),
+              v_now, v_now + v_ttl)
+      ON CONFLICT (key) DO NOTHING
+      RETURNING l.fence INTO fence;
     IF FOUND THEN
-      UPDATE "{schema}"."{table}" AS l SET fence = nextval('"{schema}"."{table}_fence"')
-        WHERE l.key = p_key
-        RETURNING l.fence INTO fence;
+      IF fence <> pg_sequence_last_value('"{schema}"."{table}_fence"') THEN
+        fence := "{schema}"."{table}_redraw"(p_key, fence);
+      END IF;
       code := 1;
       acquired_us := now_us;
       RETURN;

@@ -23,9 +23,10 @@
 //!   backend's channel; the notification carries the lease, so the waiter
 //!   returns without another round trip. Newcomers never barge ahead of
 //!   live queued waiters, also after a holder's expiry or beside a sweep.
-//! - **Cleanup in order**: a backend sends everything about one key on one
-//!   connection, so the release after a cancelled acquire and the leave of
-//!   a dropped waiter run after the call they clean up; a grant that still
+//! - **Cleanup in order**: a caller (key and owner) whose call was dropped
+//!   before its reply is pinned to that call's connection until it was
+//!   answered, so the release after a cancelled acquire and the leave of a
+//!   dropped waiter run after the call they clean up; a grant that still
 //!   reaches a waiter that is gone goes on to the next one at once.
 //! - **No polling**: a waiter sleeps until it is handed the lock, or until
 //!   the holder's TTL runs out (a crashed holder never notifies), or its own
@@ -66,9 +67,10 @@
 //!
 //! Operations run on a few connections taken out of the pool for good (two
 //! by default, see [`connections`](PostgresBackend::connections)): each
-//! pipelines concurrent operations and has the statements prepared; the
-//! operations on one key always go to the same one. Each is set up for the
-//! SQL, whatever the database's or the pool's defaults:
+//! pipelines concurrent operations and has the statements prepared; an
+//! operation goes to the least busy, unless its caller is pinned (above).
+//! Each is set up for the SQL, whatever the database's or the pool's
+//! defaults:
 //!
 //! | setting | value | why |
 //! |---|---|---|
@@ -124,6 +126,7 @@ mod flight;
 mod listen;
 mod notify;
 mod ops;
+mod pins;
 mod schema;
 mod statements;
 mod wait;

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_postgres::Row;
 
 use super::PostgresBackend;
+use super::conn::Caller;
 use super::error::bad_reply;
 use super::statements::Statement;
 use crate::backend::{HeldBy, Holder, Lease, LockStatus};
@@ -138,7 +139,10 @@ impl PostgresBackend {
                     &channel,
                     &ticket,
                 ],
-                Some(&key),
+                Some(Caller {
+                    key: &key,
+                    owner: req.owner(),
+                }),
                 end,
                 self.op_timeout,
             )
@@ -173,7 +177,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Leave,
                 &[&stored, &owner, &ticket.channel, &ticket.id, &claim],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner,
+                }),
                 end,
                 self.op_timeout,
             )
@@ -208,7 +215,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Release,
                 &[&stored, &holder.owner(), &fence],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -238,7 +248,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Extend,
                 &[&stored, &holder.owner(), &held, &ceil_ms(ttl)],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -274,7 +287,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Claim,
                 &[&stored, &holder.owner(), &held, &attempt],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -306,7 +322,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::ForceRelease,
                 &[&stored],
-                Some(&stored),
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -326,7 +342,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::Status,
                 &[&stored],
-                Some(&stored),
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -365,7 +381,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::StoreMetadata,
                 &[&stored, &req.owner(), &fence, &metadata.as_json()],
-                Some(&stored),
+                Some(Caller {
+                    key: &stored,
+                    owner: req.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )

@@ -84,19 +84,38 @@ fn texts(names: &Names) -> [String; COUNT] {
     let f = |name: &str| names.object(&format!("_{name}"));
     let us = f("us");
     [
-        // The function, without a plain statement in front: a free key's
-        // fence must be drawn once its row is in (see `_acquire`), which a
-        // single plain INSERT cannot do.
+        // The fast paths as plain statements in front of the function,
+        // which runs only when the fast path did nothing (a one-time filter
+        // skips it otherwise), still within the same statement: one round
+        // trip either way. Measured on one connection (p50 of acquire +
+        // release, three interleaved rounds): raw lease loop 68 µs, these
+        // 103 µs, the functions called alone 105-118 µs.
+        //
+        // Acquire: a free key's row goes in under a fence drawn in its
+        // VALUES; when another fence was drawn since (its RETURNING looks,
+        // once the row is in), `_redraw` draws a newer one (see there): a
+        // second write, only when calls on other keys came in between.
         format!(
-            "SELECT code, fence, acquired_us, now_us, remaining_us, created \
-             FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint, $6::text, \
-                     $7::bigint)",
-            f("acquire")
+            "WITH fast AS ( \
+               INSERT INTO {table} AS l (key, owner, attempt, fence, acquired_at, expires_at) \
+               VALUES ($1::text, $2::text, $3::bigint, nextval('{fence}'), now(), \
+                       now() + $4::bigint * interval '1 millisecond') \
+               ON CONFLICT (key) DO NOTHING \
+               RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest) \
+             SELECT 1, CASE WHEN newest THEN fence ELSE {redraw}($1, fence) END, \
+               {us}(now()), {us}(now()), NULL::bigint, false FROM fast \
+             UNION ALL \
+             SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
+             FROM {acquire}($1, $2, $3, $4, $5::bigint, $6::text, $7::bigint) AS a \
+             WHERE NOT EXISTS (SELECT 1 FROM fast)",
+            table = names.object(""),
+            // nextval() and pg_sequence_last_value() take the sequence's
+            // name as text (regclass).
+            fence = names.object("_fence"),
+            redraw = f("redraw"),
+            acquire = f("acquire"),
         ),
-        // The release fast path as a plain statement in front of the
-        // function, which runs only when the fast path did nothing (a
-        // one-time filter skips it otherwise), still within the same
-        // statement: one round trip either way.
+        // Release: the holder's own row, nobody queued.
         format!(
             "WITH fast AS ( \
                DELETE FROM {table} AS l \

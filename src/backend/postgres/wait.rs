@@ -194,7 +194,7 @@ impl PostgresBackend {
                     &orphan.ticket,
                     &fence,
                 ],
-                Some(&orphan.key),
+                None,
                 self.deadline(),
                 self.op_timeout,
             )

@@ -33,9 +33,9 @@ mod support;
 /// Every backend-generic test, by name.
 mod tests {
     pub use super::flight::*;
+    pub use super::flight_http::*;
     pub use super::identity::*;
     pub use super::input::*;
-    pub use super::flight_http::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;

@@ -1,11 +1,18 @@
 //! A TCP proxy in front of a test server, with faults under the test's
 //! control: reset a client right after the server answered it (the reply is
-//! lost, the command was run), and hold back traffic of pub/sub or command
-//! connections (a slow network, one direction at a time).
+//! lost, the command was run), hold back traffic of pub/sub or command
+//! connections (a slow network, one direction at a time), hold back each
+//! connection that carries a given text (a statement about one key stuck
+//! in the network, while other connections go on), and cut every open
+//! connection so that clients notice only when they next send (a pooler or
+//! NAT that dropped them, a server restart not yet seen).
+//!
+//! Protocol-neutral but for the pub/sub detection (Redis' `SUBSCRIBE`): it
+//! serves PostgreSQL tests as well.
 #![allow(dead_code)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -34,9 +41,21 @@ struct Ctl {
     hold_below: watch::Sender<usize>,
     /// Connections accepted so far (each is numbered in that order).
     accepted: std::sync::atomic::AtomicUsize,
-    resets: watch::Sender<usize>,
     /// Client writes that arrived on a command connection while it was held.
     held_writes: watch::Sender<usize>,
+    resets: watch::Sender<usize>,
+    /// Bumped by [`Proxy::sever_all`]: connections accepted under an older
+    /// value are cut.
+    epoch: watch::Sender<u64>,
+    /// See [`Proxy::hold_carrying`].
+    needle: Mutex<Option<Vec<u8>>>,
+    /// Client chunks that carried the needle.
+    carried: watch::Sender<usize>,
+    /// For each of them, the number of the held connection it came on.
+    carriers: Mutex<Vec<usize>>,
+    /// Per connection held for the needle, in the order they were held:
+    /// whether it was let go.
+    held: watch::Sender<Vec<bool>>,
 }
 
 impl Proxy {
@@ -51,8 +70,13 @@ impl Proxy {
             hold_commands: watch::Sender::new(false),
             hold_below: watch::Sender::new(0),
             accepted: std::sync::atomic::AtomicUsize::new(0),
-            resets: watch::Sender::new(0),
             held_writes: watch::Sender::new(0),
+            resets: watch::Sender::new(0),
+            epoch: watch::Sender::new(0),
+            needle: Mutex::new(None),
+            carried: watch::Sender::new(0),
+            carriers: Mutex::new(Vec::new()),
+            held: watch::Sender::new(Vec::new()),
         });
         let task = tokio::spawn({
             let ctl = ctl.clone();
@@ -115,6 +139,59 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// `postgres://postgres@127.0.0.1:<proxy port>/postgres`.
+    pub fn postgres_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Cut every connection open now: its server side is closed at once
+    /// (the server ends the session), its client side is left open and
+    /// silent, and reset when the client next sends. A client learns that
+    /// the connection is dead only by using it. Later connections pass.
+    pub fn sever_all(&self) {
+        self.ctl.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// From now on, a connection whose client sends `needle` is held: that
+    /// chunk and everything after it waits (client → server) until the
+    /// connection is let go. Each connection is held on its own, numbered
+    /// in the order they were held.
+    pub fn hold_carrying(&self, needle: &[u8]) {
+        *self.ctl.needle.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    /// Wait until clients sent `n` chunks carrying the needle.
+    pub async fn carried(&self, n: usize) {
+        let mut rx = self.ctl.carried.subscribe();
+        rx.wait_for(|c| *c >= n).await.expect("proxy alive");
+    }
+
+    /// The held connection (its number) chunk `n` carrying the needle
+    /// came on (0: the first chunk).
+    pub fn carrier(&self, n: usize) -> usize {
+        self.ctl.carriers.lock().unwrap()[n]
+    }
+
+    /// How many connections were held for the needle.
+    pub fn held_connections(&self) -> usize {
+        self.ctl.held.borrow().len()
+    }
+
+    /// Let held connection `i` (0: the first held) go on.
+    pub fn let_go(&self, i: usize) {
+        self.ctl.held.send_modify(|h| h[i] = true);
+    }
+
+    /// Let every held connection go on, and hold no more.
+    pub fn let_go_all(&self) {
+        *self.ctl.needle.lock().unwrap() = None;
+        self.ctl
+            .held
+            .send_modify(|h| h.iter_mut().for_each(|g| *g = true));
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
@@ -135,17 +212,28 @@ async fn connection(ctl: Arc<Ctl>, client: TcpStream) {
     let (server_rx, server_tx) = server.into_split();
     // Set once the client subscribes: from then on it is a pub/sub
     // connection (a RESP2 subscriber sends nothing but (P|S)SUBSCRIBE and
-    // PING).
+    // PING; a PostgreSQL one, `LISTEN` and empty keep-alive queries).
     let pubsub = Arc::new(AtomicBool::new(false));
-    let up = tokio::spawn(upstream(
-        ctl.clone(),
-        number,
-        pubsub.clone(),
-        client_rx,
-        server_tx,
-    ));
-    downstream(ctl, pubsub, server_rx, client_tx).await;
+    let epoch = *ctl.epoch.borrow();
+    // Told when the client side's task ends (a severed connection's client
+    // sent again, or left): the client is reset then.
+    let spoke = Arc::new(tokio::sync::Notify::new());
+    let up = tokio::spawn({
+        let (ctl, pubsub, spoke) = (ctl.clone(), pubsub.clone(), spoke.clone());
+        async move {
+            upstream(ctl, number, pubsub, client_rx, server_tx, epoch).await;
+            // (Also when the client left on its own.)
+            spoke.notify_one();
+        }
+    });
+    downstream(ctl, pubsub, server_rx, client_tx, (epoch, spoke)).await;
     up.abort();
+}
+
+/// Resolves once the proxy is told to sever connections of `epoch`.
+async fn severed(ctl: &Ctl, epoch: u64) {
+    let mut rx = ctl.epoch.subscribe();
+    let _ = rx.wait_for(|e| *e > epoch).await;
 }
 
 /// Client → server. Read as it comes (so that what waits can be counted),
@@ -155,48 +243,107 @@ async fn upstream(
     number: usize,
     pubsub: Arc<AtomicBool>,
     mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    to: OwnedWriteHalf,
+    epoch: u64,
 ) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-    let reader = {
-        let ctl = ctl.clone();
-        let pubsub = pubsub.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match from.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                let chunk = buf[..n].to_vec();
-                if contains(&chunk, b"SUBSCRIBE") {
-                    pubsub.store(true, SeqCst);
-                }
-                if !pubsub.load(SeqCst)
-                    && (*ctl.hold_commands.borrow() || number < *ctl.hold_below.borrow())
-                {
-                    ctl.held_writes.send_modify(|n| *n += 1);
-                }
-                if tx.send(chunk).is_err() {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut to = Some(to);
+    // This connection's number among those held for the needle, and what
+    // the client sent while it is held (it goes on reading and counting).
+    let mut held: Option<usize> = None;
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let read = tokio::select! {
+            biased;
+            () = severed(&ctl, epoch), if to.is_some() => {
+                // The server side goes (the server sees the client leave);
+                // the client finds out when it next sends.
+                to = None;
+                continue;
+            }
+            alive = free(&ctl, number, held, &pubsub), if !pending.is_empty() => {
+                if !alive {
                     return;
                 }
+                let Some(to) = to.as_mut() else { return };
+                if to.write_all(&std::mem::take(&mut pending)).await.is_err() {
+                    return;
+                }
+                continue;
             }
-        })
-    };
-    let mut hold = ctl.hold_commands.subscribe();
-    let mut hold_below = ctl.hold_below.subscribe();
-    while let Some(chunk) = rx.recv().await {
-        if !pubsub.load(SeqCst)
-            && (hold.wait_for(|h| !*h).await.is_err()
-                || hold_below.wait_for(|b| number >= *b).await.is_err())
-        {
-            break;
+            read = from.read(&mut buf) => read,
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let Some(to) = to.as_mut() else {
+            // Severed: what the client sent is lost, and it is reset.
+            return;
+        };
+        let chunk = &buf[..n];
+        // (tower-lock's PostgreSQL `LISTEN` makes a connection pub/sub too.)
+        if contains(chunk, b"SUBSCRIBE") || contains(chunk, b"LISTEN tower_lock_") {
+            pubsub.store(true, SeqCst);
         }
-        if to.write_all(&chunk).await.is_err() {
-            break;
+        let carries = ctl
+            .needle
+            .lock()
+            .unwrap()
+            .as_deref()
+            .is_some_and(|needle| contains(chunk, needle));
+        if carries && held.is_none() {
+            ctl.held.send_modify(|h| {
+                held = Some(h.len());
+                h.push(false);
+            });
+        }
+        if carries {
+            ctl.carriers.lock().unwrap().extend(held);
+            ctl.carried.send_modify(|c| *c += 1);
+        }
+        let commands_held = commands_held(&ctl, number, &pubsub);
+        if commands_held {
+            ctl.held_writes.send_modify(|w| *w += 1);
+        }
+        if commands_held || held.is_some_and(|i| !ctl.held.borrow()[i]) || !pending.is_empty() {
+            pending.extend_from_slice(chunk);
+            continue;
+        }
+        if to.write_all(chunk).await.is_err() {
+            return;
         }
     }
-    reader.abort();
+}
+
+/// Whether a command connection's client→server data waits now.
+fn commands_held(ctl: &Ctl, number: usize, pubsub: &AtomicBool) -> bool {
+    !pubsub.load(SeqCst) && (*ctl.hold_commands.borrow() || number < *ctl.hold_below.borrow())
+}
+
+/// Resolves once nothing holds this connection's client→server data: its
+/// needle hold (if any) let go and no command hold applies; false once the
+/// proxy is gone.
+async fn free(ctl: &Ctl, number: usize, held: Option<usize>, pubsub: &AtomicBool) -> bool {
+    let mut let_go = ctl.held.subscribe();
+    let mut hold = ctl.hold_commands.subscribe();
+    let mut below = ctl.hold_below.subscribe();
+    loop {
+        let needle_held = held.is_some_and(|i| !let_go.borrow_and_update()[i]);
+        hold.borrow_and_update();
+        below.borrow_and_update();
+        if !needle_held && !commands_held(ctl, number, pubsub) {
+            return true;
+        }
+        let changed = tokio::select! {
+            c = let_go.changed() => c,
+            c = hold.changed() => c,
+            c = below.changed() => c,
+        };
+        if changed.is_err() {
+            return false;
+        }
+    }
 }
 
 /// Server → client.
@@ -205,11 +352,22 @@ async fn downstream(
     pubsub: Arc<AtomicBool>,
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
+    (epoch, spoke): (u64, Arc<tokio::sync::Notify>),
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut hold = ctl.hold_pubsub.subscribe();
     loop {
-        let n = match from.read(&mut buf).await {
+        let read = tokio::select! {
+            biased;
+            () = severed(&ctl, epoch) => {
+                // Nothing more reaches the client, which is reset (both
+                // halves dropped, zero linger) once it sends.
+                spoke.notified().await;
+                return;
+            }
+            read = from.read(&mut buf) => read,
+        };
+        let n = match read {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };

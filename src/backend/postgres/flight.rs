@@ -2,7 +2,7 @@
 //! a row of the locks table under its `f:` key; its latest result is a row
 //! of `<table>_flights` and the callers waiting for it are rows of
 //! `<table>_flight_watchers` (see `schema.sql`). A begin and a publish are
-//! one function call each (`functions.sql`); a watcher hears the result
+//! one function call each (`flight.sql`); a watcher hears the result
 //! through its backend's `LISTEN` channel: its `seq`, and its value when
 //! that is at most 3800 bytes (in hex: a `NOTIFY` payload is limited to
 //! 8000 bytes); a larger one it reads with one more statement.
@@ -10,8 +10,10 @@
 use std::time::Duration;
 
 use super::PostgresBackend;
+use super::conn::Caller;
 use super::error::bad_reply;
-use super::ops::{Statement, attempt, ceil_ms, col, fence, granted};
+use super::ops::{attempt, ceil_ms, col, fence, granted};
+use super::statements::Statement;
 use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -52,6 +54,10 @@ impl PostgresBackend {
                     &ticket,
                     &keep_ms,
                 ],
+                Some(Caller {
+                    key: &key,
+                    owner: req.owner(),
+                }),
                 end,
                 self.op_timeout,
             )
@@ -103,6 +109,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::FlightResult,
                 &[&stored],
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -138,6 +145,10 @@ impl PostgresBackend {
                     &ceil_ms(publish.result_ttl.min(MAX_TTL)),
                     &ceil_ms(publish.keep.max(publish.result_ttl).min(MAX_TTL)),
                 ],
+                Some(Caller {
+                    key: &stored,
+                    owner,
+                }),
                 self.deadline(),
                 self.op_timeout,
             )

@@ -4,7 +4,16 @@
 --
 -- Locking discipline: every function that touches a key's waiters first
 -- holds that key's lock row (INSERT .. ON CONFLICT or SELECT .. FOR UPDATE),
--- so a key's queue changes one transaction at a time.
+-- so a key's queue changes one transaction at a time. The one exception is
+-- the sweep, which deletes waiter entries long dead without it: a hand-off
+-- that finds the entry it picked gone looks again (see _hand_off).
+--
+-- Fences: a fence is drawn (nextval) only once the row is locked and the
+-- grant decided, never in a value computed before a wait: fences then grow
+-- in the order holders get the lock, whatever stalls a statement.
+--
+-- The functions assume READ COMMITTED (each statement sees what committed
+-- before it): the backend sets it on its connections (conn.rs).
 
 -- STABLE, not IMMUTABLE: extract() from a timestamptz is stable, and a SQL
 -- function declared less volatile than its body is never inlined; called
@@ -13,52 +22,81 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_us"(t timestamptz) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigint $$;
 
--- Hand the (free or expired) lock `p_key` to the oldest waiter whose max
--- wait has not ended, skipping and deleting dead entries. The new holder
--- gets a fresh fence and its own TTL from `p_now`, and is told through its
--- backend's channel ('<ticket> <fence> <acquired us>', delivered at commit),
--- unless it is the caller (`p_channel`, `p_ticket`). Returns the new fence
--- and whether it went to the caller, or NULL when nobody is waiting (the
--- caller then removes the row or takes the lock).
+-- (Schema version 1 before round 3 had a `p_now` argument: replaced.)
+DROP FUNCTION IF EXISTS "{schema}"."{table}_hand_off"(text, timestamptz, text, bigint);
+
+-- Hand the (free or expired) lock `p_key`, whose row the caller has
+-- locked, to the oldest waiter whose max wait has not ended, skipping and
+-- deleting dead entries. The grant is dated when it is made (the clock, not
+-- the caller's transaction start: a release that waited for the row would
+-- otherwise hand over a lease that began, or even ended, before the grant),
+-- and its fence drawn then. The new holder gets its own TTL from then and
+-- is told through its backend's channel ('<ticket> <fence> <granted us>
+-- <key>', delivered at commit), unless it is the caller (`p_channel`,
+-- `p_ticket`). Returns the new fence, the grant's time and whether it went
+-- to the caller, or a NULL fence when nobody is waiting (the caller then
+-- removes the row or takes the lock).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_hand_off"(
-  p_key text, p_now timestamptz, p_channel text, p_ticket bigint,
-  OUT fence bigint, OUT to_caller boolean)
+  p_key text, p_channel text, p_ticket bigint,
+  OUT fence bigint, OUT granted_us bigint, OUT to_caller boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
+  v_at timestamptz := clock_timestamp();
+  v_place bigint;
   w "{schema}"."{table}_waiters"%ROWTYPE;
 BEGIN
+  to_caller := false;
   LOOP
-    DELETE FROM "{schema}"."{table}_waiters" AS d
-      WHERE (d.key, d.place) = (
-        SELECT q.key, q.place FROM "{schema}"."{table}_waiters" AS q
-          WHERE q.key = p_key ORDER BY q.place LIMIT 1)
-      RETURNING d.* INTO w;
+    SELECT q.place INTO v_place FROM "{schema}"."{table}_waiters" AS q
+      WHERE q.key = p_key ORDER BY q.place LIMIT 1;
     IF NOT FOUND THEN
       fence := NULL;
-      to_caller := false;
       RETURN;
     END IF;
-    IF w.deadline > p_now THEN
+    DELETE FROM "{schema}"."{table}_waiters" AS d
+      WHERE d.key = p_key AND d.place = v_place
+      RETURNING d.* INTO w;
+    -- Gone meanwhile: the sweep deleted that (long dead) entry without the
+    -- row lock. The next statement sees its deletion: look again, so a
+    -- live waiter behind it is never taken for an empty queue.
+    CONTINUE WHEN NOT FOUND;
+    IF w.deadline > v_at THEN
       UPDATE "{schema}"."{table}" AS l SET
           owner = w.owner,
           attempt = w.attempt,
           fence = nextval('"{schema}"."{table}_fence"'),
-          acquired_at = p_now,
-          expires_at = p_now + w.ttl_ms * interval '1 millisecond',
+          acquired_at = v_at,
+          expires_at = v_at + w.ttl_ms * interval '1 millisecond',
           granted_to = w.channel || ' ' || w.ticket,
           queued = EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q WHERE q.key = p_key)
         WHERE l.key = p_key
         RETURNING l.fence INTO fence;
+      granted_us := "{schema}"."{table}_us"(v_at);
       to_caller := w.channel = p_channel AND w.ticket = p_ticket;
       IF to_caller IS NOT TRUE THEN
         to_caller := false;
-        PERFORM pg_notify(w.channel,
-          w.ticket || ' ' || fence || ' ' || "{schema}"."{table}_us"(p_now));
+        PERFORM pg_notify(w.channel, w.ticket || ' ' || fence || ' ' || granted_us || ' ' || p_key);
       END IF;
       RETURN;
     END IF;
   END LOOP;
 END
+$$;
+
+-- redraw: the row of `p_key` just went in, in this transaction, with fence
+-- `p_drawn`, and another fence was drawn since. A fence drawn before the
+-- row went in (in its INSERT's VALUES, before any wait for the key) can be
+-- older than one granted meanwhile to a holder whose row was deleted since
+-- (a statement that stalled); this one, drawn with the row ours, is newer
+-- than every fence granted for the key. (With no other fence drawn since
+-- `p_drawn`, none was granted: the sequence, CACHE 1, hands out increasing
+-- numbers, and its last_value is the last one handed out.) Returns it.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_redraw"(p_key text, p_drawn bigint)
+RETURNS bigint
+LANGUAGE sql AS $$
+  UPDATE "{schema}"."{table}" AS l SET fence = nextval('"{schema}"."{table}_fence"')
+    WHERE l.key = p_key AND l.fence = p_drawn
+    RETURNING l.fence
 $$;
 
 -- acquire: take `p_key` for `p_owner`/`p_attempt` for `p_ttl_ms`; a waiter
@@ -74,41 +112,40 @@ LANGUAGE plpgsql AS $$
 DECLARE
   v_now timestamptz := now();
   v_ttl interval := p_ttl_ms * interval '1 millisecond';
+  v_handed bigint;
   r "{schema}"."{table}"%ROWTYPE;
   h record;
 BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   created := false;
-  -- Fast path: free, or expired with nobody queued (the stale reclaim).
-  INSERT INTO "{schema}"."{table}" AS l
-      (key, owner, attempt, fence, acquired_at, expires_at)
-    VALUES (p_key, p_owner, p_attempt, nextval('"{schema}"."{table}_fence"'),
-            v_now, v_now + v_ttl)
-    ON CONFLICT (key) DO UPDATE SET
-        owner = excluded.owner, attempt = excluded.attempt,
-        fence = excluded.fence, acquired_at = excluded.acquired_at,
-        expires_at = excluded.expires_at, queued = false, granted_to = NULL
-      WHERE l.expires_at <= v_now AND NOT l.queued
-    RETURNING l.fence INTO fence;
-  IF FOUND THEN
-    code := 1;
-    acquired_us := now_us;
-    RETURN;
-  END IF;
-
-  -- The conflicting row is locked by the INSERT above.
-  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
-  IF NOT FOUND THEN
-    -- Cannot happen (the row is locked); answer busy for a retry.
-    code := 0;
-    remaining_us := 0;
-    RETURN;
-  END IF;
+  LOOP
+    -- Fast path: free (as the acquire statement's own, see _redraw).
+    INSERT INTO "{schema}"."{table}" AS l
+        (key, owner, attempt, fence, acquired_at, expires_at)
+      VALUES (p_key, p_owner, p_attempt, nextval('"{schema}"."{table}_fence"'),
+              v_now, v_now + v_ttl)
+      ON CONFLICT (key) DO NOTHING
+      RETURNING l.fence INTO fence;
+    IF FOUND THEN
+      IF fence <> pg_sequence_last_value('"{schema}"."{table}_fence"') THEN
+        fence := "{schema}"."{table}_redraw"(p_key, fence);
+      END IF;
+      code := 1;
+      acquired_us := now_us;
+      RETURN;
+    END IF;
+    SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+    -- Not found: the row was deleted (released) since the insert saw it.
+    EXIT WHEN FOUND;
+  END LOOP;
 
   IF r.expires_at > v_now AND r.owner = p_owner AND r.attempt = p_attempt THEN
     -- A retry of the holder's own attempt, or a waiter the lock was handed
-    -- to: same fence, TTL refreshed.
-    UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + v_ttl WHERE l.key = p_key;
+    -- to: same fence, TTL refreshed. The grant is claimed: a notification
+    -- of it that reaches the waiter's backend after this call has
+    -- returned must not pass it on (see _pass_on).
+    UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + v_ttl, granted_to = NULL
+      WHERE l.key = p_key;
     IF p_ticket IS NOT NULL THEN
       DELETE FROM "{schema}"."{table}_waiters" AS w
         WHERE w.channel = p_channel AND w.ticket = p_ticket;
@@ -120,9 +157,19 @@ BEGIN
   END IF;
 
   IF r.expires_at <= v_now THEN
-    -- Expired with waiters queued: they come first, as after a release.
-    h := "{schema}"."{table}_hand_off"(p_key, v_now, p_channel, p_ticket);
-    IF h.fence IS NULL THEN
+    -- Expired (the stale reclaim). Waiters queued come first, as after a
+    -- release; with none, it is ours, under a fence drawn now.
+    IF r.queued THEN
+      h := "{schema}"."{table}_hand_off"(p_key, p_channel, p_ticket);
+      IF h.to_caller THEN
+        code := 1;
+        fence := h.fence;
+        acquired_us := h.granted_us;
+        RETURN;
+      END IF;
+      v_handed := h.fence;
+    END IF;
+    IF v_handed IS NULL THEN
       UPDATE "{schema}"."{table}" AS l SET
           owner = p_owner, attempt = p_attempt,
           fence = nextval('"{schema}"."{table}_fence"'),
@@ -131,12 +178,6 @@ BEGIN
         WHERE l.key = p_key
         RETURNING l.fence INTO fence;
       code := 1;
-      acquired_us := now_us;
-      RETURN;
-    END IF;
-    IF h.to_caller THEN
-      code := 1;
-      fence := h.fence;
       acquired_us := now_us;
       RETURN;
     END IF;
@@ -190,7 +231,7 @@ BEGIN
   END IF;
   -- Ours with waiters queued, or expired (whoever held it): the next live
   -- waiter gets it now; with none left, the row goes.
-  h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);
+  h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
   IF h.fence IS NULL THEN
     DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
   END IF;
@@ -289,7 +330,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN 0;
   END IF;
-  h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);
+  h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
   IF h.fence IS NULL THEN
     DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
   END IF;
@@ -321,12 +362,14 @@ BEGIN
   IF r.key IS NOT NULL AND r.expires_at > v_now AND r.owner = p_owner
      AND r.granted_to = p_channel || ' ' || p_ticket THEN
     IF p_claim THEN
+      -- Claimed (as in _acquire): never passed on after this.
+      UPDATE "{schema}"."{table}" AS l SET granted_to = NULL WHERE l.key = p_key;
       code := 1;
       fence := r.fence;
       acquired_us := "{schema}"."{table}_us"(r.acquired_at);
       RETURN;
     END IF;
-    h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);
+    h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
     IF h.fence IS NULL THEN
       DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
     END IF;
@@ -340,116 +383,30 @@ BEGIN
 END
 $$;
 
--- flight begin: a fresh result (code 2: seq, value; nothing taken), else
--- acquire without queueing: taken (code 1, as acquire) or busy (code 0:
--- remaining_us; the caller joins the flight's watchers, seq = the newest
--- kept result's, or 0).
-CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_begin"(
-  p_key text, p_owner text, p_attempt bigint, p_ttl_ms bigint,
-  p_channel text, p_ticket bigint, p_keep_ms bigint,
-  OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint,
-  OUT remaining_us bigint, OUT seq bigint, OUT value bytea)
-LANGUAGE plpgsql AS $$
-DECLARE
-  a record;
-BEGIN
-  SELECT f.seq, f.value INTO seq, value FROM "{schema}"."{table}_flights" AS f
-    WHERE f.key = p_key AND f.fresh_until > now();
-  IF FOUND THEN
-    code := 2;
-    RETURN;
-  END IF;
-  SELECT * INTO a FROM "{schema}"."{table}_acquire"(
-    p_key, p_owner, p_attempt, p_ttl_ms, 0, NULL, NULL) AS x;
-  code := a.code;
-  fence := a.fence;
-  acquired_us := a.acquired_us;
-  now_us := a.now_us;
-  remaining_us := a.remaining_us;
-  IF code = 1 THEN
-    RETURN;
-  END IF;
-  INSERT INTO "{schema}"."{table}_flight_watchers" AS w (key, channel, ticket, expires_at)
-    VALUES (p_key, p_channel, p_ticket, now() + p_keep_ms * interval '1 millisecond')
-    ON CONFLICT DO NOTHING;
-  SELECT f.seq INTO seq FROM "{schema}"."{table}_flights" AS f
-    WHERE f.key = p_key AND f.keep_until > now();
-  seq := coalesce(seq, 0);
-END
-$$;
-
--- flight publish: the leader (`p_owner`, holding `p_key` under `p_fence`)
--- shares its result: stored unless a newer one is, every watcher told
--- ('f <ticket> <seq>[ <value in hex, up to 3800 bytes>]' on its channel,
--- delivered at commit), the lock
--- released as a release does (the oldest queued caller gets it and reads
--- the stored result). Kept for `p_keep_ms` only while callers wait for it
--- (flight watchers, or queued for the lock); with nobody waiting it is kept
--- for its result TTL alone, and not stored at all without one. 1 done, 0
--- not held (expired: passed on, not stored), -1 held by another owner or
--- under another fence.
-CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_publish"(
-  p_key text, p_owner text, p_fence bigint, p_value bytea,
-  p_fresh_ms bigint, p_keep_ms bigint)
+-- pass on: the lock was handed to ticket `p_ticket` of channel `p_channel`
+-- under `p_fence`, and that waiter is gone (its call was dropped before its
+-- leave ran): the next live waiter gets it, or the row goes. 1 passed on, 0
+-- nothing to do (that grant is over: released, passed on, taken back, or
+-- claimed by its waiter through _acquire or _leave, which clear
+-- `granted_to`).
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_pass_on"(
+  p_key text, p_channel text, p_ticket bigint, p_fence bigint)
 RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
-  v_now timestamptz := now();
   r "{schema}"."{table}"%ROWTYPE;
-  w record;
   h record;
-  v_news text;
-  v_keep_ms bigint := p_keep_ms;
 BEGIN
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
-  IF NOT FOUND THEN
+  IF NOT FOUND OR r.fence <> p_fence
+     OR r.granted_to IS DISTINCT FROM p_channel || ' ' || p_ticket THEN
     RETURN 0;
   END IF;
-  IF r.expires_at > v_now THEN
-    IF r.owner <> p_owner OR r.fence <> p_fence THEN
-      RETURN -1;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_flight_watchers" AS x
-                     WHERE x.key = p_key AND x.expires_at > v_now)
-       AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS x
-                         WHERE x.key = p_key AND x.deadline > v_now) THEN
-      v_keep_ms := p_fresh_ms;
-    END IF;
-    IF v_keep_ms = 0 THEN
-      -- Nobody waits for it, and it answers nobody new.
-      DELETE FROM "{schema}"."{table}_flights" AS f WHERE f.key = p_key AND f.seq < p_fence;
-    END IF;
-    INSERT INTO "{schema}"."{table}_flights" AS f (key, seq, value, fresh_until, keep_until)
-      SELECT p_key, p_fence, p_value, v_now + p_fresh_ms * interval '1 millisecond',
-             v_now + v_keep_ms * interval '1 millisecond'
-        WHERE v_keep_ms > 0
-      ON CONFLICT (key) DO UPDATE SET
-          seq = excluded.seq, value = excluded.value,
-          fresh_until = excluded.fresh_until, keep_until = excluded.keep_until
-        WHERE f.seq < excluded.seq OR f.keep_until <= v_now;
-    IF FOUND THEN
-      -- A small result travels in the notification itself (hex: payloads
-      -- are text of at most 8000 bytes), so its watchers need no read.
-      v_news := ' ' || p_fence;
-      IF octet_length(p_value) <= 3800 THEN
-        v_news := v_news || ' ' || encode(p_value, 'hex');
-      END IF;
-      FOR w IN
-        DELETE FROM "{schema}"."{table}_flight_watchers" AS x WHERE x.key = p_key
-          RETURNING x.channel, x.ticket
-      LOOP
-        PERFORM pg_notify(w.channel, 'f ' || w.ticket || v_news);
-      END LOOP;
-    END IF;
-  END IF;
-  h := "{schema}"."{table}_hand_off"(p_key, v_now, NULL, NULL);
+  h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
   IF h.fence IS NULL THEN
     DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
   END IF;
-  IF r.expires_at > v_now THEN
-    RETURN 1;
-  END IF;
-  RETURN 0;
+  RETURN 1;
 END
 $$;
 
@@ -477,7 +434,7 @@ BEGIN
       WHERE l.ctid >= v_lo AND l.ctid < v_hi AND l.expires_at <= v_now
       FOR UPDATE SKIP LOCKED
   LOOP
-    h := "{schema}"."{table}_hand_off"(k, v_now, NULL, NULL);
+    h := "{schema}"."{table}_hand_off"(k, NULL, NULL);
     IF h.fence IS NULL THEN
       DELETE FROM "{schema}"."{table}" AS l WHERE l.key = k;
       removed := removed + 1;

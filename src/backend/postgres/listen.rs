@@ -9,6 +9,17 @@
 //! reader task completes that waiter's oneshot: the waiter returns the lease
 //! without another round trip. Nothing else is sent to the channel.
 //!
+//! A grant can reach a ticket whose call is gone: the call was dropped
+//! after it queued, and the hand-off came before the leave its drop sends
+//! (which would pass the lock on itself). Nobody would use that lock until
+//! its TTL ran out, so the grant is passed on at once (`_pass_on`: the next
+//! waiter gets it). A ticket stays known from its waiter's first attempt to
+//! the end of its call, also while it is not listening (the connection is
+//! being replaced), so a live waiter's grant is never passed on; a grant it
+//! claims through the database instead (its re-check found the lock handed
+//! to it) is marked claimed there, so a late notification of it passes
+//! nothing on either.
+//!
 //! Pooled connections cannot listen (a pool hands them to others, and a
 //! transaction-mode pooler like PgBouncer does not keep a session at all),
 //! so this connection is opened from the backend's own connection settings,
@@ -33,18 +44,25 @@ use tokio_postgres::{AsyncMessage, Client, Connection};
 
 use super::Tls;
 use super::error::{pg_error, timed_out};
+pub(super) use super::notify::{FlightNews, Grant};
+use super::notify::{parse_flight, parse_grant};
 use crate::error::LockError;
 
 /// How often an idle listening connection proves it is alive. Catches
 /// half-open connections that never report an error.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 
-/// The lock was handed to a waiter.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Grant {
+/// A grant that reached a ticket whose call is gone: to be passed on.
+#[derive(Debug)]
+pub(super) struct Orphan {
+    /// The stored key.
+    pub(super) key: String,
+    pub(super) ticket: i64,
     pub(super) fence: u64,
-    pub(super) acquired_us: i64,
 }
+
+/// What to do with an [`Orphan`] (the backend passes it on).
+pub(super) type OnOrphan = Box<dyn Fn(Orphan) + Send + Sync>;
 
 pub(super) struct Listener {
     config: tokio_postgres::Config,
@@ -55,9 +73,9 @@ pub(super) struct Listener {
     next_ticket: AtomicI64,
 }
 
-#[derive(Default)]
 struct Dispatch {
     inner: Mutex<DispatchInner>,
+    on_orphan: OnOrphan,
 }
 
 #[derive(Default)]
@@ -65,7 +83,9 @@ struct DispatchInner {
     /// The generation of the live connection, if any.
     up: Option<u64>,
     generation: u64,
-    waiters: HashMap<i64, oneshot::Sender<Grant>>,
+    /// Every waiter's ticket while its call lasts: with where its grant
+    /// goes while it listens, `None` while it does not.
+    waiters: HashMap<i64, Option<oneshot::Sender<Grant>>>,
     /// Flight watchers: ticket → where the published result's news goes.
     flights: HashMap<i64, oneshot::Sender<FlightNews>>,
     reader: Option<AbortHandle>,
@@ -88,14 +108,35 @@ impl Dispatch {
             }
             return;
         }
-        let Some((ticket, grant)) = parse_grant(payload) else {
+        let Some((ticket, grant, key)) = parse_grant(payload) else {
             return;
         };
-        let waiter = self.lock().waiters.remove(&ticket);
-        if let Some(tx) = waiter {
-            // A waiter gone meanwhile leaves the queue with a call that also
-            // passes on a lock handed to it.
-            let _ = tx.send(grant);
+        let found = self.lock().waiters.get_mut(&ticket).map(Option::take);
+        let waiter = match found {
+            Some(Some(tx)) => tx,
+            // Alive, not listening: its re-check finds the lock its own.
+            Some(None) => return,
+            None => {
+                self.orphaned(key, ticket, grant);
+                return;
+            }
+        };
+        if let Err(grant) = waiter.send(grant) {
+            // Its call was dropped just now.
+            self.orphaned(key, ticket, grant);
+        }
+    }
+
+    /// `ticket`'s call is gone: its grant goes on to the next waiter.
+    fn orphaned(&self, key: Option<&str>, ticket: i64, grant: Grant) {
+        // (A notification without the key comes from the functions of an
+        // older version: the waiter's own leave passes the lock on.)
+        if let Some(key) = key {
+            (self.on_orphan)(Orphan {
+                key: key.to_owned(),
+                ticket,
+                fence: grant.fence,
+            });
         }
     }
 
@@ -108,10 +149,13 @@ impl Dispatch {
             }
             inner.up = None;
             inner.reader = None;
-            (
-                std::mem::take(&mut inner.waiters),
-                std::mem::take(&mut inner.flights),
-            )
+            // The waiters stay known (their calls go on), not listening.
+            let waiters: Vec<_> = inner
+                .waiters
+                .values_mut()
+                .filter_map(Option::take)
+                .collect();
+            (waiters, std::mem::take(&mut inner.flights))
         };
         drop(dropped);
     }
@@ -127,13 +171,18 @@ impl Drop for Listener {
 }
 
 impl Listener {
-    pub(super) fn new(config: tokio_postgres::Config, tls: Tls) -> Self {
+    /// A listener (not listening yet) whose grants to calls that are gone
+    /// go to `on_orphan`.
+    pub(super) fn new(config: tokio_postgres::Config, tls: Tls, on_orphan: OnOrphan) -> Self {
         Listener {
             config,
             tls,
             // Lowercase, unquoted-safe, 43 bytes (< 63).
             channel: format!("tower_lock_{}", uuid::Uuid::new_v4().simple()),
-            dispatch: Arc::default(),
+            dispatch: Arc::new(Dispatch {
+                inner: Mutex::default(),
+                on_orphan,
+            }),
             connecting: tokio::sync::Mutex::new(()),
             next_ticket: AtomicI64::new(1),
         }
@@ -144,9 +193,17 @@ impl Listener {
         &self.channel
     }
 
-    /// A fresh ticket.
+    /// A fresh ticket (a flight watcher's).
     pub(super) fn next_ticket(&self) -> i64 {
         self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh waiter's ticket, known as a live call's until
+    /// [`unregister`](Listener::unregister).
+    pub(super) fn waiter_ticket(&self) -> i64 {
+        let ticket = self.next_ticket();
+        self.dispatch.lock().waiters.insert(ticket, None);
+        ticket
     }
 
     /// Register `ticket` if the connection is listening (so any hand-off
@@ -155,10 +212,11 @@ impl Listener {
         let mut inner = self.dispatch.lock();
         inner.up?;
         let (tx, rx) = oneshot::channel();
-        inner.waiters.insert(ticket, tx);
+        inner.waiters.insert(ticket, Some(tx));
         Some(rx)
     }
 
+    /// `ticket`'s call is over: a grant to it from now on is passed on.
     pub(super) fn unregister(&self, ticket: i64) {
         let removed = self.dispatch.lock().waiters.remove(&ticket);
         drop(removed);
@@ -285,13 +343,6 @@ impl Listener {
     }
 }
 
-/// What a watcher hears of a published result: its `seq`, and its value
-/// when it was small enough to travel in the notification.
-pub(super) struct FlightNews {
-    pub(super) seq: u64,
-    pub(super) value: Option<Vec<u8>>,
-}
-
 /// A flight watcher's registration: [`FlightWatch::news`] resolves with the
 /// news of the result published to it; dropped, it is forgotten.
 pub(super) struct FlightWatch {
@@ -400,83 +451,13 @@ async fn keep_alive(client: &Client, op_timeout: Duration) {
     }
 }
 
-/// `"<ticket> <fence> <acquired µs>"`.
-fn parse_grant(payload: &str) -> Option<(i64, Grant)> {
-    let mut parts = payload.split(' ');
-    let ticket = parts.next()?.parse().ok()?;
-    let fence = parts.next()?.parse().ok()?;
-    let acquired_us = parts.next()?.parse().ok()?;
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((ticket, Grant { fence, acquired_us }))
-}
-
-/// `"<ticket> <seq>[ <value in hex>]"` (after the `"f "`).
-fn parse_flight(news: &str) -> Option<(i64, FlightNews)> {
-    let mut parts = news.split(' ');
-    let ticket = parts.next()?.parse().ok()?;
-    let seq = parts.next()?.parse().ok()?;
-    let value = match parts.next() {
-        Some(hex) => Some(from_hex(hex)?),
-        None => None,
-    };
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((ticket, FlightNews { seq, value }))
-}
-
-/// Bytes from lowercase or uppercase hex (PostgreSQL's `encode(.., 'hex')`).
-fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let hex = hex.as_bytes();
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    hex.chunks_exact(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn flight_news_parses_strictly() {
-        let (t, n) = parse_flight("7 42").unwrap();
-        assert_eq!((t, n.seq, n.value), (7, 42, None));
-        let (_, n) = parse_flight("7 42 7b7dFF").unwrap();
-        assert_eq!(n.value.unwrap(), b"{}\xff");
-        let (_, n) = parse_flight("7 42 ").unwrap();
-        assert_eq!(n.value.unwrap(), b"");
-        assert!(parse_flight("7 42 abc").is_none());
-        assert!(parse_flight("7 42 zz").is_none());
-        assert!(parse_flight("7").is_none());
-        assert!(parse_flight("7 42 00 x").is_none());
-    }
-
-    #[test]
-    fn grants_parse_strictly() {
-        let (t, g) = parse_grant("7 42 1700000000123456").unwrap();
-        assert_eq!((t, g.fence, g.acquired_us), (7, 42, 1_700_000_000_123_456));
-        assert!(parse_grant("7 42").is_none());
-        assert!(parse_grant("7 42 1 x").is_none());
-        assert!(parse_grant("a 42 1").is_none());
-        assert!(parse_grant("7 -1 1").is_none());
-    }
-
-    #[test]
     fn channel_is_a_plain_identifier() {
-        let l = Listener::new(tokio_postgres::Config::new(), Tls::None);
+        let l = Listener::new(tokio_postgres::Config::new(), Tls::None, Box::new(drop));
         assert!(l.channel().len() < 63);
         assert!(
             l.channel()

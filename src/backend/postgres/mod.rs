@@ -8,21 +8,26 @@
 //!   function (PL/pgSQL), atomic in its own implicit transaction; nothing is
 //!   read by the app and written back.
 //! - **Database time only**: acquisition and expiry times are the server's
-//!   `now()`, never the app's clock. An expired lock is taken over by the
-//!   next acquirer in the same statement (`INSERT … ON CONFLICT … DO UPDATE
-//!   … WHERE expires_at <= now()`): no cleanup job is needed for
-//!   correctness.
-//! - **Fencing tokens** come from one sequence for the whole table: they
-//!   strictly increase for every key across release, expiry, restarts and
-//!   every instance, and nothing per key outlives its lock (a released
-//!   lock's row is deleted).
+//!   clock, never the app's. An expired lock is taken over by the next
+//!   acquirer in the same call: no cleanup job is needed for correctness.
+//! - **Fencing tokens** come from one sequence for the whole table, drawn
+//!   only once the key's row is locked and the grant decided (a free key's
+//!   row goes in first): they strictly increase in the order holders get
+//!   the lock, for every key, across release, expiry, restarts and every
+//!   instance, whatever stalls a statement; and nothing per key outlives
+//!   its lock (a released lock's row is deleted).
 //! - **Fair, direct hand-off**: waiters queue in a table, first come first
 //!   served, one entry per acquire call. A release hands the lock straight
-//!   to the oldest live waiter (new fence, the waiter's TTL from the
-//!   hand-off) and wakes only that waiter through `NOTIFY` on its backend's
-//!   channel; the notification carries the lease, so the waiter returns
-//!   without another round trip. Newcomers never barge ahead of live queued
-//!   waiters, also after a holder's expiry.
+//!   to the oldest live waiter (new fence, the waiter's TTL from the moment
+//!   of the grant) and wakes only that waiter through `NOTIFY` on its
+//!   backend's channel; the notification carries the lease, so the waiter
+//!   returns without another round trip. Newcomers never barge ahead of
+//!   live queued waiters, also after a holder's expiry or beside a sweep.
+//! - **Cleanup in order**: a caller (key and owner) whose call was dropped
+//!   before its reply is pinned to that call's connection until it was
+//!   answered, so the release after a cancelled acquire and the leave of a
+//!   dropped waiter run after the call they clean up; a grant that still
+//!   reaches a waiter that is gone goes on to the next one at once.
 //! - **No polling**: a waiter sleeps until it is handed the lock, or until
 //!   the holder's TTL runs out (a crashed holder never notifies), or its own
 //!   max wait ends. A jittered, capped re-check is only a safety net.
@@ -52,7 +57,7 @@
 //! | table `locks_flights` | a single-flight's latest result while kept: `key` (the flight's, `f:<name>`), `seq`, `value` (`bytea`), `fresh_until`, `keep_until` |
 //! | table `locks_flight_watchers` | callers waiting for a flight's result: `key`, `channel`, `ticket`, `expires_at` |
 //! | sequences `locks_fence`, `locks_queue` | fencing tokens; queue order |
-//! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_force_release`, `locks_leave`, `locks_hand_off`, `locks_sweep`, `locks_us`, `locks_flight_begin`, `locks_flight_publish` | the operations |
+//! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_claim`, `locks_force_release`, `locks_leave`, `locks_pass_on`, `locks_hand_off`, `locks_sweep`, `locks_us`, `locks_flight_begin`, `locks_flight_publish` | the operations |
 //!
 //! (`locks` is the table name, see [`table`](PostgresBackend::table).)
 //! [`PostgresBackend::schema_sql`] returns the same SQL for teams that run
@@ -61,12 +66,30 @@
 //! # Connections
 //!
 //! Operations run on a few connections taken out of the pool for good (two
-//! by default, see [`connections`](PostgresBackend::connections)):
-//! each pipelines concurrent operations, has the statements prepared and
-//! `statement_timeout` set to the op timeout. Waiting needs one more
-//! connection per backend (and its clones) that runs `LISTEN` on a channel
-//! of its own, `tower_lock_<uuid>`; it is opened from the backend's own
-//! connection settings the first time a waiter has to wait.
+//! by default, see [`connections`](PostgresBackend::connections)): each
+//! pipelines concurrent operations and has the statements prepared; an
+//! operation goes to the least busy, unless its caller is pinned (above).
+//! Each is set up for the SQL, whatever the database's or the pool's
+//! defaults:
+//!
+//! | setting | value | why |
+//! |---|---|---|
+//! | `default_transaction_isolation` | `read committed` | a statement that waited for a row must see what committed meanwhile (under `repeatable read` it fails with a serialization error, and a release that fails leaves the lock for its TTL) |
+//! | `synchronous_commit` | `on` (`remote_apply` is kept) | an acknowledged lock, and its fence, survive a crash |
+//! | `lock_timeout` | `0` | waits for a row are bounded by `statement_timeout` alone |
+//! | `statement_timeout` | the op timeout | a stuck statement ends on the server too |
+//! | `plan_cache_mode` | `force_generic_plan` | the statements are planned once |
+//!
+//! A connection that breaks is replaced, and a call that failed on it is
+//! sent once more on the new one when that is safe (every operation but
+//! force release, which is sent only on a connection that just answered),
+//! so after connections are killed (`pg_terminate_backend`, a server or
+//! PgBouncer restart) at most the calls under way at that moment fail.
+//!
+//! Waiting needs one more connection per backend (and its clones) that
+//! runs `LISTEN` on a channel of its own, `tower_lock_<uuid>`; it is opened
+//! from the backend's own connection settings the first time a waiter has
+//! to wait.
 //!
 //! # Limits
 //!
@@ -82,33 +105,42 @@
 //!   URL given to [`from_pool`](PostgresBackend::from_pool)) at the server
 //!   or a session-mode pool. The operations themselves are single
 //!   statements and work through it when it supports prepared statements
-//!   (PgBouncer 1.21 and later with `max_prepared_statements`).
+//!   (PgBouncer 1.21 and later with `max_prepared_statements`), but the
+//!   settings above do not follow them from one server connection to the
+//!   next: give the pooler's server connections those defaults (at least
+//!   `read committed` and `synchronous_commit = on`, e.g. with `ALTER ROLE
+//!   … SET`).
 //! - A waiter whose process dies stays in the queue until its own max wait
 //!   ends; if the lock is handed to it before then, the lock stays unused
 //!   until that hand-off's TTL ends (as with Redis).
-//! - Nothing is retried after it was sent: a connection that breaks
-//!   mid-call makes that call unavailable (the layer releases what the call
-//!   may have taken, as after any lost reply).
+//! - A call is sent at most twice: when its connection breaks again on the
+//!   second try, it is unavailable (the layer releases what the call may
+//!   have taken, as after any lost reply). A release repeated after its
+//!   first try did run answers "not held" (or "not yours", once the lock
+//!   was handed on): it was released all the same.
 
+mod build;
 mod conn;
 mod error;
 mod flight;
 mod listen;
+mod notify;
 mod ops;
+mod pins;
 mod schema;
+mod statements;
 mod wait;
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 
 use self::conn::Conns;
-use self::error::config_error;
 use self::listen::Listener;
-use self::schema::{Names, check_name};
+use self::schema::Names;
 use super::{
     BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy, Holder, Lease,
     LockBackend, LockStatus, join_all,
@@ -124,8 +156,6 @@ const MAX_STORED_KEY: usize = 512;
 const SWEEP_EVERY: u64 = 1024;
 /// Heap blocks of each table one sweep step looks at.
 const SWEEP_BLOCKS: i64 = 64;
-/// Connections of a pool made from a URL.
-const POOL_SIZE: usize = 16;
 
 /// How the backend's own connections (its pool from a URL, and the `LISTEN`
 /// connection) speak TLS.
@@ -170,6 +200,8 @@ pub struct PostgresBackend {
 struct Shared {
     conns: Conns,
     listener: Listener,
+    /// The backend's op timeout (for calls made on its own: passing on).
+    op_timeout: Duration,
     /// The `LISTEN` connection's settings, kept to rebuild with new names.
     listen_config: tokio_postgres::Config,
     tls: Tls,
@@ -185,17 +217,41 @@ impl Shared {
         tls: Tls,
         names: Names,
         connections: usize,
-    ) -> Self {
-        Shared {
-            conns: Conns::new(pool, names, connections),
-            listener: Listener::new(listen_config.clone(), tls.clone()),
-            listen_config,
-            tls,
-            ops: AtomicU64::new(0),
-            next_block: AtomicI64::new(0),
-            sweeping: AtomicBool::new(false),
-        }
+        op_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|shared: &Weak<Shared>| {
+            let shared = shared.clone();
+            let on_orphan = Box::new(move |orphan| pass_on_later(&shared, orphan));
+            Shared {
+                conns: Conns::new(pool, names, connections),
+                listener: Listener::new(listen_config.clone(), tls.clone(), on_orphan),
+                op_timeout,
+                listen_config,
+                tls,
+                ops: AtomicU64::new(0),
+                next_block: AtomicI64::new(0),
+                sweeping: AtomicBool::new(false),
+            }
+        })
     }
+}
+
+/// Pass `orphan` on in the background (from the listener's task: see
+/// `listen.rs`). A backend already dropped has nobody to pass it on: the
+/// waiter's own leave or the lock's TTL does.
+fn pass_on_later(shared: &Weak<Shared>, orphan: listen::Orphan) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let backend = PostgresBackend {
+        op_timeout: shared.op_timeout,
+        shared,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = backend.pass_on(&orphan).await {
+            tracing::debug!(error = %e, "passing on a grant to a waiter that is gone failed");
+        }
+    });
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -212,218 +268,6 @@ impl fmt::Debug for PostgresBackend {
 }
 
 impl PostgresBackend {
-    /// The default schema, `tower_lock`.
-    pub const DEFAULT_SCHEMA: &'static str = "tower_lock";
-    /// The default table, `locks`.
-    pub const DEFAULT_TABLE: &'static str = "locks";
-    /// The default bound on one backend call, 2 s.
-    pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
-    /// The default number of connections operations run on, 2.
-    pub const DEFAULT_CONNECTIONS: usize = 2;
-
-    /// A backend with its own pool, from a URL:
-    /// `postgres://[user[:password]@]host[:port][/dbname][?param=value…]`
-    /// or the `key=value` form (`host=/run/postgresql dbname=app`), as
-    /// [`tokio_postgres::Config`] parses them. A password goes in the URL.
-    ///
-    /// With the feature `postgres-tls`, `sslmode=require` (or `prefer`, the
-    /// default) speaks TLS through the system's OpenSSL, verifying the
-    /// server's certificate against the system's roots (see
-    /// [`from_url_with_tls`](PostgresBackend::from_url_with_tls) for your
-    /// own CA); without it, `sslmode=require` fails to connect.
-    ///
-    /// Nothing is connected yet: connection errors show up as
-    /// [`LockError::BackendUnavailable`] from the first calls. Run
-    /// [`migrate`](PostgresBackend::migrate) once before the first lock.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
-    pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| config_error(&e))?;
-        Self::from_pg_config(config, default_tls()?)
-    }
-
-    /// [`from_url`](PostgresBackend::from_url) with your own TLS settings
-    /// (a private CA, client certificates) for every connection.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
-    #[cfg(feature = "postgres-tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
-    pub fn from_url_with_tls(url: &str, tls: native_tls::TlsConnector) -> Result<Self, LockError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| config_error(&e))?;
-        Self::from_pg_config(
-            config,
-            Tls::Native(postgres_native_tls::MakeTlsConnector::new(tls)),
-        )
-    }
-
-    fn from_pg_config(config: tokio_postgres::Config, tls: Tls) -> Result<Self, LockError> {
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match &tls {
-            Tls::None => {
-                Manager::from_config(config.clone(), tokio_postgres::NoTls, manager_config)
-            }
-            #[cfg(feature = "postgres-tls")]
-            Tls::Native(connector) => {
-                Manager::from_config(config.clone(), connector.clone(), manager_config)
-            }
-        };
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| config_error(&e))?;
-        Ok(Self::new(pool, config, tls))
-    }
-
-    /// A backend on the application's existing pool.
-    ///
-    /// Operations run on a few connections taken from `pool` for good (the
-    /// pool opens others in their place); `pool` also replaces them when
-    /// they break. Waiting needs a `LISTEN` connection, which a pooled
-    /// connection cannot be (and a transaction-mode pooler cannot carry), so
-    /// `listen_url` says where to open that one: usually the URL the pool
-    /// was made from, or the server's own address when the pool goes
-    /// through PgBouncer. It is opened without TLS, unless the feature
-    /// `postgres-tls` is on (then as [`from_url`](PostgresBackend::from_url)
-    /// does; [`listen_tls`](PostgresBackend::listen_tls) sets your
-    /// own).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::BackendUnavailable`] if `listen_url` is invalid.
-    pub fn from_pool(pool: Pool, listen_url: &str) -> Result<Self, LockError> {
-        let config: tokio_postgres::Config = listen_url.parse().map_err(|e| config_error(&e))?;
-        Ok(Self::new(pool, config, default_tls()?))
-    }
-
-    /// [`from_pool`](PostgresBackend::from_pool) with the `LISTEN`
-    /// connection's settings as a [`tokio_postgres::Config`].
-    pub fn from_pool_and_config(pool: Pool, listen_config: tokio_postgres::Config) -> Self {
-        let tls = default_tls().unwrap_or(Tls::None);
-        Self::new(pool, listen_config, tls)
-    }
-
-    fn new(pool: Pool, listen_config: tokio_postgres::Config, tls: Tls) -> Self {
-        PostgresBackend {
-            shared: Arc::new(Shared::new(
-                pool,
-                listen_config,
-                tls,
-                Names::default(),
-                Self::DEFAULT_CONNECTIONS,
-            )),
-            op_timeout: Self::DEFAULT_OP_TIMEOUT,
-        }
-    }
-
-    /// The same backend (pool, settings) with other names or connection
-    /// count: a fresh set of connections and its own `LISTEN` channel.
-    fn rebuilt(&self, names: Names, connections: usize) -> Arc<Shared> {
-        let shared = &self.shared;
-        Arc::new(Shared::new(
-            shared.conns.pool().clone(),
-            shared.listen_config.clone(),
-            shared.tls.clone(),
-            names,
-            connections,
-        ))
-    }
-
-    /// Keep the table, sequences and functions in schema `schema` instead
-    /// of `tower_lock`: 1 to 40 characters of `a-z`, `0-9` and `_`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::BackendUnavailable`] for a name outside those rules.
-    pub fn schema(mut self, schema: &str) -> Result<Self, LockError> {
-        check_name(schema, "schema")?;
-        let names = Names {
-            schema: schema.to_owned(),
-            ..self.shared.conns.names().clone()
-        };
-        self.shared = self.rebuilt(names, self.shared.conns.connections());
-        Ok(self)
-    }
-
-    /// Name the table `table` instead of `locks` (its other objects are
-    /// named after it: `<table>_waiters`, `<table>_fence`, …): 1 to 40
-    /// characters of `a-z`, `0-9` and `_`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::BackendUnavailable`] for a name outside those rules.
-    pub fn table(mut self, table: &str) -> Result<Self, LockError> {
-        check_name(table, "table")?;
-        let names = Names {
-            table: table.to_owned(),
-            ..self.shared.conns.names().clone()
-        };
-        self.shared = self.rebuilt(names, self.shared.conns.connections());
-        Ok(self)
-    }
-
-    /// Run operations on `connections` connections taken from the pool (1
-    /// to 64, default 2). Each pipelines concurrent operations; more let the
-    /// server work on more independent keys at once.
-    pub fn connections(mut self, connections: usize) -> Self {
-        let names = self.shared.conns.names().clone();
-        self.shared = self.rebuilt(names, connections.clamp(1, 64));
-        self
-    }
-
-    /// Bound every backend call by `op_timeout` (default 2 s), connecting
-    /// and preparing included, at least 1 ms; the server also stops a
-    /// statement after it (`statement_timeout`). `acquire` with a max wait
-    /// returns within max wait + `op_timeout`.
-    pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
-        self.op_timeout = op_timeout.max(Duration::from_millis(1));
-        // Connections made from now on get the new statement_timeout.
-        let names = self.shared.conns.names().clone();
-        self.shared = self.rebuilt(names, self.shared.conns.connections());
-        self
-    }
-
-    /// Open the `LISTEN` connection with these TLS settings.
-    #[cfg(feature = "postgres-tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
-    pub fn listen_tls(mut self, tls: native_tls::TlsConnector) -> Self {
-        let shared = &self.shared;
-        self.shared = Arc::new(Shared::new(
-            shared.conns.pool().clone(),
-            shared.listen_config.clone(),
-            Tls::Native(postgres_native_tls::MakeTlsConnector::new(tls)),
-            shared.conns.names().clone(),
-            shared.conns.connections(),
-        ));
-        self
-    }
-
-    /// The schema the tables live in.
-    pub fn get_schema(&self) -> &str {
-        &self.shared.conns.names().schema
-    }
-
-    /// The lock table's name.
-    pub fn get_table(&self) -> &str {
-        &self.shared.conns.names().table
-    }
-
-    /// The bound on one backend call.
-    pub fn get_op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The pool connections come from.
-    pub fn get_pool(&self) -> &Pool {
-        self.shared.conns.pool()
-    }
-
     /// Create or update the schema, table, sequences and functions (see
     /// the [module documentation](self)): idempotent, in one transaction,
     /// safe to run from several instances at once. Run it once at start-up,
@@ -512,22 +356,6 @@ impl PostgresBackend {
             }
             backend.shared.sweeping.store(false, Ordering::Release);
         });
-    }
-}
-
-/// TLS for connections the backend makes itself: none, or with the feature
-/// `postgres-tls` the system's OpenSSL with its default roots.
-fn default_tls() -> Result<Tls, LockError> {
-    #[cfg(feature = "postgres-tls")]
-    {
-        let connector = native_tls::TlsConnector::new().map_err(|e| config_error(&e))?;
-        Ok(Tls::Native(postgres_native_tls::MakeTlsConnector::new(
-            connector,
-        )))
-    }
-    #[cfg(not(feature = "postgres-tls"))]
-    {
-        Ok(Tls::None)
     }
 }
 
@@ -648,26 +476,6 @@ mod tests {
     #[test]
     fn is_clone_send_sync_backend() {
         assert_traits::<PostgresBackend>();
-    }
-
-    #[tokio::test]
-    async fn builders_check_names_and_keep_settings() {
-        let b = PostgresBackend::from_url("postgres://u:pw@127.0.0.1:1/db")
-            .unwrap()
-            .op_timeout(Duration::from_millis(300))
-            .schema("app")
-            .unwrap()
-            .table("my_locks")
-            .unwrap()
-            .connections(3);
-        assert_eq!((b.get_schema(), b.get_table()), ("app", "my_locks"));
-        assert_eq!(b.get_op_timeout(), Duration::from_millis(300));
-        assert!(b.schema_sql().contains("\"app\".\"my_locks_waiters\""));
-        let shown = format!("{b:?}");
-        assert!(!shown.contains("pw"), "{shown}");
-        assert!(b.clone().table("Bad-Name").is_err());
-        assert!(b.clone().schema("").is_err());
-        assert!(PostgresBackend::from_url("postgres://[::1").is_err());
     }
 
     /// Every call's future is boxed and moved once; connecting (large and

@@ -1,196 +1,23 @@
-//! The statements (one server-side function call each) and their replies.
+//! The operations: their statements' parameters and replies.
 //!
-//! Each operation is one prepared `SELECT` of a function from
-//! `functions.sql`: one round trip, atomic (one implicit transaction), the
-//! decision taken on the server with the server's clock.
+//! Each operation is one prepared statement (`statements.rs`) calling a
+//! function from `functions.sql`: one round trip, atomic (one implicit
+//! transaction), the decision taken on the server with the server's clock.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
-use tokio_postgres::{Client, Row};
+use tokio_postgres::Row;
 
 use super::PostgresBackend;
+use super::conn::Caller;
 use super::error::bad_reply;
-use super::schema::Names;
+use super::statements::Statement;
 use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
 use crate::spec::AcquireRequest;
-
-/// Which prepared statement.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Statement {
-    Acquire = 0,
-    Release,
-    Extend,
-    Claim,
-    ForceRelease,
-    Leave,
-    Status,
-    Sweep,
-    StoreMetadata,
-    HeldBy,
-    FlightBegin,
-    FlightPublish,
-    FlightResult,
-}
-
-const COUNT: usize = 13;
-
-/// The statements of one connection, prepared when it was made.
-pub(super) struct Statements([tokio_postgres::Statement; COUNT]);
-
-impl Statements {
-    /// Prepare every statement, pipelined (one round trip in all).
-    pub(super) async fn prepare(
-        client: &Client,
-        names: &Names,
-    ) -> Result<Statements, tokio_postgres::Error> {
-        let texts = texts(names);
-        let prepared =
-            crate::backend::join_all(texts.iter().map(|t| client.prepare(t)).collect()).await;
-        let mut out = Vec::with_capacity(COUNT);
-        for statement in prepared {
-            out.push(statement?);
-        }
-        match out.try_into() {
-            Ok(all) => Ok(Statements(all)),
-            Err(_) => unreachable!("one statement per text"),
-        }
-    }
-
-    pub(super) fn get(&self, which: Statement) -> &tokio_postgres::Statement {
-        &self.0[which as usize]
-    }
-}
-
-/// The SQL of every statement, in [`Statement`] order.
-fn texts(names: &Names) -> [String; COUNT] {
-    let f = |name: &str| names.object(&format!("_{name}"));
-    let us = f("us");
-    // The fast paths as plain statements in front of the function, which
-    // runs only when the fast path did nothing (a one-time filter skips it
-    // otherwise), still within the same statement: one round trip either
-    // way. Measured on one connection (p50 of acquire + release, three
-    // interleaved rounds): raw lease loop 68 µs, these 103 µs, the
-    // functions called alone 105-118 µs.
-    [
-        format!(
-            "WITH fast AS ( \
-               INSERT INTO {table} AS l (key, owner, attempt, fence, acquired_at, expires_at) \
-               VALUES ($1::text, $2::text, $3::bigint, nextval('{fence}'), now(), \
-                       now() + $4::bigint * interval '1 millisecond') \
-               ON CONFLICT (key) DO UPDATE SET \
-                 owner = excluded.owner, attempt = excluded.attempt, fence = excluded.fence, \
-                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, \
-                 queued = false, granted_to = NULL \
-               WHERE l.expires_at <= now() AND NOT l.queued \
-               RETURNING l.fence) \
-             SELECT 1, fence, {us}(now()), {us}(now()), NULL::bigint, false FROM fast \
-             UNION ALL \
-             SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
-             FROM {acquire}($1, $2, $3, $4, $5::bigint, $6::text, $7::bigint) AS a \
-             WHERE NOT EXISTS (SELECT 1 FROM fast)",
-            table = names.object(""),
-            // nextval() takes the sequence's name as text.
-            fence = names.object("_fence"),
-            acquire = f("acquire"),
-        ),
-        format!(
-            "WITH fast AS ( \
-               DELETE FROM {table} AS l \
-               WHERE l.key = $1::text AND l.owner = $2::text \
-                 AND ($3::bigint IS NULL OR l.fence = $3::bigint) \
-                 AND l.expires_at > now() AND NOT l.queued \
-               RETURNING 1) \
-             SELECT 1 FROM fast \
-             UNION ALL \
-             SELECT {release}($1, $2, $3) WHERE NOT EXISTS (SELECT 1 FROM fast)",
-            table = names.object(""),
-            release = f("release"),
-        ),
-        format!(
-            "SELECT code, fence, acquired_us, now_us FROM {}($1::text, $2::text, $3::bigint, \
-                     $4::bigint)",
-            f("extend")
-        ),
-        format!(
-            "SELECT code, fence, acquired_us, expires_us, now_us \
-             FROM {}($1::text, $2::text, $3::bigint, $4::bigint)",
-            f("claim")
-        ),
-        format!("SELECT {}($1)", f("force_release")),
-        format!(
-            "SELECT code, fence, acquired_us, remaining_us FROM {}($1, $2, $3, $4, $5)",
-            f("leave")
-        ),
-        // Always one row: NULLs when the lock is free. The metadata only
-        // if stored for this very acquisition (see `StoreMetadata`).
-        format!(
-            "SELECT l.owner, l.fence, {us}(l.acquired_at), {us}(l.expires_at), {us}(now()), \
-               (SELECT count(*) FROM {waiters} AS w WHERE w.key = l.key AND w.deadline > now()), \
-               {metadata} \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN {table} AS l ON l.key = $1 AND l.expires_at > now()",
-            table = names.object(""),
-            waiters = names.object("_waiters"),
-            metadata = METADATA,
-        ),
-        format!("SELECT next_block, removed FROM {}($1, $2)", f("sweep")),
-        // The `metadata` column holds {"fence": <fence>, "data": <object>}:
-        // tagged with the acquisition it belongs to, so a later holder (a
-        // hand-off, a take-over after expiry) never shows it, and no
-        // statement that changes the holder has to clear it.
-        format!(
-            "WITH stored AS ( \
-               UPDATE {table} AS l \
-               SET metadata = jsonb_build_object('fence', $3::bigint, 'data', $4::text::jsonb) \
-               WHERE l.key = $1::text AND l.owner = $2::text AND l.fence = $3::bigint \
-                 AND l.expires_at > now() \
-               RETURNING 1) \
-             SELECT count(*)::int FROM stored",
-            table = names.object(""),
-        ),
-        // The locks of one owner (a scan: no index on owner, see
-        // schema.sql), as arrays in one row.
-        format!(
-            "SELECT coalesce(array_agg(h.key ORDER BY h.key), '{{}}'), \
-               coalesce(array_agg(h.fence ORDER BY h.key), '{{}}'), \
-               coalesce(array_agg({us}(h.acquired_at) ORDER BY h.key), '{{}}'), \
-               coalesce(array_agg({us}(h.expires_at) ORDER BY h.key), '{{}}'), \
-               coalesce(array_agg(h.meta ORDER BY h.key), '{{}}'), \
-               {us}(now()) \
-             FROM (SELECT l.key, l.fence, l.acquired_at, l.expires_at, {metadata} AS meta \
-                   FROM {table} AS l \
-                   WHERE l.owner = $1::text AND l.expires_at > now() \
-                   ORDER BY l.key LIMIT $2::bigint) AS h",
-            table = names.object(""),
-            metadata = METADATA,
-        ),
-        format!(
-            "SELECT code, fence, acquired_us, now_us, remaining_us, seq, value \
-             FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::text, $6::bigint, \
-                     $7::bigint)",
-            f("flight_begin")
-        ),
-        format!(
-            "SELECT {}($1::text, $2::text, $3::bigint, $4::bytea, $5::bigint, $6::bigint)",
-            f("flight_publish")
-        ),
-        // Always one row: NULLs when no result is kept.
-        format!(
-            "SELECT f.seq, f.value FROM (SELECT 1) AS one \
-             LEFT JOIN {} AS f ON f.key = $1::text AND f.keep_until > now()",
-            names.object("_flights"),
-        ),
-    ]
-}
-
-/// The metadata of the lock row `l`, as JSON text, if it belongs to its
-/// current acquisition.
-const METADATA: &str = "CASE WHEN (l.metadata->>'fence')::bigint = l.fence \
-     THEN (l.metadata->'data')::text END";
 
 /// A server timestamp (µs since the Unix epoch) as a `SystemTime`, within
 /// [epoch, end of year 9999]: a garbled reply must not overflow a
@@ -312,6 +139,10 @@ impl PostgresBackend {
                     &channel,
                     &ticket,
                 ],
+                Some(Caller {
+                    key: &key,
+                    owner: req.owner(),
+                }),
                 end,
                 self.op_timeout,
             )
@@ -346,6 +177,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Leave,
                 &[&stored, &owner, &ticket.channel, &ticket.id, &claim],
+                Some(Caller {
+                    key: &stored,
+                    owner,
+                }),
                 end,
                 self.op_timeout,
             )
@@ -380,6 +215,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Release,
                 &[&stored, &holder.owner(), &fence],
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -409,6 +248,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Extend,
                 &[&stored, &holder.owner(), &held, &ceil_ms(ttl)],
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -444,6 +287,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::Claim,
                 &[&stored, &holder.owner(), &held, &attempt],
+                Some(Caller {
+                    key: &stored,
+                    owner: holder.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -475,6 +322,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::ForceRelease,
                 &[&stored],
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -494,6 +342,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::Status,
                 &[&stored],
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -532,6 +381,10 @@ impl PostgresBackend {
             .query_one(
                 Statement::StoreMetadata,
                 &[&stored, &req.owner(), &fence, &metadata.as_json()],
+                Some(Caller {
+                    key: &stored,
+                    owner: req.owner(),
+                }),
                 self.deadline(),
                 self.op_timeout,
             )
@@ -555,6 +408,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::HeldBy,
                 &[&owner, &limit],
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -605,6 +459,7 @@ impl PostgresBackend {
             .query_one(
                 Statement::Sweep,
                 &[&from_block, &blocks],
+                None,
                 self.deadline(),
                 self.op_timeout,
             )
@@ -640,13 +495,5 @@ mod tests {
         let key = LockKey::global("k").unwrap();
         let req = AcquireRequest::new(key, "o", Duration::from_secs(1), Duration::ZERO).unwrap();
         assert_eq!(attempt(&req) as u64, req.attempt());
-    }
-
-    #[test]
-    fn every_statement_names_its_schema() {
-        let names = Names::default();
-        for text in texts(&names) {
-            assert!(text.contains("\"tower_lock\".\"locks"), "{text}");
-        }
     }
 }

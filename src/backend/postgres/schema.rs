@@ -1,8 +1,8 @@
 //! The table, sequences and functions, and `migrate()`.
 //!
-//! The SQL lives in `schema.sql` (tables, sequences) and `functions.sql`
-//! (one PL/pgSQL function per operation), with `{schema}` and `{table}`
-//! replaced by the backend's names. Names are plain lowercase identifiers,
+//! The SQL lives in `schema.sql` (tables, sequences), `functions.sql` (one
+//! PL/pgSQL function per lock operation) and `flight.sql` (single-flight's),
+//! with `{schema}` and `{table}` replaced by the backend's names. Names are plain lowercase identifiers,
 //! checked here, so the rendered SQL needs no escaping beyond quoting.
 
 use tokio_postgres::Client;
@@ -12,6 +12,7 @@ use crate::error::LockError;
 
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 const FUNCTIONS_SQL: &str = include_str!("functions.sql");
+const FLIGHT_SQL: &str = include_str!("flight.sql");
 
 /// The longest schema or table name accepted: the longest derived name
 /// (`<table>_flight_watchers`) then stays within PostgreSQL's 63 bytes.
@@ -71,6 +72,8 @@ impl Names {
         let mut sql = self.render(SCHEMA_SQL);
         sql.push('\n');
         sql.push_str(&self.render(FUNCTIONS_SQL));
+        sql.push('\n');
+        sql.push_str(&self.render(FLIGHT_SQL));
         sql
     }
 }

@@ -13,8 +13,10 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
 use super::PostgresBackend;
-use super::listen::Grant;
-use super::ops::{Attempt, Left, Ticket, ceil_ms, server_time};
+use super::error::bad_reply;
+use super::listen::{Grant, Orphan};
+use super::ops::{Attempt, Left, Ticket, ceil_ms, col, server_time};
+use super::statements::Statement;
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -44,7 +46,7 @@ impl PostgresBackend {
             backend: self,
             key: req.key(),
             owner: req.owner(),
-            ticket: listener.next_ticket(),
+            ticket: listener.waiter_ticket(),
             queued: false,
         };
         // Registered before the first attempt when the connection listens,
@@ -172,6 +174,32 @@ impl PostgresBackend {
             }),
             Left::Dropped => Err(super::error::bad_reply("leave")),
         }
+    }
+}
+
+impl PostgresBackend {
+    /// Pass on a grant that reached a waiter of this backend after its call
+    /// was gone (see `Listener`); whether there was anything to pass on.
+    pub(super) async fn pass_on(&self, orphan: &Orphan) -> Result<bool, LockError> {
+        const WHAT: &str = "pass on";
+        let fence = i64::try_from(orphan.fence).map_err(|_| bad_reply(WHAT))?;
+        let row = self
+            .shared
+            .conns
+            .query_one(
+                Statement::PassOn,
+                &[
+                    &orphan.key,
+                    &self.shared.listener.channel(),
+                    &orphan.ticket,
+                    &fence,
+                ],
+                None,
+                self.deadline(),
+                self.op_timeout,
+            )
+            .await?;
+        Ok(col::<i32>(&row, 0, WHAT)? == 1)
     }
 }
 

@@ -1,0 +1,674 @@
+//! `PostgresBackend` under races and faults (issue 21, round 3), each made
+//! to happen on purpose against a real, private PostgreSQL: another
+//! session holding a lock row, a statement stalled by a trigger, a sweep in
+//! an open transaction, database defaults that differ from the backend's,
+//! connections cut behind the client's back. Every test asserts where the
+//! lock is (and with which fence), never how fast something went.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::pg_server::PgServer;
+use common::proxy::Proxy;
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls};
+use tower_lock::backend::postgres::PostgresBackend;
+use tower_lock::backend::{AcquireRequest, FlightStart, Holder, Lease};
+use tower_lock::{LockBackend, LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn backend(url: &str) -> PostgresBackend {
+    let b = PostgresBackend::from_url(url).unwrap();
+    b.migrate().await.unwrap();
+    b
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::global(name).unwrap()
+}
+
+fn req(name: &str, owner: &str, ttl: Duration, wait: Duration) -> AcquireRequest {
+    AcquireRequest::new(key(name), owner, ttl, wait).unwrap()
+}
+
+/// A session of the test's own (another client of the database), driven
+/// by its connection task.
+async fn session(server: &PgServer) -> Client {
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// One number from the server (psql, blocking).
+fn count(server: &PgServer, q: &str) -> i64 {
+    server.psql(q).parse().unwrap()
+}
+
+/// Wait until `n` other sessions wait for a lock of kind `event`
+/// (`pg_stat_activity.wait_event`: `tuple`, `transactionid`, `advisory`).
+async fn blocked(server: &PgServer, event: &str, n: i64) {
+    let q = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND wait_event = '{event}' AND pid <> pg_backend_pid()"
+    );
+    let deadline = Instant::now() + 10 * SEC;
+    while count(server, &q) < n {
+        assert!(Instant::now() < deadline, "never {n} blocked on {event}");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+/// Either a transaction lock or a tuple lock: a statement waiting for a
+/// row another transaction holds waits for one or the other.
+async fn blocked_on_a_row(server: &PgServer, n: i64) {
+    let q = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + 10 * SEC;
+    while count(server, q) < n {
+        assert!(Instant::now() < deadline, "never {n} blocked on a row");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+/// Wait until `n` waiters are queued on `name`.
+async fn queued(server: &PgServer, name: &str, n: i64) {
+    let q = format!("SELECT count(*) FROM tower_lock.locks_waiters WHERE key = 'g:{name}'");
+    let deadline = Instant::now() + 10 * SEC;
+    while count(server, &q) != n {
+        assert!(Instant::now() < deadline, "never {n} queued on {name}");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+fn spawn_acquire(
+    b: &PostgresBackend,
+    req: AcquireRequest,
+) -> tokio::task::JoinHandle<Result<Lease, LockError>> {
+    let b = b.clone();
+    tokio::spawn(async move { b.acquire(&req).await })
+}
+
+/// Every grant of a lock, in the order they were made: an audit table
+/// written at each commit that inserted or changed a lock row (a deferred
+/// trigger, so what it records is what committed, while the committing
+/// transaction still holds the key's row), numbered as it is written.
+fn audit_grants(server: &PgServer) {
+    server.psql(
+        "CREATE TABLE grants (id bigserial PRIMARY KEY, key text, owner text, fence bigint);
+         CREATE FUNCTION audit_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO grants (key, owner, fence)
+             SELECT l.key, l.owner, l.fence FROM tower_lock.locks AS l WHERE l.key = NEW.key;
+           RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER audit_grant AFTER INSERT OR UPDATE ON tower_lock.locks
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION audit_grant();",
+    );
+}
+
+/// The grants of `name` in grant order: (owner, fence).
+fn grants(server: &PgServer, name: &str) -> Vec<(String, u64)> {
+    server
+        .psql(&format!(
+            "SELECT owner || ' ' || fence FROM grants WHERE key = 'g:{name}' ORDER BY id"
+        ))
+        .lines()
+        .map(|l| {
+            let (owner, fence) = l.rsplit_once(' ').unwrap();
+            (owner.to_owned(), fence.parse().unwrap())
+        })
+        .fold(Vec::new(), |mut grants, g| {
+            // (A commit that only extended the lock records it again.)
+            if grants.last() != Some(&g) {
+                grants.push(g);
+            }
+            grants
+        })
+}
+
+fn assert_fences_grow(grants: &[(String, u64)]) {
+    assert!(
+        grants.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences must grow in the order the lock was granted: {grants:?}"
+    );
+}
+
+// ------------------------------------------------------- 2. fence order
+
+/// A release that waits behind another session's row lock hands the lock
+/// to a queued waiter; a newcomer that started meanwhile (when the
+/// hand-off's lease was dated from the release's start, it found that
+/// lease expired and took over under the fence it had drawn before
+/// waiting, lower than the waiter's). Fences follow grant order, and the
+/// waiter's lease starts at its grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_held_up_by_a_row_lock_grants_in_fence_order() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    // Another instance: the newcomer's statement does not queue behind the
+    // release on a connection they share.
+    let other = backend(&server.url()).await;
+    audit_grants(&server);
+    let held = b
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("k", "waiter", 300 * ms(1), 10 * SEC));
+    queued(&server, "k", 1).await;
+
+    let s = session(&server).await;
+    s.batch_execute("BEGIN; SELECT 1 FROM tower_lock.locks WHERE key = 'g:k' FOR UPDATE")
+        .await
+        .unwrap();
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.release(&key("k"), Holder::new("holder", held.fence))
+                .await
+        }
+    });
+    blocked_on_a_row(&server, 1).await;
+    // More than the waiter's TTL passes while the release waits.
+    tokio::time::sleep(ms(400)).await;
+    let newcomer = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .acquire(&req("k", "newcomer", 30 * SEC, Duration::ZERO))
+                .await
+        }
+    });
+    blocked_on_a_row(&server, 2).await;
+    let before_grant: SystemTime = s
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    s.batch_execute("COMMIT").await.unwrap();
+
+    release.await.unwrap().unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    let newcomer = newcomer.await.unwrap();
+    assert!(
+        lease.acquired_at >= before_grant,
+        "the hand-off's lease starts at the grant, not when the release started"
+    );
+    if let Ok(taken) = &newcomer {
+        assert!(taken.fence > lease.fence, "{taken:?} after {lease:?}");
+    }
+    assert_fences_grow(&grants(&server, "k"));
+}
+
+/// An acquire that stalls before its row goes in (a slow trigger stands in
+/// for a stalled server process) while another acquisition is granted and
+/// force-released: when it goes on, its fence is higher than that one's.
+/// Through the acquire statement's fast path, and through the function
+/// alone (a single-flight's begin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_acquire_never_holds_with_an_older_fence() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let other = backend(&server.url()).await;
+    audit_grants(&server);
+    server.psql(
+        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.owner = 'stalled' THEN PERFORM pg_advisory_xact_lock(42); END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER stall BEFORE INSERT ON tower_lock.locks
+           FOR EACH ROW EXECUTE FUNCTION stall();",
+    );
+    let gate = session(&server).await;
+    for (name, flight) in [("k", false), ("f", true)] {
+        gate.batch_execute("SELECT pg_advisory_lock(42)")
+            .await
+            .unwrap();
+        let stalled = tokio::spawn({
+            let b = b.clone();
+            let r = req(name, "stalled", 30 * SEC, Duration::ZERO);
+            async move {
+                if !flight {
+                    return b.acquire(&r).await;
+                }
+                match b.flight_begin(&r).await? {
+                    FlightStart::Leader(lease) => Ok(lease),
+                    other => panic!("{other:?}"),
+                }
+            }
+        });
+        blocked(&server, "advisory", 1).await;
+        let first = other
+            .acquire(&req(name, "first", 30 * SEC, Duration::ZERO))
+            .await
+            .unwrap();
+        assert!(other.force_release(&key(name)).await.unwrap());
+        gate.batch_execute("SELECT pg_advisory_unlock(42)")
+            .await
+            .unwrap();
+
+        let late = stalled.await.unwrap().unwrap();
+        assert!(
+            late.fence > first.fence,
+            "{name}: granted after fence {}, it holds with fence {}",
+            first.fence,
+            late.fence
+        );
+        assert_fences_grow(&grants(&server, name));
+    }
+}
+
+// ------------------------------------------------- 3. cleanup order
+
+/// 32 tasks acquire one hot key through the crate (which releases what a
+/// cancelled acquisition may have taken, and leaves the queue for a
+/// dropped waiter), each giving up after 1 to 8 ms. Once they are all
+/// done, the lock is free: nobody holds it for a caller that gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_never_keep_the_lock() {
+    let server = PgServer::start();
+    let b = SharedBackend::new(backend(&server.url()).await);
+    let spec = LockSpec::new("hot", 30 * SEC).global().max_wait(10 * SEC);
+    let gave_up = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..32u64)
+        .map(|t| {
+            let (b, spec, gave_up) = (b.clone(), spec.clone(), gave_up.clone());
+            tokio::spawn(async move {
+                for i in 0..20u64 {
+                    let patience = ms(1 + (t * 5 + i * 3) % 8);
+                    match tokio::time::timeout(patience, OwnedLock::acquire(&b, &spec)).await {
+                        Ok(Ok(lock)) => lock.release().await.unwrap(),
+                        Ok(Err(e)) => panic!("{e:?}"),
+                        Err(_) => {
+                            gave_up.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    println!(
+        "{} of 640 acquisitions gave up",
+        gave_up.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    // Every caller is done: the lock comes free (the crate's cleanups run
+    // in the background) long before a 30 s TTL could free it.
+    let probe = req("hot", "probe", 30 * SEC, 5 * SEC);
+    b.acquire(&probe)
+        .await
+        .expect("the lock is held for a caller that gave up");
+}
+
+/// A cancelled acquire's statement is stuck in the network; calls about
+/// the same key are made meanwhile (two status reads, one of them then
+/// cancelled too), and the crate's cleanup release follows the cancel.
+/// Whatever connections they went out on, and whichever gets through
+/// first, the cleanup runs after the acquire: the lock is not left to the
+/// caller that gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_never_overtakes_the_call_it_cleans_up() {
+    let server = PgServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = backend(&proxy.postgres_url()).await;
+    // Which statements ran on the lock table.
+    server.psql(
+        "CREATE TABLE ran (what text);
+         CREATE FUNCTION log_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO ran VALUES (TG_OP); RETURN NULL; END $$;
+         CREATE TRIGGER log_statement AFTER INSERT OR DELETE ON tower_lock.locks
+           FOR EACH STATEMENT EXECUTE FUNCTION log_statement();",
+    );
+    let ran = async |server: &PgServer, what: &str| {
+        let q = format!("SELECT count(*) FROM ran WHERE what = '{what}'");
+        let deadline = Instant::now() + 10 * SEC;
+        while count(server, &q) == 0 {
+            assert!(Instant::now() < deadline, "no {what} ran");
+            tokio::time::sleep(ms(2)).await;
+        }
+    };
+    let shared = SharedBackend::new(b.clone());
+    let spec = LockSpec::new("cleanup-order", 30 * SEC).global();
+    proxy.hold_carrying(b"g:cleanup-order");
+
+    let acquire = tokio::spawn({
+        let (shared, spec) = (shared.clone(), spec.clone());
+        async move { OwnedLock::acquire(&shared, &spec).await.map(drop) }
+    });
+    proxy.carried(1).await;
+    let status = |b: &PostgresBackend| {
+        let b = b.clone();
+        tokio::spawn(async move { b.status(&key("cleanup-order")).await.map(drop) })
+    };
+    let first = status(&b);
+    proxy.carried(2).await;
+    let _second = status(&b);
+    proxy.carried(3).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    acquire.abort();
+    assert!(acquire.await.unwrap_err().is_cancelled());
+    // The cleanup release is sent.
+    proxy.carried(4).await;
+
+    // The cleanup goes first, if it went out on a connection of its own
+    // (until it has run); then everything, until the acquire has run.
+    let (acquired_on, cleanup_on) = (proxy.carrier(0), proxy.carrier(3));
+    if cleanup_on != acquired_on {
+        proxy.let_go(cleanup_on);
+        ran(&server, "DELETE").await;
+    }
+    proxy.let_go_all();
+    ran(&server, "INSERT").await;
+    ran(&server, "DELETE").await;
+
+    let probe = req("cleanup-order", "probe", 30 * SEC, 5 * SEC);
+    b.acquire(&probe)
+        .await
+        .expect("the lock is held for the caller that gave up");
+}
+
+/// A grant that reaches this backend for a waiter it no longer has (its
+/// entry outlived it) goes on to the next waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_waiter_that_is_gone_goes_to_the_next() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let held = b
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("k", "waiter", 30 * SEC, 10 * SEC));
+    queued(&server, "k", 1).await;
+    // An entry of this backend's channel ahead of the waiter, for a ticket
+    // no call of it has: the waiter it stood for is gone.
+    server.psql(
+        "INSERT INTO tower_lock.locks_waiters (key, place, channel, ticket, owner, attempt, ttl_ms, deadline) \
+         SELECT key, 0, channel, 999999999, 'gone', 1, 60000, now() + interval '1 min' \
+         FROM tower_lock.locks_waiters WHERE key = 'g:k'",
+    );
+    b.release(&key("k"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(10 * SEC, waiter)
+        .await
+        .expect("the grant to the gone waiter stayed with it")
+        .unwrap()
+        .unwrap();
+    assert!(lease.fence > held.fence);
+    assert_eq!(b.status(&key("k")).await.unwrap().unwrap().owner, "waiter");
+}
+
+/// A waiter whose grant's notification is held back in the network finds
+/// the lock its own by re-checking, and returns. When the notification
+/// arrives, its call is gone, so the grant looks abandoned: it must not be
+/// passed on, as the lock is in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_its_waiter_claimed_is_never_passed_on() {
+    let server = PgServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = backend(&proxy.postgres_url()).await;
+    let held = b
+        .acquire(&req("claimed", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("claimed", "waiter", 30 * SEC, 10 * SEC));
+    queued(&server, "claimed", 1).await;
+    proxy.hold_pubsub(true);
+    b.release(&key("claimed"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    // Its safety-net re-check finds the lock handed to it.
+    let lease = waiter.await.unwrap().unwrap();
+
+    // The late notification; what it sets off about the key is held, and
+    // the holder's release goes behind it.
+    proxy.hold_carrying(b"g:claimed");
+    proxy.hold_pubsub(false);
+    proxy.carried(1).await;
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.release(&key("claimed"), Holder::new("waiter", lease.fence))
+                .await
+        }
+    });
+    proxy.carried(2).await;
+    proxy.let_go_all();
+    assert_eq!(
+        release.await.unwrap(),
+        Ok(()),
+        "the waiter's lock was passed on under it"
+    );
+}
+
+// ---------------------------------------- 4. sweep against a hand-off
+
+/// The sweep deletes a long-dead waiter entry (in a transaction still open)
+/// while a release hands the lock over: right after the release, the lock
+/// belongs to the live waiter queued behind it, and a newcomer cannot take
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_during_a_release_never_lets_a_newcomer_barge() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let held = b
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    // A waiter of a crashed process, dead for two minutes: the sweep's.
+    server.psql(
+        "INSERT INTO tower_lock.locks_waiters (key, channel, ticket, owner, attempt, ttl_ms, deadline) \
+         VALUES ('g:k', 'tower_lock_nobody', 1, 'ghost', 1, 60000, now() - interval '2 min')",
+    );
+    server.psql("UPDATE tower_lock.locks SET queued = true");
+    let waiter = spawn_acquire(&b, req("k", "waiter", 30 * SEC, 10 * SEC));
+    queued(&server, "k", 2).await;
+
+    let sweep = session(&server).await;
+    sweep
+        .batch_execute("BEGIN; SELECT * FROM tower_lock.locks_sweep(0, 1000)")
+        .await
+        .unwrap();
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.release(&key("k"), Holder::new("holder", held.fence))
+                .await
+        }
+    });
+    blocked_on_a_row(&server, 1).await;
+    sweep.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().unwrap();
+
+    let st = b.status(&key("k")).await.unwrap();
+    assert_eq!(
+        st.map(|s| s.owner).as_deref(),
+        Some("waiter"),
+        "right after the release the lock is the live waiter's"
+    );
+    assert!(matches!(
+        b.acquire(&req("k", "newcomer", 30 * SEC, Duration::ZERO))
+            .await,
+        Err(LockError::AcquisitionFailed { .. })
+    ));
+    waiter.await.unwrap().unwrap();
+}
+
+// -------------------------------------------- 5. session settings
+
+/// What each statement on the lock table ran under, recorded by a trigger.
+fn record_settings(server: &PgServer) {
+    server.psql(
+        "CREATE TABLE settings (isolation text, sync text);
+         CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO settings VALUES (current_setting('transaction_isolation'),
+                                        current_setting('synchronous_commit'));
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER record_settings AFTER INSERT OR UPDATE OR DELETE ON tower_lock.locks
+           FOR EACH STATEMENT EXECUTE FUNCTION record_settings();",
+    );
+}
+
+fn recorded_settings(server: &PgServer) -> String {
+    server.psql("SELECT string_agg(DISTINCT isolation || ' / ' || sync, ', ') FROM settings")
+}
+
+/// A database whose defaults are repeatable read and asynchronous commits:
+/// the backend's statements run read committed (they rely on it) and
+/// synchronously committed (an acknowledged lock and fence survive a
+/// crash), on its own pool and on an application's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_run_read_committed_and_synchronous_whatever_the_defaults() {
+    let server = PgServer::start();
+    backend(&server.url()).await;
+    record_settings(&server);
+    server.psql("ALTER DATABASE postgres SET default_transaction_isolation = 'repeatable read'");
+    server.psql("ALTER DATABASE postgres SET synchronous_commit = off");
+
+    let own = PostgresBackend::from_url(&server.url()).unwrap();
+    let lease = own
+        .acquire(&req("a", "o", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    own.release(&key("a"), Holder::new("o", lease.fence))
+        .await
+        .unwrap();
+    assert_eq!(recorded_settings(&server), "read committed / on");
+
+    // An application's pool whose connections ask for serializable and
+    // local commits.
+    let mut config: tokio_postgres::Config = server.url().parse().unwrap();
+    config.options("-c default_transaction_isolation=serializable -c synchronous_commit=local");
+    let manager = deadpool_postgres::Manager::new(config, NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(4)
+        .build()
+        .unwrap();
+    let app = PostgresBackend::from_pool(pool, &server.url()).unwrap();
+    server.psql("TRUNCATE settings");
+    let lease = app
+        .acquire(&req("b", "o", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    app.release(&key("b"), Holder::new("o", lease.fence))
+        .await
+        .unwrap();
+    assert_eq!(recorded_settings(&server), "read committed / on");
+
+    // A stronger commit level (a synchronous standby's apply) is kept.
+    server.psql("ALTER DATABASE postgres SET synchronous_commit = remote_apply");
+    server.psql("TRUNCATE settings");
+    let strict = PostgresBackend::from_url(&server.url()).unwrap();
+    strict
+        .acquire(&req("c", "o", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(recorded_settings(&server), "read committed / remote_apply");
+}
+
+/// With repeatable read as the database's default, a release that waited
+/// for the row while another session changed it failed with a
+/// serialization error (40001) and left the lock for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_concurrent_change_works_under_a_repeatable_read_default() {
+    let server = PgServer::start();
+    backend(&server.url()).await;
+    server.psql("ALTER DATABASE postgres SET default_transaction_isolation = 'repeatable read'");
+    let b = PostgresBackend::from_url(&server.url()).unwrap();
+    let lease = b
+        .acquire(&req("k", "o", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let s = session(&server).await;
+    s.batch_execute(
+        "BEGIN; UPDATE tower_lock.locks SET expires_at = expires_at + interval '1 s' \
+         WHERE key = 'g:k'",
+    )
+    .await
+    .unwrap();
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move { b.release(&key("k"), Holder::new("o", lease.fence)).await }
+    });
+    blocked_on_a_row(&server, 1).await;
+    s.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().unwrap();
+    assert_eq!(b.status(&key("k")).await.unwrap(), None);
+}
+
+// ---------------------------------------------- 6. connections cut
+
+/// Every connection of the backend (its operations' and the idle ones in
+/// its pool) is cut behind its back, as a PgBouncer or server restart does:
+/// no call made afterwards fails, whichever connection it meets first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_connections_are_cut_all_succeed() {
+    let server = PgServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = backend(&proxy.postgres_url()).await;
+    // Both operation connections in use, and an idle one in the pool.
+    let warm: Vec<_> = (0..16)
+        .map(|i| spawn_acquire(&b, req(&format!("w{i}"), "o", 30 * SEC, Duration::ZERO)))
+        .collect();
+    for w in warm {
+        w.await.unwrap().unwrap();
+    }
+    b.migrate().await.unwrap();
+    let before = count(
+        &server,
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
+         AND pid <> pg_backend_pid()",
+    );
+    assert!(before >= 3, "{before} connections");
+
+    proxy.sever_all();
+    let deadline = Instant::now() + 10 * SEC;
+    while count(
+        &server,
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
+         AND pid <> pg_backend_pid()",
+    ) > 0
+    {
+        assert!(Instant::now() < deadline, "the server kept its sessions");
+        tokio::time::sleep(ms(2)).await;
+    }
+
+    // Force release first (sent only on a connection that just answered,
+    // as it must not run twice), then the rest.
+    for i in 0..8 {
+        let name = format!("w{i}");
+        assert!(
+            b.force_release(&key(&name))
+                .await
+                .unwrap_or_else(|e| panic!("force release {name}: {e:?}"))
+        );
+    }
+    for i in 8..16 {
+        let name = format!("w{i}");
+        b.extend(&key(&name), Holder::owner_only("o"), 30 * SEC)
+            .await
+            .unwrap_or_else(|e| panic!("extend {name}: {e:?}"));
+        assert_eq!(b.status(&key(&name)).await.unwrap().unwrap().owner, "o");
+        b.release(&key(&name), Holder::owner_only("o"))
+            .await
+            .unwrap_or_else(|e| panic!("release {name}: {e:?}"));
+    }
+    let lease = b
+        .acquire(&req("after", "o", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(lease.fence > 0);
+}

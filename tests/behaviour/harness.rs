@@ -136,6 +136,19 @@ impl Harness {
         panic!("{n} waiters never queued");
     }
 
+    /// Wait until `key` is free (state, read through `status`): for a lock
+    /// whose release runs after the answer that gave it up (a waiter's
+    /// leave goes out from a task of its own).
+    pub async fn until_free(&self, key: &LockKey) {
+        for _ in 0..20_000 {
+            if self.backend.status(key).await.expect("status").is_none() {
+                return;
+            }
+            self.tick().await;
+        }
+        panic!("{key:?} was never given back");
+    }
+
     /// An acquirer that joins `req`'s queue and is then frozen, as a
     /// stopped process: queued and alive (its wait has not ended) but never
     /// acting on its own. [`Frozen::thaw`] lets it go on.

@@ -1143,25 +1143,33 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
     let start = Instant::now();
     let request = spawn_send(&app, post_req("/both"));
     h.until_queued(&gkey("a"), 1).await;
-    h.advance(u * 3 / 2).await;
+    // `a` comes free well inside the wait (under load the queueing above
+    // can take a while of the 2 units): the request then waits for `b`
+    // only for what is left of its one max wait.
+    h.advance(u / 2).await;
     h.backend
         .release(&gkey("a"), Holder::owner_only("elsewhere"))
         .await
         .unwrap();
+    let released = start.elapsed();
     let reply = request.await.unwrap();
     let waited = start.elapsed();
     reply.assert_rejection(429, "LOCK_TIMEOUT");
     if h.is_paused() {
         assert_eq!(waited, u * 2);
     } else {
-        assert!(waited < u * 3, "waited {waited:?}: the sum of the waits");
+        // A second wait of its own for `b` would end 2 units after `a`
+        // came free, at the earliest.
+        assert!(
+            waited < released + u * 2,
+            "waited {waited:?} with `a` free after {released:?}: the sum of the waits"
+        );
     }
     assert_eq!(ctl.runs(), 0);
-    assert_eq!(
-        status_of(&h.backend, &gkey("a")).await,
-        None,
-        "`a` given back"
-    );
+    // Given back, if it reached the request at all (had the wait for `a`
+    // ended first, the hand-off to the gone waiter is undone by its leave,
+    // which runs beside the answer).
+    h.until_free(&gkey("a")).await;
 }
 
 /// (16.7) One key names one lock of a request: specs naming it in both

@@ -221,5 +221,5 @@ fn reject<ResB: Body>(rejection: &SharedRejection, error: &LockError) -> Respons
         status = error.status().as_u16(),
         "request rejected: lock not acquired"
     );
-    rejection.rejection(error).map(LockBody::rejection)
+    rejection(error).map(LockBody::rejection)
 }

@@ -101,14 +101,38 @@ impl fmt::Debug for LockSpec {
 }
 
 impl LockSpec {
-    /// Lock `key` for at most `ttl`. No waiting, route scope, a random owner
-    /// token, released after the response.
+    /// Lock `key` of the route the request took for at most `ttl`
+    /// ([`Scope::Route`]: the same key on two routes is two locks). No
+    /// waiting, a random owner token, released after the response.
+    ///
+    /// Outside a request (a job, [`with_lock`](crate::with_lock),
+    /// [`OwnedLock::acquire`](crate::OwnedLock::acquire)) there is no route:
+    /// use [`LockSpec::global`] there.
     pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
+        Self::with_scope(key.into(), ttl, Scope::Route)
+    }
+
+    /// Lock `key` for at most `ttl`, shared by every route and job that
+    /// names it ([`Scope::Global`]): what a job takes. No waiting, a random
+    /// owner token, released after the response.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockSpec, Scope};
+    ///
+    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(60));
+    /// assert_eq!(spec.get_scope(), Scope::Global);
+    /// ```
+    pub fn global(key: impl Into<String>, ttl: Duration) -> Self {
+        Self::with_scope(key.into(), ttl, Scope::Global)
+    }
+
+    fn with_scope(key: String, ttl: Duration, scope: Scope) -> Self {
         LockSpec {
-            key: key.into(),
+            key,
             ttl,
             max_wait: Duration::ZERO,
-            scope: Scope::Route,
+            scope,
             auto_release: true,
             watchdog: None,
             extras: None,
@@ -140,8 +164,7 @@ impl LockSpec {
     /// use serde_json::json;
     /// use tower_lock::LockSpec;
     ///
-    /// let spec = LockSpec::new("report:2024-03", Duration::from_secs(600))
-    ///     .global()
+    /// let spec = LockSpec::global("report:2024-03", Duration::from_secs(600))
     ///     .metadata(json!({"by": "cron@host-3", "reason": "monthly billing"}));
     /// assert_eq!(spec.get_metadata().unwrap().to_value()["by"], "cron@host-3");
     /// ```
@@ -174,8 +197,7 @@ impl LockSpec {
     /// use tower_lock::LockSpec;
     ///
     /// // Every instance fires at 02:00; whoever wins holds it 5 min at least, 30 at most.
-    /// let spec = LockSpec::new("nightly-report", Duration::from_secs(30 * 60))
-    ///     .global()
+    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(30 * 60))
     ///     .min_hold(Duration::from_secs(5 * 60));
     /// assert_eq!(spec.get_min_hold(), Some(Duration::from_secs(300)));
     /// ```
@@ -195,15 +217,11 @@ impl LockSpec {
         self
     }
 
-    /// Set the scope (default [`Scope::Route`]).
+    /// Set the scope (default: [`Scope::Route`] from [`LockSpec::new`],
+    /// [`Scope::Global`] from [`LockSpec::global`]).
     pub fn scope(mut self, scope: Scope) -> Self {
         self.scope = scope;
         self
-    }
-
-    /// Shorthand for `.scope(Scope::Global)`.
-    pub fn global(self) -> Self {
-        self.scope(Scope::Global)
     }
 
     /// Use this owner token instead of a random one (1 to 128 bytes of
@@ -333,6 +351,18 @@ impl LockSpec {
             Scope::Global => LockKey::global(&self.key),
             Scope::Route => LockKey::route(route, &self.key),
         }
+    }
+}
+
+/// A spec is the list of one lock: a [`LockRequest`](crate::LockRequest)
+/// (and a closure given to [`LockLayer::from_fn`](crate::LockLayer::from_fn))
+/// can return a bare `LockSpec` for a route that always locks.
+impl IntoIterator for LockSpec {
+    type Item = LockSpec;
+    type IntoIter = std::iter::Once<LockSpec>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        std::iter::once(self)
     }
 }
 
@@ -626,7 +656,7 @@ mod tests {
 
     #[test]
     fn generated_owners_differ_and_are_valid() {
-        let spec = LockSpec::new("k", Duration::from_secs(1)).global();
+        let spec = LockSpec::global("k", Duration::from_secs(1));
         let (a, b) = (
             spec.to_request_in("").unwrap(),
             spec.to_request_in("").unwrap(),

@@ -214,7 +214,7 @@ async fn without_migrate_calls_fail_closed_and_say_why() {
     let LockError::BackendUnavailable(why) = &err else {
         panic!("{err:?}");
     };
-    assert!(why.contains("migrate"), "{why}");
+    assert!(why.message().contains("migrate"), "{why}");
     b.migrate().await.unwrap();
     // The same backend works once the schema is there.
     b.acquire(&req("k", "o", SEC, Duration::ZERO))

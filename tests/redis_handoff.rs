@@ -44,7 +44,7 @@ async fn token_is_restored_in_a_second_process() {
     }
     let server = RedisServer::start();
     let backend = SharedBackend::new(RedisBackend::from_url(&server.url()).unwrap());
-    let spec = LockSpec::new("job:42", Duration::from_secs(5)).global();
+    let spec = LockSpec::global("job:42", Duration::from_secs(5));
     let lock = OwnedLock::acquire(backend.clone(), &spec).await.unwrap();
     let fence = lock.fence();
     let token = serde_json::to_string(&lock.into_token()).unwrap();

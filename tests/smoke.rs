@@ -44,7 +44,7 @@ async fn smoke() {
 fn partly_locked(backend: MemoryBackend) -> Router {
     let layer = LockLayer::new(backend, |req: &Request<Body>| {
         (req.method() == http::Method::POST)
-            .then(|| LockSpec::new("doc", Duration::from_secs(30)).global())
+            .then(|| LockSpec::global("doc", Duration::from_secs(30)))
     });
     Router::new()
         .route(

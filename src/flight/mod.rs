@@ -1,6 +1,10 @@
 //! Single-flight: concurrent identical work runs once, across every
 //! instance sharing a backend, and everyone gets its result.
 //!
+//! Everything of single-flight is here, with its own defaults
+//! ([`DEFAULT_MAX_WAIT`], [`DEFAULT_LOCK_TTL`], [`DEFAULT_MAX_RESULT_BYTES`]:
+//! a flight's, not a lock's, whose max wait is zero unless its spec says).
+//!
 //! Two forms: [`SingleFlight::run`] for a function, and
 //! [`SingleFlightLayer`] for HTTP routes. Both rest on the same steps:
 //!
@@ -61,7 +65,7 @@ use crate::backend::{LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 
-pub use layer::SingleFlightLayer;
+pub use layer::{FlightFn, SingleFlightLayer};
 pub use request::{FlightRequest, FlightSpec};
 pub use service::{FlightBody, SingleFlightFuture, SingleFlightService};
 
@@ -79,7 +83,8 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::time::Duration;
-/// use tower_lock::{MemoryBackend, SingleFlight};
+/// use tower_lock::MemoryBackend;
+/// use tower_lock::flight::SingleFlight;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -199,7 +204,7 @@ impl SingleFlight {
     }
 
     /// The backend the flights run on.
-    pub fn get_backend(&self) -> &SharedBackend {
+    pub fn backend(&self) -> &SharedBackend {
         &self.backend
     }
 

@@ -22,7 +22,7 @@ use http::Request;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::FlightSpec;
+/// use tower_lock::flight::FlightSpec;
 ///
 /// let spec = FlightSpec::new("statement:42:user-7").result_ttl(Duration::from_secs(5));
 /// assert_eq!(spec.get_key(), "statement:42:user-7");
@@ -69,7 +69,8 @@ impl FlightSpec {
 /// ```
 /// use axum::body::Body;
 /// use http::Request;
-/// use tower_lock::{FlightSpec, path_params};
+/// use tower_lock::path_params;
+/// use tower_lock::flight::FlightSpec;
 ///
 /// fn statement(req: &Request<Body>) -> Option<FlightSpec> {
 ///     let id = path_params(req).get("id")?.to_owned();

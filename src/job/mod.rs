@@ -47,7 +47,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = SharedBackend::new(MemoryBackend::new());
 //! // Where the HTTP handler took the lock and queued the job:
-//! let spec = LockSpec::new("export:7", Duration::from_secs(60)).global();
+//! let spec = LockSpec::global("export:7", Duration::from_secs(60));
 //! let token = OwnedLock::acquire(&backend, &spec).await?.into_token();
 //! let job = Export { id: 7, token, lock: None };
 //!

@@ -29,7 +29,7 @@ use crate::time::unix_ms;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let spec = LockSpec::new("export:7", Duration::from_secs(60)).global();
+/// let spec = LockSpec::global("export:7", Duration::from_secs(60));
 /// let lock = OwnedLock::acquire(&backend, &spec).await?;
 /// let fence = lock.fence();
 ///

@@ -40,7 +40,7 @@ async fn run(app: Router) -> bytes::Bytes {
 }
 
 fn spec(key: &str, ttl_ms: u64) -> LockSpec {
-    LockSpec::new(key, Duration::from_millis(ttl_ms)).global()
+    LockSpec::global(key, Duration::from_millis(ttl_ms))
 }
 
 pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
@@ -136,7 +136,7 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
 /// run out.
 pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
     let u = h.unit();
-    let spec = LockSpec::new("victim", u * 30).global().watchdog(true);
+    let spec = LockSpec::global("victim", u * 30).watchdog(true);
     let lock = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     let start = tokio::time::Instant::now();
     h.advance(u).await;
@@ -468,7 +468,7 @@ pub async fn admin_force_release_and_bad_keys(h: Harness) {
 pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let backend = h.backend.clone();
     let u = h.unit();
-    let job = |ttl| LockSpec::new("job", ttl).global().owner("worker-1");
+    let job = |ttl| LockSpec::global("job", ttl).owner("worker-1");
     let first = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
@@ -527,7 +527,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
 pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness) {
     let probe = Probe::new(&h.backend);
     let u = h.unit();
-    let spec = LockSpec::new("job", u * 3).global().watchdog(true);
+    let spec = LockSpec::global("job", u * 3).watchdog(true);
     let mut lock = OwnedLock::acquire(probe.backend(), &spec).await.unwrap();
     probe.hold_renewals();
     // The renewal (by 3 units) falls due after one unit.

@@ -24,7 +24,7 @@ use super::harness::Harness;
 use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of, with_header};
 
 fn spec(key: &str, ttl: Duration) -> LockSpec {
-    LockSpec::new(key, ttl).global()
+    LockSpec::global(key, ttl)
 }
 
 fn who() -> serde_json::Value {

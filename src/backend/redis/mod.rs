@@ -136,7 +136,8 @@ use crate::spec::AcquireRequest;
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::redis::RedisBackend;
-/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
+/// use tower_lock::LockKey;
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = RedisBackend::from_url("redis://:secret@127.0.0.1:6379")?

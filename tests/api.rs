@@ -159,3 +159,34 @@ async fn flight_outside_lock_in_one_service_builder() {
     let key = LockKey::global("ledger").unwrap();
     assert_eq!(backend.status(&key).await.unwrap(), None, "released");
 }
+
+#[test]
+fn errors_say_what_failed_and_keep_the_cause_as_source() {
+    use std::error::Error;
+    use tower_lock::flight::FlightError;
+    use tower_lock::job::JobError;
+
+    let io = || std::io::Error::other("disk on fire");
+    let flight: FlightError<std::io::Error> = FlightError::Failed(io());
+    assert!(!flight.to_string().contains("disk on fire"), "{flight}");
+    assert_eq!(flight.source().unwrap().to_string(), "disk on fire");
+    let job: JobError<std::io::Error> = JobError::Job(io());
+    assert!(!job.to_string().contains("disk on fire"), "{job}");
+    assert_eq!(job.source().unwrap().to_string(), "disk on fire");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_bad_redis_url_is_a_configuration_error() {
+    let err = tower_lock::RedisBackend::from_url("definitely not a url").unwrap_err();
+    assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
+    assert!(!err.is_retryable());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_bad_schema_name_is_a_configuration_error() {
+    let backend = tower_lock::PostgresBackend::from_url("postgres://u@127.0.0.1:1/db").unwrap();
+    let err = backend.schema("Robert'); DROP").unwrap_err();
+    assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
+}

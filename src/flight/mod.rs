@@ -276,7 +276,15 @@ impl SingleFlight {
 }
 
 /// Why [`SingleFlight::run`] returned no value.
+///
+/// Its `Display` says which step failed; the error of that step is its
+/// [`source`](std::error::Error::source). As an axum response
+/// ([`IntoResponse`](axum::response::IntoResponse), when `E` is one): the
+/// computation's own error as it answers, a lock error as the layers
+/// answer it, a result that does not decode `500` with
+/// `FLIGHT_RESULT_UNDECODABLE`.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum FlightError<E> {
     /// This caller computed, and the computation failed: nothing was
     /// shared, and a waiting caller computes in its place.
@@ -290,14 +298,29 @@ pub enum FlightError<E> {
     Decode(serde_json::Error),
 }
 
-impl<E: fmt::Display> fmt::Display for FlightError<E> {
+impl<E> fmt::Display for FlightError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FlightError::Failed(e) => write!(f, "the computation failed: {e}"),
-            FlightError::Lock(e) => write!(f, "single-flight: {e}"),
-            FlightError::Decode(e) => {
-                write!(f, "single-flight: the shared result does not decode: {e}")
+            FlightError::Failed(_) => f.write_str("single-flight: the computation failed"),
+            FlightError::Lock(_) => f.write_str("single-flight: the flight could not be joined"),
+            FlightError::Decode(_) => {
+                f.write_str("single-flight: the shared result does not decode")
             }
+        }
+    }
+}
+
+impl<E: axum::response::IntoResponse> axum::response::IntoResponse for FlightError<E> {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            FlightError::Failed(e) => e.into_response(),
+            FlightError::Lock(e) => e.into_response(),
+            FlightError::Decode(_) => crate::rejection::json_error(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "FLIGHT_RESULT_UNDECODABLE",
+                "the shared result does not decode as the type asked for",
+            )
+            .map(axum::body::Body::from),
         }
     }
 }

@@ -200,7 +200,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    /// [`LockError::InvalidConfig`] if the URL is invalid.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         Self::from_config(&Config::from_url(url))
     }
@@ -210,7 +210,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the configuration is invalid.
+    /// [`LockError::InvalidConfig`] if the configuration is invalid.
     pub fn from_config(config: &Config) -> Result<Self, LockError> {
         let pool = config
             .create_pool(Some(Runtime::Tokio1))
@@ -235,7 +235,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if `connection_info` is invalid.
+    /// [`LockError::InvalidConfig`] if `connection_info` is invalid.
     pub fn from_pool(
         pool: Pool,
         connection_info: impl IntoConnectionInfo,
@@ -278,7 +278,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if no node is given or a URL is
+    /// [`LockError::InvalidConfig`] if no node is given or a URL is
     /// invalid.
     #[cfg(feature = "redis-cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]

@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release --example bank -- --listen 127.0.0.1:3000
-//! cargo run --release --example bank -- --listen 127.0.0.1:3001 --redis redis://127.0.0.1:6379
+//! cargo run --release --features redis --example bank -- --listen 127.0.0.1:3001 --redis redis://127.0.0.1:6379
 //! cargo run --release --features postgres --example bank -- --postgres postgres://app:pw@127.0.0.1/app
 //! cargo run --release --features redis-cluster --example bank -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
 //! ```

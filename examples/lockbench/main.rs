@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release --example lockbench -- --backend memory --workload serial --seconds 5
-//! cargo run --release --example lockbench -- --backend redis://127.0.0.1:6390 --workload contended16 --seconds 5
+//! cargo run --release --features redis --example lockbench -- --backend redis://127.0.0.1:6390 --workload contended16 --seconds 5
 //! cargo run --release --features postgres --example lockbench -- --backend postgres://postgres@127.0.0.1:5433/postgres --workload serial --seconds 5
 //! ```
 //!

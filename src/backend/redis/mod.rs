@@ -191,7 +191,7 @@ impl RedisBackend {
     pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// A backend with its own pool, from a URL: `redis://[user:password@]host[:port][/db]`,
-    /// `rediss://…` (TLS: needs this crate's feature `tls`; append
+    /// `rediss://…` (TLS: needs this crate's feature `redis-tls`; append
     /// `#insecure` to skip certificate checks, for tests only) or
     /// `unix:///path`.
     ///
@@ -251,7 +251,7 @@ impl RedisBackend {
     /// [`ConnectionInfo`](deadpool_redis::redis::ConnectionInfo)s) of some
     /// of its nodes: any reachable one is enough to learn the rest, and
     /// naming several (say every primary) lets the backend start while one
-    /// is down. `rediss://` needs the feature `tls`; credentials in the
+    /// is down. `rediss://` needs the feature `redis-tls`; credentials in the
     /// first URL apply to every node.
     ///
     /// Every operation is one script on the shard owning the lock's hash

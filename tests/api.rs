@@ -190,3 +190,25 @@ fn a_bad_schema_name_is_a_configuration_error() {
     let err = backend.schema("Robert'); DROP").unwrap_err();
     assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
 }
+
+/// A token's accessors read what its serialised form says, and the form
+/// is the one tokens had as public fields (a token queued by an older
+/// version restores in a newer one).
+#[test]
+fn a_token_reads_and_writes_the_same_json() {
+    let json = r#"{"key":"export:7","route":"/exports/{id}","owner":"o-1","fence":42,"expires_at_ms":1700000000000,"ttl_ms":60000,"metadata":{"by":"cron"},"hold_until_ms":1700000001000}"#;
+    let token: tower_lock::LockToken = serde_json::from_str(json).unwrap();
+    assert_eq!(token.key(), "export:7");
+    assert_eq!(token.route(), Some("/exports/{id}"));
+    assert_eq!(token.owner(), "o-1");
+    assert_eq!(token.fence(), 42);
+    assert_eq!(token.expires_at_ms(), 1_700_000_000_000);
+    assert_eq!(token.ttl_ms(), Some(60_000));
+    assert_eq!(token.metadata().unwrap().to_value()["by"], "cron");
+    assert_eq!(token.hold_until_ms(), Some(1_700_000_001_000));
+    assert_eq!(serde_json::to_string(&token).unwrap(), json);
+    let old = r#"{"key":"k","owner":"o","fence":1,"expires_at_ms":5}"#;
+    let token: tower_lock::LockToken = serde_json::from_str(old).unwrap();
+    assert_eq!((token.route(), token.ttl_ms()), (None, None));
+    assert_eq!(serde_json::to_string(&token).unwrap(), old);
+}

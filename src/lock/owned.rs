@@ -170,19 +170,19 @@ impl OwnedLock {
     ) -> Result<OwnedLock, LockError> {
         let backend = backend.as_shared().clone();
         let key = token.lock_key()?;
-        crate::spec::validate_owner(&token.owner)?;
+        crate::spec::validate_owner(token.owner())?;
         let sent = tokio::time::Instant::now();
-        let holder = Holder::new(&token.owner, token.fence);
+        let holder = Holder::new(token.owner(), token.fence());
         let claimed = backend.claim(&key, holder, new_attempt_id()).await?;
         // The metadata of the lock, not the token's copy (read after the
         // claim: it follows the lock's new fence).
         let metadata = match backend.status(&key).await {
             Ok(Some(status)) if status.fence == claimed.fence => status.metadata,
-            _ => token.metadata.clone(),
+            _ => token.metadata().cloned(),
         };
         let left = claimed.ttl;
         let ttl = token
-            .ttl_ms
+            .ttl_ms()
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis)
             .unwrap_or(left)
@@ -190,7 +190,7 @@ impl OwnedLock {
         let lease = Lease { ttl, ..claimed };
         let lock = HeldLock::new(
             key,
-            Arc::from(token.owner.as_str()),
+            Arc::from(token.owner()),
             lease,
             sent + left,
             HeldExtras::new(metadata, token.hold_left().map(|left| sent + left)),

@@ -135,7 +135,7 @@ pub async fn a_token_restores_once(h: Harness) {
     let token = lock.into_token();
 
     let job = OwnedLock::restore(h.another(), &token).await.unwrap();
-    assert!(job.fence() > token.fence, "a claim is a new acquisition");
+    assert!(job.fence() > token.fence(), "a claim is a new acquisition");
     assert_eq!(
         OwnedLock::restore(h.another(), &token).await.unwrap_err(),
         LockError::OwnershipMismatch,
@@ -149,7 +149,7 @@ pub async fn a_token_restores_once(h: Harness) {
     // The token's own acquisition is gone: its fence releases nothing.
     assert_eq!(
         h.backend
-            .release(&key, Holder::new(&token.owner, token.fence))
+            .release(&key, Holder::new(&token.owner(), token.fence()))
             .await,
         Err(LockError::OwnershipMismatch)
     );

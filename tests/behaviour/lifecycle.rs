@@ -243,7 +243,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
     let json = serde_json::to_string(&lock.into_token()).unwrap();
     // Another process: same backend configuration, token from the queue.
     let token: LockToken = serde_json::from_str(&json).unwrap();
-    assert_eq!(token.fence, fence);
+    assert_eq!(token.fence(), fence);
     let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
     assert!(
         restored.fence() > fence,
@@ -263,7 +263,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner, token.fence)
+                Holder::new(&token.owner(), token.fence())
             )
             .await
             .unwrap_err(),
@@ -299,7 +299,7 @@ pub async fn stale_tokens_are_refused(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner, token.fence)
+                Holder::new(&token.owner(), token.fence())
             )
             .await
             .unwrap_err(),
@@ -482,7 +482,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let second = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
-    assert!(second.fence() > old.fence);
+    assert!(second.fence() > old.fence());
     assert_eq!(
         OwnedLock::restore(backend.clone(), &old).await.unwrap_err(),
         LockError::OwnershipMismatch,
@@ -491,7 +491,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
 
     h.advance(u * 8).await;
     let token = second.into_token();
-    assert_eq!(token.ttl_ms, Some((u * 10).as_millis() as u64));
+    assert_eq!(token.ttl_ms(), Some((u * 10).as_millis() as u64));
     let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
     assert_eq!(restored.info().ttl(), u * 10, "the original TTL");
     restored.start_watchdog();

@@ -18,7 +18,7 @@ use crate::rejection::RejectionBody;
 const READ_AHEAD_LIMIT: u64 = 64 * 1024;
 
 pin_project! {
-    /// Response body of [`LockService`](crate::LockService).
+    /// Response body of [`LockService`](crate::layer::LockService).
     ///
     /// Passes the handler's body through. The request's locks are released
     /// before its final frame is handed on (so a client that has read the

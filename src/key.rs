@@ -103,7 +103,7 @@ impl LockKey {
         Ok(Self::new(normalise(key)?, Some(route.clone())))
     }
 
-    /// The key of a single-flight (see [`SingleFlight`](crate::SingleFlight)):
+    /// The key of a single-flight (see [`SingleFlight`](crate::flight::SingleFlight)):
     /// the flight's lock and its stored result live under it, in a namespace
     /// of their own (`f:` in [`LockKey::encoded`]), so no lock of either
     /// scope can name them.

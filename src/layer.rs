@@ -19,13 +19,14 @@ pub use crate::body::LockBody;
 use crate::error::LockError;
 pub use crate::future::ResponseFuture;
 use crate::lock::registry::Defaults;
-use crate::rejection::{SharedRejection, default_shared, shared_rejection};
+use crate::rejection::{Rejecter, SharedRejection, default_hook, hook};
 use crate::request::LockRequest;
+use crate::retry::{RetryAfter, RetryPolicy};
 pub use crate::service::LockService;
 use crate::spec::LockSpec;
 
 /// Wraps services with [`LockService`]: per request, asks the
-/// [`LockRequest`](crate::LockRequest) `R` what to lock, acquires it (waiting
+/// [`LockRequest`] `R` what to lock, acquires it (waiting
 /// up to the spec's max wait) or answers `429` with `Retry-After`, and
 /// releases after the response.
 ///
@@ -171,7 +172,10 @@ impl<R> LockLayer<R> {
         LockLayer {
             backend: backend.into(),
             locker: Arc::new(locker),
-            rejection: default_shared(),
+            rejection: Rejecter::new(
+                default_hook(),
+                Some(Arc::new(RetryPolicy::new(RetryAfter::default()))),
+            ),
             defaults: Defaults::default(),
             unrouted_warned: Arc::default(),
         }
@@ -236,7 +240,29 @@ impl<R> LockLayer<R> {
         F: Fn(&LockError) -> T + Send + Sync + 'static,
         T: IntoResponse,
     {
-        self.rejection = shared_rejection(rejection);
+        self.rejection = Rejecter::new(hook(rejection), self.rejection.retry().cloned());
+        self
+    }
+
+    /// How `Retry-After` is set on a `429` for a busy lock: an estimate
+    /// from the route's recent hold times (the default), the holder's
+    /// remaining TTL, or a fixed wait. See [`RetryAfter`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, routing::post};
+    /// use tower_lock::{LockLayer, LockSpec, MemoryBackend, RetryAfter};
+    ///
+    /// let layer = LockLayer::from_fn(MemoryBackend::new(), |_| {
+    ///     LockSpec::global("import", Duration::from_secs(60))
+    /// })
+    /// .retry_after(RetryAfter::Fixed(Duration::from_secs(5)));
+    /// let app: Router = Router::new().route("/import", post(|| async { "imported" }).layer(layer));
+    /// # let _ = app;
+    /// ```
+    pub fn retry_after(mut self, policy: RetryAfter) -> Self {
+        let hook = self.rejection.hook().clone();
+        self.rejection = Rejecter::new(hook, Some(Arc::new(RetryPolicy::new(policy))));
         self
     }
 

@@ -13,14 +13,52 @@ use http::{HeaderValue, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::error::LockError;
+use crate::retry::RetryPolicy;
 
 /// The hook that turns a [`LockError`] into the response sent instead of
 /// calling the handler (see [`LockLayer::rejection`](crate::LockLayer::rejection)).
-pub(crate) type SharedRejection = Arc<dyn Fn(&LockError) -> Response + Send + Sync>;
+pub(crate) type Hook = Arc<dyn Fn(&LockError) -> Response + Send + Sync>;
+
+/// How a layer rejects: its hook, and the `Retry-After` policy applied to
+/// the error first (with the hold times it learns from). One `Arc` for
+/// both, so a request carries one pointer.
+pub(crate) struct Rejecter {
+    hook: Hook,
+    retry: Option<Arc<RetryPolicy>>,
+}
+
+pub(crate) type SharedRejection = Arc<Rejecter>;
+
+impl Rejecter {
+    pub(crate) fn new(hook: Hook, retry: Option<Arc<RetryPolicy>>) -> SharedRejection {
+        Arc::new(Rejecter { hook, retry })
+    }
+
+    /// The response for `error`, its `Retry-After` as the policy says.
+    pub(crate) fn reject(&self, error: &LockError) -> Response {
+        match self.retry.as_ref().and_then(|p| p.apply(error)) {
+            Some(told) => (self.hook)(&told),
+            None => (self.hook)(error),
+        }
+    }
+
+    pub(crate) fn retry(&self) -> Option<&Arc<RetryPolicy>> {
+        self.retry.as_ref()
+    }
+
+    pub(crate) fn hook(&self) -> &Hook {
+        &self.hook
+    }
+
+    /// The policy, when it learns from hold times.
+    pub(crate) fn learning(&self) -> Option<&Arc<RetryPolicy>> {
+        self.retry.as_ref().filter(|p| p.records())
+    }
+}
 
 /// `rejection` as the layers keep it: anything a closure returns that is a
 /// response.
-pub(crate) fn shared_rejection<F, R>(rejection: F) -> SharedRejection
+pub(crate) fn hook<F, R>(rejection: F) -> Hook
 where
     F: Fn(&LockError) -> R + Send + Sync + 'static,
     R: IntoResponse,
@@ -29,7 +67,7 @@ where
 }
 
 /// The default rejection, as the layers keep it.
-pub(crate) fn default_shared() -> SharedRejection {
+pub(crate) fn default_hook() -> Hook {
     Arc::new(default_rejection)
 }
 

@@ -137,7 +137,12 @@ where
                     let locks = holding(backend, route, defaults, held, &first, meter);
                     // Called now: the service made ready for this request
                     // takes it, and no clone is needed.
-                    return ResponseFuture::calling(req, &mut self.inner, locks);
+                    return ResponseFuture::calling(
+                        req,
+                        &mut self.inner,
+                        locks,
+                        &self.layer.rejection,
+                    );
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
                 None => acquire_one(backend, route, first, lock, defaults, meter),

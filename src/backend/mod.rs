@@ -51,7 +51,7 @@
 //!   timeout; acquire within max wait + op timeout). A call repeated after a
 //!   lost reply must be safe: only repeat what is idempotent.
 //!
-//! **Single-flight** ([`SingleFlight`](crate::SingleFlight)) needs three
+//! **Single-flight** ([`SingleFlight`](crate::flight::SingleFlight)) needs three
 //! more operations, on keys of their own namespace ([`LockKey::is_flight`]):
 //! [`flight_begin`](LockBackend::flight_begin),
 //! [`flight_result`](LockBackend::flight_result) and

@@ -29,7 +29,7 @@ use super::frame;
 use crate::rejection::RejectionBody;
 
 pin_project! {
-    /// Response body of [`SingleFlightService`](crate::SingleFlightService):
+    /// Response body of [`SingleFlightService`](crate::flight::SingleFlightService):
     /// the handler's body, or a stored copy of one, or a rejection.
     pub struct FlightBody<B>
     where

@@ -12,10 +12,10 @@ use super::SingleFlight;
 use super::request::{FlightRequest, FlightSpec};
 use super::service::SingleFlightService;
 use crate::error::LockError;
-use crate::rejection::{SharedRejection, default_shared, shared_rejection};
+use crate::rejection::{Rejecter, SharedRejection, default_hook, hook};
 
 /// Wraps services with [`SingleFlightService`]: per request, asks the
-/// [`FlightRequest`](crate::FlightRequest) `F` for a flight. A request
+/// [`FlightRequest`](crate::flight::FlightRequest) `F` for a flight. A request
 /// without one goes through untouched. Of the requests of one flight that
 /// overlap (in this process and every process on the same backend), the
 /// first runs the handler (its response carries `single-flight: leader`);
@@ -179,7 +179,7 @@ impl<F> SingleFlightLayer<F> {
         SingleFlightLayer {
             flights,
             hook: Arc::new(hook),
-            rejection: default_shared(),
+            rejection: Rejecter::new(default_hook(), None),
         }
     }
 
@@ -193,7 +193,7 @@ impl<F> SingleFlightLayer<F> {
         R: Fn(&LockError) -> T + Send + Sync + 'static,
         T: IntoResponse,
     {
-        self.rejection = shared_rejection(rejection);
+        self.rejection = Rejecter::new(hook(rejection), None);
         self
     }
 

@@ -14,7 +14,7 @@ use http::Request;
 /// everyone.
 ///
 /// The layer adds what HTTP itself says a response depends on (see
-/// [`SingleFlightLayer`](crate::SingleFlightLayer)): the method is part of
+/// [`SingleFlightLayer`](crate::flight::SingleFlightLayer)): the method is part of
 /// the flight (a HEAD never shares a GET's), conditional and range requests
 /// stay out of flights, and a response reaches only the requests its
 /// `Vary` fits. With a result TTL of zero, a response nobody waited for is

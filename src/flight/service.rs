@@ -211,7 +211,7 @@ fn rejection<B: Body>(
         status = error.status().as_u16(),
         "request rejected: single-flight not joined"
     );
-    reject(error).map(FlightBody::rejection)
+    reject.reject(error).map(FlightBody::rejection)
 }
 
 /// Lets `Bytes` share a stored result's memory.

@@ -149,7 +149,7 @@ pub async fn a_token_restores_once(h: Harness) {
     // The token's own acquisition is gone: its fence releases nothing.
     assert_eq!(
         h.backend
-            .release(&key, Holder::new(&token.owner(), token.fence()))
+            .release(&key, Holder::new(token.owner(), token.fence()))
             .await,
         Err(LockError::OwnershipMismatch)
     );

@@ -263,7 +263,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner(), token.fence())
+                Holder::new(token.owner(), token.fence())
             )
             .await
             .unwrap_err(),
@@ -299,7 +299,7 @@ pub async fn stale_tokens_are_refused(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner(), token.fence())
+                Holder::new(token.owner(), token.fence())
             )
             .await
             .unwrap_err(),

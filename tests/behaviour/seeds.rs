@@ -500,7 +500,7 @@ pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Har
     // A token whose lock is gone: the job does not run.
     let token = queued(&h, "job:stale").await;
     h.backend
-        .release(&gkey("job:stale"), Holder::owner_only(&token.owner()))
+        .release(&gkey("job:stale"), Holder::owner_only(token.owner()))
         .await
         .unwrap();
     let stale = worker.clone().oneshot(job(Some(token), "panic")).await;

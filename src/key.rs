@@ -16,6 +16,12 @@ use crate::error::LockError;
 pub const MAX_KEY_BYTES: usize = 512;
 
 /// Where a key lives: its own route's namespace or the shared global one.
+///
+/// One scope, one name in Rust: [`Scope::Route`]. On the wire (the
+/// `lock-scope` response header, the admin API, a client-directed lock's
+/// header, see [`ClientLocks`](crate::ClientLocks)) route scope is spelt
+/// `function`, Forrst's name for it; a client may also send `route`.
+/// Global scope is `global` everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Scope {
     /// The key is namespaced by the matched route pattern (`/orders/{id}`):

@@ -486,7 +486,7 @@ async fn backend_from_an_existing_pool() {
     );
     assert!(matches!(
         PostgresBackend::from_pool(pool.clone(), "postgres://[::1"),
-        Err(LockError::BackendUnavailable(_))
+        Err(LockError::InvalidConfig(_))
     ));
     // The app's pool still works.
     let conn = pool.get().await.unwrap();

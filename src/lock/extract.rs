@@ -63,7 +63,8 @@ impl fmt::Display for MissingLocks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             MissingLocks::LayerMissing => {
-                "no locks for this request: no LockLayer runs in front of this handler"
+                "no locks for this request: no LockLayer runs in front of this handler \
+                 (extract Option<Locks> or Option<HeldLock> where that is expected)"
             }
             MissingLocks::NotRequested => {
                 "no locks for this request: its LockLayer named no lock for it (extract \

@@ -80,7 +80,10 @@ type Hooks = std::sync::Arc<std::sync::Mutex<Option<(oneshot::Sender<()>, onesho
 fn app(backend: &SharedBackend, queue: Queue, hooks: Hooks) -> Router {
     let reports = LockLayer::new(backend.clone(), |req: &Request<Body>| {
         let id = path_params(req).get("id")?.to_owned();
-        Some(LockSpec::new(format!("report:{id}"), Duration::from_secs(30)).global())
+        Some(LockSpec::global(
+            format!("report:{id}"),
+            Duration::from_secs(30),
+        ))
     });
     let handler = move |Path(id): Path<String>, locks: Locks| {
         let (queue, hooks) = (queue.clone(), hooks.clone());
@@ -189,8 +192,7 @@ async fn main() {
     println!("worker: {}", done.recv().await.expect("the second job"));
 
     // --- 2. A singleton scheduled job: every instance fires, one runs.
-    let nightly = LockSpec::new("cron:nightly-report", Duration::from_secs(60))
-        .global()
+    let nightly = LockSpec::global("cron:nightly-report", Duration::from_secs(60))
         // Finished early or not, hold it 2 s: an instance whose clock fires
         // a little later finds it taken. 60 s at most if the winner crashes.
         .min_hold(Duration::from_secs(2));

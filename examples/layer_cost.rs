@@ -56,7 +56,7 @@ fn main() {
         let route = match mode.as_str() {
             "serial" => {
                 for i in 0..n {
-                    let spec = LockSpec::new(format!("s:{i}"), Duration::from_secs(30)).global();
+                    let spec = LockSpec::global(format!("s:{i}"), Duration::from_secs(30));
                     let lock = OwnedLock::acquire(backend.clone(), &spec)
                         .await
                         .expect("a fresh key is free");

@@ -35,8 +35,9 @@ fi
 
 # Build once; find the binary from cargo's own report (honours CARGO_TARGET_DIR).
 log "building (release)"
-features=""
-[[ " $BACKENDS " == *" postgres "* ]] && features=postgres
+# Redis is a feature of its own (not a default one); postgres only when asked.
+features="redis"
+[[ " $BACKENDS " == *" postgres "* ]] && features="redis,postgres"
 BIN=$(FEATURES=$features scripts/build-example.sh lockbench)
 [ -x "$BIN" ] || { log "could not find the lockbench binary"; exit 1; }
 

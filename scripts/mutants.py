@@ -43,6 +43,23 @@ TIMEOUT_S = 600
 
 # (name, file, text to find (exactly once), replacement)
 MUTANTS = [
+    # The API pass (issue 26): tests/api.rs and tests/retry_after.rs
+    # (MUTANTS_TESTS="api retry_after" scripts/mutants.py api26).
+    ("api26-retry-estimate-not-used", "src/retry.rs",
+     "(Some(e), Some(r)) => Some(e.min(r)),",
+     "(Some(_), Some(r)) => Some(r),"),
+    ("api26-hold-times-not-recorded", "src/lock/release.rs",
+     "policy.record(since.elapsed());",
+     "let _ = (policy, since);"),
+    ("api26-no-lock-named-not-marked", "src/service.rs",
+     "req.extensions_mut().insert(NoLockNamed);",
+     "let _ = NoLockNamed;"),
+    ("api26-flight-ignores-rejection-hook", "src/flight/service.rs",
+     "reject.reject(error).map(FlightBody::rejection)",
+     "{ let _ = reject; crate::rejection::default_rejection(error).map(FlightBody::rejection) }"),
+    ("api26-redis-config-error-is-unavailable", "src/backend/redis/error.rs",
+     'LockError::InvalidConfig(format!("Redis: {e}"))',
+     'LockError::BackendUnavailable(format!("Redis: {e}").into())'),
     # Redis scripts
     ("redis-acquire-fast-path-ignores-queue", "src/backend/redis/acquire.lua",
      "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then",

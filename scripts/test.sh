@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # What the tests need: redis-server (the Redis tests start private servers
 # from it), PostgreSQL's server binaries (the PostgreSQL tests initdb and start
 # private servers, as the `postgres` user when root; Debian's `postgresql`
-# package provides both), and for features `tls`/`postgres-tls` OpenSSL to
+# package provides both), and for features `redis-tls`/`postgres-tls` OpenSSL to
 # build native-tls and the openssl CLI that makes the TLS tests' certificates.
 missing=()
 # A C compiler and linker (rustc links with `cc`; the native-tls build uses

@@ -11,13 +11,14 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::lock::release::{Finish, ReleaseGuard};
+use crate::rejection::RejectionBody;
 
 /// Bodies ready at once up to this size are read ahead, so the locks are
 /// released before the response goes out and it leaves in one write.
 const READ_AHEAD_LIMIT: u64 = 64 * 1024;
 
 pin_project! {
-    /// Response body of [`LockService`](crate::LockService).
+    /// Response body of [`LockService`](crate::layer::LockService).
     ///
     /// Passes the handler's body through. The request's locks are released
     /// before its final frame is handed on (so a client that has read the
@@ -53,7 +54,7 @@ pin_project! {
             inner: Pin<Box<Guarded<B>>>,
         },
         Rejection {
-            bytes: Option<Bytes>,
+            body: RejectionBody,
         },
     }
 }
@@ -101,10 +102,10 @@ impl<B: Body> LockBody<B> {
         }
     }
 
-    pub(crate) fn rejection(bytes: Bytes) -> Self {
+    pub(crate) fn rejection(body: axum::body::Body) -> Self {
         LockBody {
             kind: Kind::Rejection {
-                bytes: (!bytes.is_empty()).then_some(bytes),
+                body: RejectionBody::new(body),
             },
         }
     }
@@ -176,9 +177,9 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Plain { body } => body.poll_frame(cx),
-            KindProj::Rejection { bytes } => {
-                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
-            }
+            KindProj::Rejection { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| Ok(f.map_data(Into::into)))),
             KindProj::Guarded { inner } => {
                 let mut g = inner.as_mut().project();
                 loop {
@@ -223,7 +224,7 @@ where
                     && g.last.is_none()
                     && (g.done || g.body.is_end_stream())
             }
-            Kind::Rejection { bytes } => bytes.is_none(),
+            Kind::Rejection { body } => body.is_end_stream(),
         }
     }
 
@@ -245,9 +246,7 @@ where
                 }
                 hint
             }
-            Kind::Rejection { bytes } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            Kind::Rejection { body } => body.size_hint(),
         }
     }
 }
@@ -257,7 +256,7 @@ where
 /// `ServiceBuilder`).
 impl<B: Body> Default for LockBody<B> {
     fn default() -> Self {
-        LockBody::rejection(Bytes::new())
+        LockBody::rejection(axum::body::Body::empty())
     }
 }
 

@@ -1,6 +1,8 @@
 //! [`LockError`] and its stable machine codes.
 
+use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything that can go wrong while taking, keeping or giving back a lock.
@@ -58,8 +60,14 @@ pub enum LockError {
     /// The backend could not be reached or answered with an error in time.
     ///
     /// The middleware never runs a handler unlocked because of this: it
-    /// answers `503 Service Unavailable`.
-    BackendUnavailable(String),
+    /// answers `503 Service Unavailable`. The [`BackendError`] says what
+    /// failed, and its cause is this error's
+    /// [`source`](std::error::Error::source).
+    BackendUnavailable(BackendError),
+    /// A backend was configured wrongly (a URL that does not parse, a schema
+    /// name that is not an identifier): returned where it is built, never
+    /// from a lock operation, and not retryable.
+    InvalidConfig(String),
     /// The backend does not implement this operation, or cannot as
     /// configured (e.g. a third-party backend without single-flight, a
     /// lookup by owner on a Redis backend without its owner index).
@@ -88,6 +96,7 @@ impl LockError {
             LockError::InvalidHeader(_) => "LOCK_INVALID_HEADER",
             LockError::NotAllowed(_) => "LOCK_NOT_ALLOWED",
             LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
+            LockError::InvalidConfig(_) => "LOCK_INVALID_CONFIG",
             LockError::Unsupported(_) => "LOCK_UNSUPPORTED",
         }
     }
@@ -116,6 +125,7 @@ impl LockError {
             | LockError::NotAllowed(_) => StatusCode::BAD_REQUEST,
             LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             LockError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            LockError::InvalidConfig(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -174,12 +184,107 @@ impl fmt::Display for LockError {
             LockError::InvalidHeader(why) => write!(f, "invalid lock header: {why}"),
             LockError::NotAllowed(why) => write!(f, "lock not allowed: {why}"),
             LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
+            LockError::InvalidConfig(why) => write!(f, "invalid lock backend configuration: {why}"),
             LockError::Unsupported(what) => f.write_str(what),
         }
     }
 }
 
-impl std::error::Error for LockError {}
+impl Error for LockError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            LockError::BackendUnavailable(e) => e.cause(),
+            _ => None,
+        }
+    }
+}
+
+/// What a backend says when it cannot answer ([`LockError::BackendUnavailable`]):
+/// what failed, for operators (never shown to clients), and the error that
+/// caused it, if any, as the [`LockError`]'s
+/// [`source`](std::error::Error::source).
+///
+/// ```
+/// use std::error::Error;
+/// use tower_lock::LockError;
+/// use tower_lock::backend::BackendError;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+/// let err = LockError::BackendUnavailable(BackendError::new("redis acquire").with_source(io));
+/// assert_eq!(err.to_string(), "lock backend unavailable: redis acquire");
+/// assert_eq!(err.source().unwrap().to_string(), "refused");
+/// ```
+#[derive(Clone)]
+pub struct BackendError {
+    message: Arc<str>,
+    cause: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl BackendError {
+    /// What failed, without a cause.
+    pub fn new(message: impl Into<String>) -> Self {
+        BackendError {
+            message: Arc::from(message.into()),
+            cause: None,
+        }
+    }
+
+    /// The same, caused by `cause`.
+    pub fn with_source(mut self, cause: impl Error + Send + Sync + 'static) -> Self {
+        self.cause = Some(Arc::new(cause));
+        self
+    }
+
+    /// What failed (without the cause).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The cause, if any.
+    pub fn cause(&self) -> Option<&(dyn Error + 'static)> {
+        self.cause.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+impl From<String> for BackendError {
+    fn from(message: String) -> Self {
+        BackendError::new(message)
+    }
+}
+
+impl From<&str> for BackendError {
+    fn from(message: &str) -> Self {
+        BackendError::new(message)
+    }
+}
+
+/// Two backend errors are equal when they say the same (their causes are
+/// not compared: most error types cannot be).
+impl PartialEq for BackendError {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for BackendError {}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("BackendError");
+        d.field("message", &self.message);
+        if let Some(cause) = &self.cause {
+            d.field("cause", cause);
+        }
+        d.finish()
+    }
+}
+
+/// The message alone: the cause is the [`LockError`]'s `source`.
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -215,6 +320,7 @@ mod tests {
             LockError::NotAllowed("x"),
             LockError::Unsupported("x"),
             LockError::BackendUnavailable("x".into()),
+            LockError::InvalidConfig("x".into()),
         ];
         let codes: Vec<_> = all.iter().map(LockError::code).collect();
         assert_eq!(
@@ -234,6 +340,7 @@ mod tests {
                 "LOCK_NOT_ALLOWED",
                 "LOCK_UNSUPPORTED",
                 "LOCK_BACKEND_UNAVAILABLE",
+                "LOCK_INVALID_CONFIG",
             ]
         );
     }

@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the future of [`LockService`](crate::LockService).
+//! [`ResponseFuture`]: the future of [`LockService`](crate::layer::LockService).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +17,7 @@ use crate::lock::release::{Finish, ReleaseGuard};
 use crate::rejection::SharedRejection;
 
 pin_project! {
-    /// Response future of [`LockService`](crate::LockService).
+    /// Response future of [`LockService`](crate::layer::LockService).
     pub struct ResponseFuture<S, B, ResB>
     where
         S: Service<Request<B>>,
@@ -82,8 +82,13 @@ where
     }
 
     /// The locks are held already: call the handler.
-    pub(crate) fn calling(request: Request<B>, inner: &mut S, locks: Locks) -> Self {
-        let (future, guard) = call_with(inner, request, locks);
+    pub(crate) fn calling(
+        request: Request<B>,
+        inner: &mut S,
+        locks: Locks,
+        rejection: &SharedRejection,
+    ) -> Self {
+        let (future, guard) = call_with(inner, request, locks, rejection);
         ResponseFuture {
             state: State::Calling { future, guard },
         }
@@ -148,7 +153,7 @@ where
                     let (Some(req), Some(mut svc)) = (request.take(), inner.take()) else {
                         unreachable!("ResponseFuture polled after it was taken apart");
                     };
-                    let (future, guard) = call_with(&mut svc, req, locks);
+                    let (future, guard) = call_with(&mut svc, req, locks, rejection);
                     state.set(State::Calling { future, guard });
                 }
                 StateProj::Calling { future, guard } => {
@@ -205,12 +210,13 @@ fn call_with<S, B>(
     inner: &mut S,
     mut request: Request<B>,
     locks: Locks,
+    rejection: &SharedRejection,
 ) -> (S::Future, Option<ReleaseGuard>)
 where
     S: Service<Request<B>>,
 {
     request.extensions_mut().insert(locks.clone());
-    let guard = Some(ReleaseGuard::new(locks));
+    let guard = Some(ReleaseGuard::new(locks, rejection.learning()));
     (inner.call(request), guard)
 }
 
@@ -221,5 +227,5 @@ fn reject<ResB: Body>(rejection: &SharedRejection, error: &LockError) -> Respons
         status = error.status().as_u16(),
         "request rejected: lock not acquired"
     );
-    rejection.rejection(error).map(LockBody::rejection)
+    rejection.reject(error).map(LockBody::rejection)
 }

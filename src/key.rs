@@ -16,6 +16,12 @@ use crate::error::LockError;
 pub const MAX_KEY_BYTES: usize = 512;
 
 /// Where a key lives: its own route's namespace or the shared global one.
+///
+/// One scope, one name in Rust: [`Scope::Route`]. On the wire (the
+/// `lock-scope` response header, the admin API, a client-directed lock's
+/// header, see [`ClientLocks`](crate::ClientLocks)) route scope is spelt
+/// `function`, Forrst's name for it; a client may also send `route`.
+/// Global scope is `global` everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Scope {
     /// The key is namespaced by the matched route pattern (`/orders/{id}`):
@@ -103,7 +109,7 @@ impl LockKey {
         Ok(Self::new(normalise(key)?, Some(route.clone())))
     }
 
-    /// The key of a single-flight (see [`SingleFlight`](crate::SingleFlight)):
+    /// The key of a single-flight (see [`SingleFlight`](crate::flight::SingleFlight)):
     /// the flight's lock and its stored result live under it, in a namespace
     /// of their own (`f:` in [`LockKey::encoded`]), so no lock of either
     /// scope can name them.

@@ -67,7 +67,9 @@
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
-//! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] extractor on a request without locks (see [`MissingLockLayer`]) |
+//! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] or [`HeldLock`] extractor behind no [`LockLayer`] (see [`MissingLocks`]) |
+//! | `LOCK_NOT_REQUESTED` | 500 | the same on a request the layer named no lock for |
+//! | `LOCK_INVALID_CONFIG` | — | a backend configured wrongly, where it is built (never from the layer) |
 //! | `LOCK_UNSUPPORTED` | 501 | a lookup the backend cannot do as configured (Redis `held_by` without its owner index) |
 //! | `LOCK_FORCE_DISABLED` | 403 | the admin API's force release while it is off (feature `admin`) |
 //!
@@ -83,12 +85,20 @@ pub mod backend;
 mod body;
 mod client;
 mod error;
-mod flight;
+pub mod flight;
+#[cfg(all(
+    feature = "redis",
+    feature = "redis-cluster",
+    feature = "postgres",
+    feature = "admin",
+    feature = "metrics"
+))]
+pub mod guide;
 mod future;
 pub mod headers;
 pub mod job;
 mod key;
-mod layer;
+pub mod layer;
 mod lock;
 mod metadata;
 mod observe;
@@ -96,6 +106,7 @@ mod path;
 mod percent;
 mod rejection;
 mod request;
+mod retry;
 mod service;
 mod spec;
 mod time;
@@ -107,25 +118,18 @@ pub use backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
 pub use backend::{LockBackend, LockStatus, SharedBackend};
-pub use body::LockBody;
 pub use client::ClientLocks;
 pub use error::LockError;
-pub use flight::{
-    DEFAULT_LOCK_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAIT, FlightBody, FlightError,
-    FlightRequest, FlightSpec, SingleFlight, SingleFlightFuture, SingleFlightLayer,
-    SingleFlightService,
-};
-pub use future::ResponseFuture;
-pub use key::{KeyDigest, LockKey, MAX_KEY_BYTES, Scope};
+pub use key::{LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
-pub use lock::{HeldLock, LockToken, Locks, MissingLockLayer, OwnedLock, with_lock};
+pub use lock::{HeldLock, LockToken, Locks, MissingLocks, OwnedLock, with_lock};
 pub use metadata::{LockMetadata, MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
-pub use rejection::{Rejection, default_rejection};
+pub use rejection::default_rejection;
 pub use request::LockRequest;
-pub use service::LockService;
+pub use retry::RetryAfter;
 pub use spec::{LockSpec, MAX_OWNER_BYTES, MAX_TTL};
 pub use watchdog::LostSignal;

@@ -1,38 +1,81 @@
 //! Rejection responses: 429 for a busy lock, 503 for an unreachable backend,
-//! 400 for a bad spec; and the hook to shape them.
+//! 400 for a bad spec; the hook that shapes them, and [`LockError`] as an
+//! axum response.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use axum::body::Body as AxumBody;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderValue, StatusCode, header};
+use http_body::{Body, Frame, SizeHint};
 
 use crate::error::LockError;
+use crate::retry::RetryPolicy;
 
-/// Turns a [`LockError`] that stopped a request into the response sent
-/// instead of calling the handler.
-///
-/// Implemented for closures `Fn(&LockError) -> http::Response<Bytes>`; the
-/// default is [`default_rejection`].
-pub trait Rejection: Send + Sync + 'static {
-    /// Build the response for `error`.
-    fn rejection(&self, error: &LockError) -> Response<Bytes>;
+/// The hook that turns a [`LockError`] into the response sent instead of
+/// calling the handler (see [`LockLayer::rejection`](crate::LockLayer::rejection)).
+pub(crate) type Hook = Arc<dyn Fn(&LockError) -> Response + Send + Sync>;
+
+/// How a layer rejects: its hook, and the `Retry-After` policy applied to
+/// the error first (with the hold times it learns from). One `Arc` for
+/// both, so a request carries one pointer.
+pub(crate) struct Rejecter {
+    hook: Hook,
+    retry: Option<Arc<RetryPolicy>>,
 }
 
-impl<F> Rejection for F
-where
-    F: Fn(&LockError) -> Response<Bytes> + Send + Sync + 'static,
-{
-    fn rejection(&self, error: &LockError) -> Response<Bytes> {
-        self(error)
+pub(crate) type SharedRejection = Arc<Rejecter>;
+
+impl Rejecter {
+    pub(crate) fn new(hook: Hook, retry: Option<Arc<RetryPolicy>>) -> SharedRejection {
+        Arc::new(Rejecter { hook, retry })
+    }
+
+    /// The response for `error`, its `Retry-After` as the policy says.
+    pub(crate) fn reject(&self, error: &LockError) -> Response {
+        match self.retry.as_ref().and_then(|p| p.apply(error)) {
+            Some(told) => (self.hook)(&told),
+            None => (self.hook)(error),
+        }
+    }
+
+    pub(crate) fn retry(&self) -> Option<&Arc<RetryPolicy>> {
+        self.retry.as_ref()
+    }
+
+    pub(crate) fn hook(&self) -> &Hook {
+        &self.hook
+    }
+
+    /// The policy, when it learns from hold times.
+    pub(crate) fn learning(&self) -> Option<&Arc<RetryPolicy>> {
+        self.retry.as_ref().filter(|p| p.records())
     }
 }
 
-pub(crate) type SharedRejection = Arc<dyn Rejection>;
+/// `rejection` as the layers keep it: anything a closure returns that is a
+/// response.
+pub(crate) fn hook<F, R>(rejection: F) -> Hook
+where
+    F: Fn(&LockError) -> R + Send + Sync + 'static,
+    R: IntoResponse,
+{
+    Arc::new(move |error: &LockError| rejection(error).into_response())
+}
+
+/// The default rejection, as the layers keep it.
+pub(crate) fn default_hook() -> Hook {
+    Arc::new(default_rejection)
+}
 
 /// The default rejection: the error's status ([`LockError::status`]), a
 /// JSON body `{"error": {"code": "...", "message": "..."}}` that never echoes
-/// the key or backend internals, and `Retry-After` (whole seconds, at least
-/// 1) for `429` and `503`.
+/// the key or backend internals, and `Retry-After` for `429` and `503` (whole
+/// seconds, at least one). The same as a [`LockError`] returned as a
+/// response ([`IntoResponse`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -44,7 +87,7 @@ pub(crate) type SharedRejection = Arc<dyn Rejection>;
 /// assert_eq!(res.status(), 429);
 /// assert_eq!(res.headers()["retry-after"], "3");
 /// ```
-pub fn default_rejection(error: &LockError) -> Response<Bytes> {
+pub fn default_rejection(error: &LockError) -> Response {
     let mut res = json_error(error.status(), error.code(), &public_message(error));
     if error.is_retryable() {
         res.headers_mut().insert(
@@ -52,7 +95,59 @@ pub fn default_rejection(error: &LockError) -> Response<Bytes> {
             HeaderValue::from(error.retry_after_secs()),
         );
     }
-    res
+    res.map(AxumBody::from)
+}
+
+/// A handler or extractor can return a [`LockError`] (`Result<T, LockError>`):
+/// the response is the one the layer answers with ([`default_rejection`]).
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_lock::{LockError, Locks};
+///
+/// async fn release(locks: Locks) -> Result<String, LockError> {
+///     let n = locks.release_all().await?;
+///     Ok(format!("released {n}"))
+/// }
+/// let app: Router = Router::new().route("/release", post(release));
+/// # let _ = app;
+/// ```
+impl IntoResponse for LockError {
+    fn into_response(self) -> Response {
+        default_rejection(&self)
+    }
+}
+
+/// A rejection's body inside a layer's response body (whose data is made
+/// from `Bytes`). A rejection body that fails ends there: its error type is
+/// not the handler's, and the status and headers are already out.
+pub(crate) struct RejectionBody(AxumBody);
+
+impl RejectionBody {
+    pub(crate) fn new(body: AxumBody) -> Self {
+        RejectionBody(body)
+    }
+
+    pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame<Bytes>>> {
+        match Pin::new(&mut self.0).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(frame)),
+            Poll::Ready(Some(Err(e))) => {
+                tracing::warn!(error = %e, "the rejection's body failed; it ends here");
+                self.0 = AxumBody::empty();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
 }
 
 /// The message shown to clients: the error's text without backend details.
@@ -63,10 +158,9 @@ fn public_message(error: &LockError) -> String {
     }
 }
 
-/// `{"error":{"code":C,"message":M}}` with JSON string escaping.
 /// `status` with the JSON error body of `code` and `message`.
-pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
-    let mut res = Response::new(json_body(code, message));
+pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> http::Response<Bytes> {
+    let mut res = http::Response::new(json_body(code, message));
     *res.status_mut() = status;
     res.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -113,9 +207,14 @@ mod tests {
 
     #[test]
     fn backend_details_are_not_shown() {
+        let res = json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "LOCK_BACKEND_UNAVAILABLE",
+            &public_message(&LockError::BackendUnavailable("redis at 10.0.0.1".into())),
+        );
+        assert!(!String::from_utf8_lossy(res.body()).contains("10.0.0.1"));
         let res = default_rejection(&LockError::BackendUnavailable("redis at 10.0.0.1".into()));
         assert_eq!(res.status(), 503);
-        assert!(!String::from_utf8_lossy(res.body()).contains("10.0.0.1"));
         assert_eq!(res.headers()["retry-after"], "1");
     }
 }

@@ -9,9 +9,13 @@ use crate::spec::LockSpec;
 /// The request gives method, URI, headers and extensions, including axum's
 /// [`MatchedPath`](axum::extract::MatchedPath); [`path_params`](crate::path_params) reads the
 /// route's path parameters. Return anything iterable over [`LockSpec`]s:
-/// `Option<LockSpec>` (the common case), a `Vec`, an array.
+/// `Option<LockSpec>` (the common case), a bare `LockSpec`, a `Vec`, an
+/// array.
 ///
-/// Implemented for closures `Fn(&Request<B>) -> impl IntoIterator<Item = LockSpec>`.
+/// Implemented for closures `Fn(&Request<B>) -> impl IntoIterator<Item = LockSpec>`;
+/// give a closure to [`LockLayer::from_fn`](crate::LockLayer::from_fn),
+/// which infers its argument's type, and a type of your own to
+/// [`LockLayer::new`](crate::LockLayer::new).
 ///
 /// ```
 /// use std::time::Duration;

@@ -14,6 +14,7 @@ use crate::body::LockBody;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
 use crate::lock::acquire::{acquire_all, acquire_now, acquire_one, holding};
+use crate::lock::extract::NoLockNamed;
 use crate::observe::{self, Meter};
 use crate::request::LockRequest;
 use crate::spec::LockSpec;
@@ -87,7 +88,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let ((first, rest), unrouted) = crate::path::reading_unrouted(|| {
             let mut specs = self.layer.locker.lock_request(&req).into_iter();
             let first = specs.next();
@@ -107,6 +108,9 @@ where
             self.layer.warn_unrouted();
         }
         let Some(first) = first else {
+            // The extractors then say the layer named no lock, not that it
+            // is missing.
+            req.extensions_mut().insert(NoLockNamed);
             return ResponseFuture::passthrough(self.inner.call(req));
         };
         let matched = req.extensions().get::<MatchedPath>();
@@ -133,7 +137,12 @@ where
                     let locks = holding(backend, route, defaults, held, &first, meter);
                     // Called now: the service made ready for this request
                     // takes it, and no clone is needed.
-                    return ResponseFuture::calling(req, &mut self.inner, locks);
+                    return ResponseFuture::calling(
+                        req,
+                        &mut self.inner,
+                        locks,
+                        &self.layer.rejection,
+                    );
                 }
                 Some(Err(e)) => return ResponseFuture::rejected(&self.layer.rejection, &e),
                 None => acquire_one(backend, route, first, lock, defaults, meter),

@@ -46,7 +46,7 @@ fn hostile_locker(req: &Request<Body>) -> Vec<LockSpec> {
     }
     let mut specs = vec![spec];
     if let Some(second) = header("x-second-key") {
-        specs.push(LockSpec::new(second, Duration::from_secs(30)).global());
+        specs.push(LockSpec::global(second, Duration::from_secs(30)));
     }
     specs
 }
@@ -232,7 +232,7 @@ proptest! {
         rt.block_on(async {
             let backend = SharedBackend::new(MemoryBackend::new());
             // A lock under a known key, for tokens that name it.
-            let held = OwnedLock::acquire(&backend, &LockSpec::new("k", Duration::from_secs(30)).global())
+            let held = OwnedLock::acquire(&backend, &LockSpec::global("k", Duration::from_secs(30)))
                 .await
                 .unwrap();
             if let Ok(token) = serde_json::from_str::<LockToken>(&json) {

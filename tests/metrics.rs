@@ -16,9 +16,9 @@ use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower::ServiceExt;
+use tower_lock::flight::SingleFlight;
 use tower_lock::{
-    LockBackend, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, SingleFlight,
-    path_params,
+    LockBackend, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params,
 };
 
 fn snapshotter() -> &'static Snapshotter {
@@ -146,11 +146,7 @@ fn holding_app(
             // An empty key: the request is refused with 400 before any backend call.
             return Some(LockSpec::new("", Duration::from_secs(30)));
         }
-        Some(
-            LockSpec::new(format!("acct:{id}"), Duration::from_secs(30))
-                .global()
-                .max_wait(max_wait),
-        )
+        Some(LockSpec::global(format!("acct:{id}"), Duration::from_secs(30)).max_wait(max_wait))
     });
     Router::new().route(
         &format!("/{prefix}/{{id}}"),

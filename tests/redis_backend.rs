@@ -962,7 +962,7 @@ async fn backend_from_an_existing_pool() {
         .unwrap();
     assert!(matches!(
         RedisBackend::from_url("nonsense://x"),
-        Err(LockError::BackendUnavailable(_))
+        Err(LockError::InvalidConfig(_))
     ));
     // The app's pool still works.
     let mut conn = pool.get().await.unwrap();

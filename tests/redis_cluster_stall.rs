@@ -72,7 +72,7 @@ async fn a_stalled_shard_holds_back_only_its_own_renewals() {
     let shared = SharedBackend::new(backend(&cluster));
     let primaries = cluster.primaries();
     let (stalled, healthy) = (primaries[0], primaries[1]);
-    let spec = |name: &str, ttl_ms| LockSpec::new(name, Duration::from_millis(ttl_ms)).global();
+    let spec = |name: &str, ttl_ms| LockSpec::global(name, Duration::from_millis(ttl_ms));
     let mut slow = OwnedLock::acquire(
         shared.clone(),
         &spec(&cluster.lock_name_on(stalled, "s"), 6_000),

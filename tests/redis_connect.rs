@@ -1,5 +1,5 @@
 //! Connecting as apps do: a password in the URL, and `rediss://` (TLS, with
-//! feature `tls`), each against a private redis-server.
+//! feature `redis-tls`), each against a private redis-server.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -63,7 +63,7 @@ async fn password_in_the_url() {
     );
 }
 
-#[cfg(feature = "tls")]
+#[cfg(feature = "redis-tls")]
 #[tokio::test]
 async fn rediss_url_with_tls() {
     let server = RedisServer::start();

@@ -26,7 +26,7 @@ async fn child_restores_extends_and_releases() {
         .await
         .expect("restore in the second process");
     // Restoring claims the lock: a new acquisition, fenced above the token.
-    assert!(lock.fence() > token.fence);
+    assert!(lock.fence() > token.fence());
     lock.extend(Duration::from_secs(60)).await.expect("extend");
     lock.release().await.expect("release");
     // The same token again: the lock is gone.
@@ -34,7 +34,7 @@ async fn child_restores_extends_and_releases() {
         OwnedLock::restore(backend, &token).await.unwrap_err(),
         LockError::NotFound
     );
-    println!("CHILD-RELEASED {}", token.fence);
+    println!("CHILD-RELEASED {}", token.fence());
 }
 
 #[tokio::test]
@@ -44,7 +44,7 @@ async fn token_is_restored_in_a_second_process() {
     }
     let server = RedisServer::start();
     let backend = SharedBackend::new(RedisBackend::from_url(&server.url()).unwrap());
-    let spec = LockSpec::new("job:42", Duration::from_secs(5)).global();
+    let spec = LockSpec::global("job:42", Duration::from_secs(5));
     let lock = OwnedLock::acquire(backend.clone(), &spec).await.unwrap();
     let fence = lock.fence();
     let token = serde_json::to_string(&lock.into_token()).unwrap();

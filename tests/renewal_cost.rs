@@ -56,7 +56,7 @@ async fn measure(name: &str, backend: RedisBackend, nodes: usize, count: impl Fn
     let shared = SharedBackend::new(backend);
     let mut locks = Vec::with_capacity(LOCKS);
     for i in 0..LOCKS {
-        let spec = LockSpec::new(format!("renew-{i}"), TTL).global();
+        let spec = LockSpec::global(format!("renew-{i}"), TTL);
         let mut lock = OwnedLock::acquire(shared.clone(), &spec).await.unwrap();
         lock.start_watchdog();
         locks.push(lock);

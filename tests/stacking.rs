@@ -22,7 +22,7 @@ use tower_lock::{LockKey, LockLayer, LockSpec, MemoryBackend, SharedBackend};
 const TIMEOUT: Duration = Duration::from_millis(200);
 
 fn locker(_: &Request<Body>) -> Option<LockSpec> {
-    Some(LockSpec::new("k", Duration::from_secs(30)).global())
+    Some(LockSpec::global("k", Duration::from_secs(30)))
 }
 
 /// `/ok` (a body big enough to compress), `/slow` (past the timeout),
@@ -130,9 +130,9 @@ fn layer_service_future_and_body_are_send_sync() {
     type Locker = fn(&Request<Body>) -> Option<LockSpec>;
     type Inner = axum::routing::Route;
     send_sync_clone::<LockLayer<Locker>>();
-    send_sync_clone::<tower_lock::LockService<Inner, Locker>>();
-    send::<tower_lock::ResponseFuture<Inner, Body, Body>>();
-    send::<tower_lock::LockBody<Body>>();
+    send_sync_clone::<tower_lock::layer::LockService<Inner, Locker>>();
+    send::<tower_lock::layer::ResponseFuture<Inner, Body, Body>>();
+    send::<tower_lock::layer::LockBody<Body>>();
     send_sync_clone::<SharedBackend>();
     send_sync_clone::<tower_lock::Locks>();
     send_sync::<tower_lock::OwnedLock>();

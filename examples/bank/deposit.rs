@@ -64,8 +64,7 @@ impl DepositParams {
     }
 
     pub(crate) fn lock_spec(&self, id: &str) -> LockSpec {
-        LockSpec::new(format!("account:{id}"), self.ttl)
-            .global()
+        LockSpec::global(format!("account:{id}"), self.ttl)
             .max_wait(self.wait)
             .auto_release(!self.keep)
             .watchdog(self.watchdog)

@@ -88,10 +88,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router, body::Body};
 use serde_json::json;
 use tower_lock::admin::Admin;
-use tower_lock::{
-    FlightSpec, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, SingleFlight,
-    SingleFlightLayer, path_params,
-};
+use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
 
 mod deposit;
 mod metrics;

@@ -12,7 +12,8 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use tokio::task::JoinSet;
-use tower_lock::{FlightSpec, SharedBackend, SingleFlight, SingleFlightLayer, path_params};
+use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::{SharedBackend, path_params};
 
 use super::http::http_connect;
 use super::locks::err;

@@ -33,7 +33,7 @@ impl Locker {
     pub(crate) async fn acquire(&self, key: String, max_wait: Duration) -> Result<Held, LockError> {
         match self.api {
             Api::Owned => {
-                let spec = LockSpec::new(key, TTL).global().max_wait(max_wait);
+                let spec = LockSpec::global(key, TTL).max_wait(max_wait);
                 OwnedLock::acquire(self.backend.clone(), &spec)
                     .await
                     .map(Held::Owned)

@@ -1,5 +1,5 @@
 //! What a backend stores and answers for single-flight (see
-//! [`SingleFlight`](crate::SingleFlight)): a flight's lock, its latest
+//! [`SingleFlight`](crate::flight::SingleFlight)): a flight's lock, its latest
 //! result, and a wake-up for the callers that wait for it.
 
 use std::fmt;

@@ -51,7 +51,7 @@
 //!   timeout; acquire within max wait + op timeout). A call repeated after a
 //!   lost reply must be safe: only repeat what is idempotent.
 //!
-//! **Single-flight** ([`SingleFlight`](crate::SingleFlight)) needs three
+//! **Single-flight** ([`SingleFlight`](crate::flight::SingleFlight)) needs three
 //! more operations, on keys of their own namespace ([`LockKey::is_flight`]):
 //! [`flight_begin`](LockBackend::flight_begin),
 //! [`flight_result`](LockBackend::flight_result) and
@@ -87,16 +87,20 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-pub use crate::error::LockError;
-pub use crate::key::{KeyDigest, LockKey};
-pub use crate::metadata::{LockMetadata, MAX_METADATA_BYTES};
-pub use crate::spec::{AcquireRequest, MAX_OWNER_BYTES, MAX_TTL, validate_ttl};
+// What backend authors need beside the trait and is not at the crate root
+// is exported here; what the root has (`LockError`, `LockKey`, ...) only
+// there: one path per item.
+pub use crate::error::BackendError;
+use crate::error::LockError;
+pub use crate::key::KeyDigest;
+use crate::key::LockKey;
+pub use crate::spec::{AcquireRequest, validate_ttl};
 pub use flight::{FlightPublish, FlightResult, FlightStart, FlightWait};
 pub use holder::Holder;
 pub use lease::{ExtendRequest, HeldBy, Lease, LockStatus};
 
 pub(crate) use arc::join_all;
-pub use shared::SharedBackend;
+pub use shared::{AsSharedBackend, SharedBackend};
 
 mod arc;
 mod flight;

@@ -11,9 +11,13 @@ use crate::watchdog::Watchdog;
 /// cheap to clone, and owner of the watchdog that renews the locks taken
 /// through it.
 ///
-/// Every API that takes a backend accepts `impl Into<SharedBackend>`, which
-/// any [`LockBackend`] is; make one yourself to share one backend between
-/// several layers, jobs and an admin API. It dereferences to the backend, so
+/// A layer, a [`SingleFlight`](crate::flight::SingleFlight) and the admin
+/// API take `impl Into<SharedBackend>`, which any [`LockBackend`] is: made
+/// once, they keep it. The calls of a job ([`OwnedLock::acquire`](crate::OwnedLock::acquire),
+/// [`with_lock`](crate::with_lock), [`OwnedLock::restore`](crate::OwnedLock::restore))
+/// take a `&SharedBackend` ([`AsSharedBackend`]): make one to share one
+/// backend between layers, jobs and an admin API, so that one watchdog
+/// renews all their locks. It dereferences to the backend, so
 /// [`LockBackend`]'s methods can be called on it.
 ///
 /// Renewals of locks taken through one handle and its clones go out
@@ -28,7 +32,7 @@ use crate::watchdog::Watchdog;
 /// use tower_lock::{LockLayer, LockSpec, MemoryBackend, SharedBackend};
 ///
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let locker = |_: &Request<Body>| Some(LockSpec::new("report", Duration::from_secs(30)).global());
+/// let locker = |_: &Request<Body>| Some(LockSpec::global("report", Duration::from_secs(30)));
 /// let app: Router = Router::new()
 ///     .route("/report", post(|| async { "done" }).layer(LockLayer::new(backend.clone(), locker)))
 ///     .nest("/admin", Admin::new(backend).router());
@@ -71,6 +75,36 @@ impl<B: LockBackend> From<B> for SharedBackend {
 impl From<&SharedBackend> for SharedBackend {
     fn from(backend: &SharedBackend) -> Self {
         backend.clone()
+    }
+}
+
+/// What the calls of a job take as their backend: a [`SharedBackend`], or
+/// a reference to one (`&backend`).
+///
+/// Not a raw backend: turned into a `SharedBackend` on every call, it would
+/// start a watchdog of its own each time, and the renewals of its locks
+/// would not go out with the others. Share the backend once instead.
+#[diagnostic::on_unimplemented(
+    message = "a job takes a `SharedBackend` (or `&SharedBackend`), not `{Self}`",
+    label = "not a shared backend",
+    note = "share the backend once: `let backend = SharedBackend::new(MemoryBackend::new());`, \
+            then pass `&backend` to jobs and `backend.clone()` to layers: one watchdog renews \
+            all their locks"
+)]
+pub trait AsSharedBackend {
+    /// The shared backend.
+    fn as_shared(&self) -> &SharedBackend;
+}
+
+impl AsSharedBackend for SharedBackend {
+    fn as_shared(&self) -> &SharedBackend {
+        self
+    }
+}
+
+impl<T: AsSharedBackend + ?Sized> AsSharedBackend for &T {
+    fn as_shared(&self) -> &SharedBackend {
+        (**self).as_shared()
     }
 }
 

@@ -26,9 +26,10 @@ use tokio::time::Sleep;
 
 use super::engine::Leader;
 use super::frame;
+use crate::rejection::RejectionBody;
 
 pin_project! {
-    /// Response body of [`SingleFlightService`](crate::SingleFlightService):
+    /// Response body of [`SingleFlightService`](crate::flight::SingleFlightService):
     /// the handler's body, or a stored copy of one, or a rejection.
     pub struct FlightBody<B>
     where
@@ -51,6 +52,9 @@ pin_project! {
         },
         Full {
             bytes: Option<Bytes>,
+        },
+        Rejection {
+            body: RejectionBody,
         },
         // The leader's body: handed on as it comes, copied while it may
         // still be shared. Boxed with its state, so the response stays small
@@ -163,6 +167,14 @@ impl<B: Body> FlightBody<B> {
         }
     }
 
+    pub(crate) fn rejection(body: axum::body::Body) -> Self {
+        FlightBody {
+            kind: Kind::Rejection {
+                body: RejectionBody::new(body),
+            },
+        }
+    }
+
     /// The leader's `body`, shared as `sharing` says once it has ended.
     pub(crate) fn tee(body: B, sharing: Sharing) -> Self {
         FlightBody {
@@ -262,6 +274,7 @@ impl<B: Body> Body for FlightBody<B> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map(bytes_item),
             KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            KindProj::Rejection { body } => body.poll_frame(cx).map(|f| f.map(Ok)),
             KindProj::Tee { tee } => {
                 let mut t = tee.as_mut().project();
                 loop {
@@ -306,6 +319,7 @@ impl<B: Body> Body for FlightBody<B> {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { bytes } => bytes.is_none(),
+            Kind::Rejection { body } => body.is_end_stream(),
             Kind::Tee { tee } => {
                 let t = &**tee;
                 t.queued.is_empty()
@@ -323,6 +337,7 @@ impl<B: Body> Body for FlightBody<B> {
             Kind::Full { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
+            Kind::Rejection { body } => body.size_hint(),
             Kind::Tee { tee } => {
                 let t = &**tee;
                 // Frames read ahead plus what the body still has.

@@ -1,15 +1,21 @@
 //! [`SingleFlightLayer`]: the tower layer.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
+use axum::response::IntoResponse;
+use http::Request;
 use tower_layer::Layer;
 
 use super::SingleFlight;
+use super::request::{FlightRequest, FlightSpec};
 use super::service::SingleFlightService;
+use crate::error::LockError;
+use crate::rejection::{Rejecter, SharedRejection, default_hook, hook};
 
 /// Wraps services with [`SingleFlightService`]: per request, asks the
-/// [`FlightRequest`](crate::FlightRequest) `F` for a flight. A request
+/// [`FlightRequest`](crate::flight::FlightRequest) `F` for a flight. A request
 /// without one goes through untouched. Of the requests of one flight that
 /// overlap (in this process and every process on the same backend), the
 /// first runs the handler (its response carries `single-flight: leader`);
@@ -63,20 +69,23 @@ use super::service::SingleFlightService;
 ///   `single-flight` header.
 /// - A request that waits longer than the max wait gets `429` with
 ///   `Retry-After`, an unreachable backend `503`, an invalid key `400`, with
-///   the same JSON error bodies as [`LockLayer`](crate::LockLayer).
+///   the same JSON error bodies as [`LockLayer`](crate::LockLayer), or what
+///   [`rejection`](SingleFlightLayer::rejection) makes of them.
 /// - With a [`LockLayer`](crate::LockLayer) on the same route, put this
-///   layer outside it (`.layer(lock).layer(flight)`): only the leader then
-///   takes the locks, and the [`Locks`](crate::Locks) extractor works in the
-///   handler as usual.
+///   layer outside it: only the leader then takes the locks, and the
+///   [`Locks`](crate::Locks) extractor works in the handler as usual. Stack
+///   the two in one `tower::ServiceBuilder`, outermost first (see the
+///   second example).
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::{Router, body::Body, routing::get};
-/// use http::Request;
-/// use tower_lock::{FlightSpec, MemoryBackend, SingleFlight, SingleFlightLayer, path_params};
+/// use axum::{Router, routing::get};
+/// use tower_lock::path_params;
+/// use tower_lock::MemoryBackend;
+/// use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 ///
 /// let flights = SingleFlight::new(MemoryBackend::new());
-/// let layer = SingleFlightLayer::new(flights, |req: &Request<Body>| {
+/// let layer = SingleFlightLayer::from_fn(flights, |req| {
 ///     let id = path_params(req).get("id")?.to_owned();
 ///     Some(FlightSpec::new(format!("statement:{id}")).result_ttl(Duration::from_secs(2)))
 /// });
@@ -84,23 +93,112 @@ use super::service::SingleFlightService;
 ///     .route("/accounts/{id}/statement", get(|| async { "an expensive statement" }).layer(layer));
 /// # let _ = app;
 /// ```
+///
+/// With a lock on the same route: single-flight outside, the lock inside,
+/// in one `ServiceBuilder` (outermost first). The handler, run by the
+/// leader alone, extracts its lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, routing::get};
+/// use tower::ServiceBuilder;
+/// use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
+/// use tower_lock::{HeldLock, LockLayer, LockSpec, MemoryBackend, SharedBackend};
+///
+/// let backend = SharedBackend::new(MemoryBackend::new());
+/// let flight = SingleFlightLayer::from_fn(SingleFlight::new(backend.clone()), |_| {
+///     Some(FlightSpec::new("ledger-report"))
+/// });
+/// let lock = LockLayer::from_fn(backend, |_| LockSpec::global("ledger", Duration::from_secs(30)));
+/// async fn report(lock: HeldLock) -> String {
+///     format!("built under fence {}", lock.fence())
+/// }
+/// let app: Router = Router::new().route(
+///     "/report",
+///     get(report).layer(ServiceBuilder::new().layer(flight).layer(lock)),
+/// );
+/// # let _ = app;
+/// ```
 pub struct SingleFlightLayer<F> {
     pub(crate) flights: SingleFlight,
     pub(crate) hook: Arc<F>,
+    pub(crate) rejection: SharedRejection,
+}
+
+/// A closure as a [`FlightRequest`], for the request body type `B`: what
+/// [`SingleFlightLayer::from_fn`] wraps the closure in.
+pub struct FlightFn<F, B> {
+    f: F,
+    // `fn(&B)`: `Send + Sync` whatever `B` is.
+    body: PhantomData<fn(&B)>,
+}
+
+impl<F, B> fmt::Debug for FlightFn<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlightFn").finish_non_exhaustive()
+    }
+}
+
+impl<F, B, O> FlightRequest<B> for FlightFn<F, B>
+where
+    F: Fn(&Request<B>) -> O + Send + Sync + 'static,
+    O: Into<Option<FlightSpec>>,
+    B: 'static,
+{
+    fn flight_request(&self, request: &Request<B>) -> Option<FlightSpec> {
+        (self.f)(request).into()
+    }
+}
+
+impl<F, B> SingleFlightLayer<FlightFn<F, B>> {
+    /// A layer running flights with `flights`' backend and settings, as the
+    /// closure `f` names them per request: `None` for none, a
+    /// [`FlightSpec`] or `Some` spec. Its argument is the request
+    /// (`&Request<B>`), inferred: no annotation needed.
+    pub fn from_fn<O>(flights: SingleFlight, f: F) -> Self
+    where
+        F: Fn(&Request<B>) -> O + Send + Sync + 'static,
+        O: Into<Option<FlightSpec>>,
+    {
+        SingleFlightLayer::new(
+            flights,
+            FlightFn {
+                f,
+                body: PhantomData,
+            },
+        )
+    }
 }
 
 impl<F> SingleFlightLayer<F> {
-    /// A layer running flights with `flights`' backend and settings, as
-    /// `hook` decides per request.
+    /// A layer running flights with `flights`' backend and settings, as the
+    /// [`FlightRequest`] `hook` decides per request. For a closure, use
+    /// [`from_fn`](SingleFlightLayer::from_fn): its argument's type is
+    /// inferred.
     pub fn new(flights: SingleFlight, hook: F) -> Self {
         SingleFlightLayer {
             flights,
             hook: Arc::new(hook),
+            rejection: Rejecter::new(default_hook(), None),
         }
     }
 
+    /// Shape the response sent when a request cannot join its flight (it
+    /// waited longer than the max wait, the backend is unreachable, the key
+    /// is invalid): any [`IntoResponse`], as
+    /// [`LockLayer::rejection`](crate::LockLayer::rejection). Default:
+    /// [`default_rejection`](crate::default_rejection).
+    pub fn rejection<R, T>(mut self, rejection: R) -> Self
+    where
+        R: Fn(&LockError) -> T + Send + Sync + 'static,
+        T: IntoResponse,
+    {
+        self.rejection = Rejecter::new(hook(rejection), None);
+        self
+    }
+
     /// The flights' backend and settings.
-    pub fn get_flights(&self) -> &SingleFlight {
+    pub fn flights(&self) -> &SingleFlight {
         &self.flights
     }
 }
@@ -110,6 +208,7 @@ impl<F> Clone for SingleFlightLayer<F> {
         SingleFlightLayer {
             flights: self.flights.clone(),
             hook: self.hook.clone(),
+            rejection: self.rejection.clone(),
         }
     }
 }

@@ -1,6 +1,10 @@
 //! Single-flight: concurrent identical work runs once, across every
 //! instance sharing a backend, and everyone gets its result.
 //!
+//! Everything of single-flight is here, with its own defaults
+//! ([`DEFAULT_MAX_WAIT`], [`DEFAULT_LOCK_TTL`], [`DEFAULT_MAX_RESULT_BYTES`]:
+//! a flight's, not a lock's, whose max wait is zero unless its spec says).
+//!
 //! Two forms: [`SingleFlight::run`] for a function, and
 //! [`SingleFlightLayer`] for HTTP routes. Both rest on the same steps:
 //!
@@ -61,7 +65,7 @@ use crate::backend::{LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 
-pub use layer::SingleFlightLayer;
+pub use layer::{FlightFn, SingleFlightLayer};
 pub use request::{FlightRequest, FlightSpec};
 pub use service::{FlightBody, SingleFlightFuture, SingleFlightService};
 
@@ -79,7 +83,8 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::time::Duration;
-/// use tower_lock::{MemoryBackend, SingleFlight};
+/// use tower_lock::MemoryBackend;
+/// use tower_lock::flight::SingleFlight;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -199,7 +204,7 @@ impl SingleFlight {
     }
 
     /// The backend the flights run on.
-    pub fn get_backend(&self) -> &SharedBackend {
+    pub fn backend(&self) -> &SharedBackend {
         &self.backend
     }
 
@@ -271,7 +276,15 @@ impl SingleFlight {
 }
 
 /// Why [`SingleFlight::run`] returned no value.
+///
+/// Its `Display` says which step failed; the error of that step is its
+/// [`source`](std::error::Error::source). As an axum response
+/// ([`IntoResponse`](axum::response::IntoResponse), when `E` is one): the
+/// computation's own error as it answers, a lock error as the layers
+/// answer it, a result that does not decode `500` with
+/// `FLIGHT_RESULT_UNDECODABLE`.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum FlightError<E> {
     /// This caller computed, and the computation failed: nothing was
     /// shared, and a waiting caller computes in its place.
@@ -285,14 +298,29 @@ pub enum FlightError<E> {
     Decode(serde_json::Error),
 }
 
-impl<E: fmt::Display> fmt::Display for FlightError<E> {
+impl<E> fmt::Display for FlightError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FlightError::Failed(e) => write!(f, "the computation failed: {e}"),
-            FlightError::Lock(e) => write!(f, "single-flight: {e}"),
-            FlightError::Decode(e) => {
-                write!(f, "single-flight: the shared result does not decode: {e}")
+            FlightError::Failed(_) => f.write_str("single-flight: the computation failed"),
+            FlightError::Lock(_) => f.write_str("single-flight: the flight could not be joined"),
+            FlightError::Decode(_) => {
+                f.write_str("single-flight: the shared result does not decode")
             }
+        }
+    }
+}
+
+impl<E: axum::response::IntoResponse> axum::response::IntoResponse for FlightError<E> {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            FlightError::Failed(e) => e.into_response(),
+            FlightError::Lock(e) => e.into_response(),
+            FlightError::Decode(_) => crate::rejection::json_error(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "FLIGHT_RESULT_UNDECODABLE",
+                "the shared result does not decode as the type asked for",
+            )
+            .map(axum::body::Body::from),
         }
     }
 }

@@ -14,7 +14,7 @@ use http::Request;
 /// everyone.
 ///
 /// The layer adds what HTTP itself says a response depends on (see
-/// [`SingleFlightLayer`](crate::SingleFlightLayer)): the method is part of
+/// [`SingleFlightLayer`](crate::flight::SingleFlightLayer)): the method is part of
 /// the flight (a HEAD never shares a GET's), conditional and range requests
 /// stay out of flights, and a response reaches only the requests its
 /// `Vary` fits. With a result TTL of zero, a response nobody waited for is
@@ -22,7 +22,7 @@ use http::Request;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::FlightSpec;
+/// use tower_lock::flight::FlightSpec;
 ///
 /// let spec = FlightSpec::new("statement:42:user-7").result_ttl(Duration::from_secs(5));
 /// assert_eq!(spec.get_key(), "statement:42:user-7");
@@ -69,7 +69,8 @@ impl FlightSpec {
 /// ```
 /// use axum::body::Body;
 /// use http::Request;
-/// use tower_lock::{FlightSpec, path_params};
+/// use tower_lock::path_params;
+/// use tower_lock::flight::FlightSpec;
 ///
 /// fn statement(req: &Request<Body>) -> Option<FlightSpec> {
 ///     let id = path_params(req).get("id")?.to_owned();

@@ -22,7 +22,7 @@ use super::response::{
     LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, shared_headers, stays_out, varied, vary, verdict,
 };
 use crate::key::LockKey;
-use crate::rejection::default_rejection;
+use crate::rejection::SharedRejection;
 
 /// Middleware that runs a request's handler once per flight and gives the
 /// other requests of the flight a copy of its response. See
@@ -102,9 +102,10 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let flights = self.layer.flights.clone();
+        let reject = self.layer.rejection.clone();
         SingleFlightFuture {
             state: State::Flight {
-                future: Box::pin(fly(flights, spec, inner, req)),
+                future: Box::pin(fly(flights, reject, spec, inner, req)),
             },
         }
     }
@@ -113,7 +114,8 @@ where
 /// One request's flight: a copy of the leader's response, or the handler's
 /// own (shared if it may be).
 async fn fly<S, ReqB, ResB>(
-    flights: crate::SingleFlight,
+    flights: super::SingleFlight,
+    reject: SharedRejection,
     spec: FlightSpec,
     mut inner: S,
     req: Request<ReqB>,
@@ -126,9 +128,9 @@ where
     // the GET's `content-length`) must never answer a GET.
     let key = match LockKey::flight_of_method(spec.get_key(), req.method()) {
         Ok(key) => key,
-        Err(e) => return Ok(rejection(&e)),
+        Err(e) => return Ok(rejection(&reject, &e)),
     };
-    let leader = match join(flights.get_backend(), key, flights.settings()).await {
+    let leader = match join(flights.backend(), key, flights.settings()).await {
         Ok(Role::Shared(result)) => {
             match decode(Bytes::from_owner(SharedBytes(result.value))) {
                 Some(Shared::Response { response, varied })
@@ -153,7 +155,7 @@ where
             return Ok(res.map(FlightBody::inner));
         }
         Ok(Role::Leader(leader)) => leader,
-        Err(e) => return Ok(rejection(&e)),
+        Err(e) => return Ok(rejection(&reject, &e)),
     };
     // What the response's `Vary` may name, to be checked against each
     // follower's request.
@@ -199,9 +201,17 @@ where
     Ok(Response::from_parts(parts, body))
 }
 
-fn rejection<B: Body>(error: &crate::LockError) -> Response<FlightBody<B>> {
-    let (parts, body) = default_rejection(error).into_parts();
-    Response::from_parts(parts, FlightBody::full(body))
+/// The layer's rejection of `error`, as the layer's response.
+fn rejection<B: Body>(
+    reject: &SharedRejection,
+    error: &crate::LockError,
+) -> Response<FlightBody<B>> {
+    tracing::info!(
+        code = error.code(),
+        status = error.status().as_u16(),
+        "request rejected: single-flight not joined"
+    );
+    reject.reject(error).map(FlightBody::rejection)
 }
 
 /// Lets `Bytes` share a stored result's memory.

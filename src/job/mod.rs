@@ -47,7 +47,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = SharedBackend::new(MemoryBackend::new());
 //! // Where the HTTP handler took the lock and queued the job:
-//! let spec = LockSpec::new("export:7", Duration::from_secs(60)).global();
+//! let spec = LockSpec::global("export:7", Duration::from_secs(60));
 //! let token = OwnedLock::acquire(&backend, &spec).await?.into_token();
 //! let job = Export { id: 7, token, lock: None };
 //!
@@ -102,7 +102,13 @@ pub trait LockedJob {
 
 /// The error of a job run under [`JobLockLayer`]: its lock could not be
 /// restored (the job did not run), or the job's own error.
+///
+/// Its `Display` says which; the error itself is its
+/// [`source`](std::error::Error::source). As an axum response (for a job
+/// run from a handler; when `E` is one): the lock error as the layers
+/// answer it, or the job's own error as it answers.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum JobError<E> {
     /// The job's lock is gone or someone else's (expired, released, taken
     /// over): the job did not run.
@@ -111,11 +117,20 @@ pub enum JobError<E> {
     Job(E),
 }
 
-impl<E: fmt::Display> fmt::Display for JobError<E> {
+impl<E> fmt::Display for JobError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            JobError::Lock(e) => write!(f, "the job's lock could not be restored: {e}"),
-            JobError::Job(e) => e.fmt(f),
+            JobError::Lock(_) => f.write_str("the job's lock could not be restored"),
+            JobError::Job(_) => f.write_str("the job failed"),
+        }
+    }
+}
+
+impl<E: axum::response::IntoResponse> axum::response::IntoResponse for JobError<E> {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            JobError::Lock(e) => e.into_response(),
+            JobError::Job(e) => e.into_response(),
         }
     }
 }

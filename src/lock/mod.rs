@@ -3,6 +3,7 @@
 //! handles a request and a job hold them by.
 
 pub(crate) mod acquire;
+pub(crate) mod extract;
 mod held;
 mod owned;
 pub(crate) mod registry;
@@ -10,8 +11,9 @@ pub(crate) mod release;
 mod token;
 mod with;
 
+pub use extract::MissingLocks;
 pub use held::HeldLock;
 pub use owned::OwnedLock;
-pub use registry::{Locks, MissingLockLayer};
+pub use registry::Locks;
 pub use token::LockToken;
 pub use with::with_lock;

@@ -10,7 +10,7 @@ use super::acquire::acquire_guarded;
 use super::held::HeldExtras;
 use super::release::{release_detached, release_one};
 use super::{HeldLock, LockToken};
-use crate::backend::{Holder, Lease, LockStatus, SharedBackend};
+use crate::backend::{AsSharedBackend, Holder, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
 use crate::key::Scope;
 use crate::observe::{self, Meter};
@@ -75,9 +75,10 @@ impl OwnedLock {
     /// (default off).
     ///
     /// A job names a global lock ([`LockSpec::global`]); a route-scoped spec
-    /// has no route to be scoped by here and is refused
+    /// ([`LockSpec::new`]) has no route to be scoped by here and is refused
     /// ([`LockError::InvalidKey`]): to take the lock a route's layer takes,
-    /// use [`acquire_in_route`](OwnedLock::acquire_in_route).
+    /// use [`acquire_in_route`](OwnedLock::acquire_in_route). `backend` is
+    /// a [`SharedBackend`] or a reference to one ([`AsSharedBackend`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -86,7 +87,7 @@ impl OwnedLock {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_lock::LockError> {
     /// let backend = SharedBackend::new(MemoryBackend::new());
-    /// let spec = LockSpec::new("nightly-report", Duration::from_secs(60)).global();
+    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(60));
     /// let lock = OwnedLock::acquire(&backend, &spec).await?;
     /// // ... the job's work, fenced by lock.fence() ...
     /// lock.release().await?;
@@ -94,7 +95,7 @@ impl OwnedLock {
     /// # }
     /// ```
     pub async fn acquire(
-        backend: impl Into<SharedBackend>,
+        backend: impl AsSharedBackend,
         spec: &LockSpec,
     ) -> Result<OwnedLock, LockError> {
         if spec.get_scope() == Scope::Route {
@@ -104,7 +105,7 @@ impl OwnedLock {
             ));
         }
         // Not through `acquire_in_route`: one future less to move per call.
-        let backend = backend.into();
+        let backend = backend.as_shared().clone();
         let meter = Meter::new(&backend, "");
         let req = spec
             .to_request_in("")
@@ -117,11 +118,11 @@ impl OwnedLock {
     /// (e.g. `/orders/{id}`): for a route-scoped spec, the lock that route's
     /// layer takes for the same key; a global spec ignores `route`.
     pub async fn acquire_in_route(
-        backend: impl Into<SharedBackend>,
+        backend: impl AsSharedBackend,
         spec: &LockSpec,
         route: &str,
     ) -> Result<OwnedLock, LockError> {
-        let backend = backend.into();
+        let backend = backend.as_shared().clone();
         let meter = Meter::new(&backend, route);
         let req = spec
             .to_request_in(route)
@@ -164,24 +165,24 @@ impl OwnedLock {
     /// token's original TTL; a token made before tokens carried it falls
     /// back to the time the lock has left.
     pub async fn restore(
-        backend: impl Into<SharedBackend>,
+        backend: impl AsSharedBackend,
         token: &LockToken,
     ) -> Result<OwnedLock, LockError> {
-        let backend = backend.into();
+        let backend = backend.as_shared().clone();
         let key = token.lock_key()?;
-        crate::spec::validate_owner(&token.owner)?;
+        crate::spec::validate_owner(token.owner())?;
         let sent = tokio::time::Instant::now();
-        let holder = Holder::new(&token.owner, token.fence);
+        let holder = Holder::new(token.owner(), token.fence());
         let claimed = backend.claim(&key, holder, new_attempt_id()).await?;
         // The metadata of the lock, not the token's copy (read after the
         // claim: it follows the lock's new fence).
         let metadata = match backend.status(&key).await {
             Ok(Some(status)) if status.fence == claimed.fence => status.metadata,
-            _ => token.metadata.clone(),
+            _ => token.metadata().cloned(),
         };
         let left = claimed.ttl;
         let ttl = token
-            .ttl_ms
+            .ttl_ms()
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis)
             .unwrap_or(left)
@@ -189,7 +190,7 @@ impl OwnedLock {
         let lease = Lease { ttl, ..claimed };
         let lock = HeldLock::new(
             key,
-            Arc::from(token.owner.as_str()),
+            Arc::from(token.owner()),
             lease,
             sent + left,
             HeldExtras::new(metadata, token.hold_left().map(|left| sent + left)),

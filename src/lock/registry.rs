@@ -5,9 +5,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
-use axum::response::{IntoResponse, Response};
-use http::request::Parts;
 use smallvec::{SmallVec, smallvec};
 use smol_str::SmolStr;
 
@@ -93,7 +90,7 @@ impl RegistryState {
 ///     let order = locks.get("order:1").map(|l| l.fence());
 ///     // A second lock, released together with the first after the response.
 ///     let audit = locks
-///         .acquire(LockSpec::new("audit", Duration::from_secs(5)).global())
+///         .acquire(LockSpec::global("audit", Duration::from_secs(5)))
 ///         .await;
 ///     format!("{order:?} {:?}", audit.map(|l| l.fence()))
 /// }
@@ -432,58 +429,3 @@ impl Drop for Registry {
 
 const ONE_LOCK_PER_KEY: &str = "this request already holds a lock with this key (a key names \
      one lock of a request, in route or global scope)";
-
-/// Rejection of the [`Locks`] extractor when the request carries no locks:
-/// no [`LockLayer`](crate::LockLayer) runs in front of the handler, or its
-/// [`LockRequest`](crate::LockRequest) named no lock for this request (such
-/// a request passes through untouched). `500` with code
-/// `LOCK_LAYER_MISSING` and a JSON body. A handler whose route locks only
-/// some requests extracts `Option<Locks>` instead.
-#[derive(Debug, Clone, Copy)]
-pub struct MissingLockLayer;
-
-const MISSING_LOCK_LAYER: &str = "no locks for this request: no LockLayer runs in front of \
-     this handler, or its LockRequest named no lock for this request (extract \
-     Option<Locks> where that is expected)";
-
-impl IntoResponse for MissingLockLayer {
-    fn into_response(self) -> Response {
-        crate::rejection::json_error(
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "LOCK_LAYER_MISSING",
-            MISSING_LOCK_LAYER,
-        )
-        .map(axum::body::Body::from)
-    }
-}
-
-impl fmt::Display for MissingLockLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(MISSING_LOCK_LAYER)
-    }
-}
-
-impl std::error::Error for MissingLockLayer {}
-
-impl<S: Send + Sync> FromRequestParts<S> for Locks {
-    type Rejection = MissingLockLayer;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Locks>()
-            .cloned()
-            .ok_or(MissingLockLayer)
-    }
-}
-
-impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Locks {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        _state: &S,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Locks>().cloned())
-    }
-}

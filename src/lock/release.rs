@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::HeldLock;
 use crate::lock::registry::Locks;
+use crate::retry::RetryPolicy;
 
 /// Started work that finishes even if it is dropped: see the module docs.
 #[must_use = "dropping a Finish runs the rest of its work in a task"]
@@ -183,11 +185,24 @@ fn traced(lock: &HeldLock, result: Result<(), LockError>) {
 /// unwinding). Exactly once either way.
 pub(crate) struct ReleaseGuard {
     locks: Option<Locks>,
+    // Where the hold time goes, and since when (a layer whose
+    // `Retry-After` is estimated from its hold times).
+    clock: Option<(Arc<RetryPolicy>, tokio::time::Instant)>,
 }
 
 impl ReleaseGuard {
-    pub(crate) fn new(locks: Locks) -> Self {
-        ReleaseGuard { locks: Some(locks) }
+    pub(crate) fn new(locks: Locks, holds: Option<&Arc<RetryPolicy>>) -> Self {
+        ReleaseGuard {
+            locks: Some(locks),
+            clock: holds.map(|p| (p.clone(), tokio::time::Instant::now())),
+        }
+    }
+
+    /// The locks are let go now: record how long they were held.
+    fn record(&mut self) {
+        if let Some((policy, since)) = self.clock.take() {
+            policy.record(since.elapsed());
+        }
     }
 
     pub(crate) fn locks(&self) -> Option<&Locks> {
@@ -196,12 +211,14 @@ impl ReleaseGuard {
 
     /// Release now; `None` if done synchronously, else the work to await.
     pub(crate) fn start(mut self) -> Option<Finish<()>> {
+        self.record();
         self.locks.take().and_then(|locks| locks.release_auto())
     }
 }
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
+        self.record();
         if let Some(locks) = self.locks.take() {
             // Dropping the unfinished release detaches it.
             drop(locks.release_auto());

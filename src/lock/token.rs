@@ -10,6 +10,12 @@ use crate::time::unix_ms;
 
 /// A held lock as data, to move it between processes (serde).
 ///
+/// Its fields are read with accessors and made only by
+/// [`OwnedLock::into_token`] or by deserialising one: its serialised form
+/// (JSON object with `key`, `route`, `owner`, `fence`, `expires_at_ms`,
+/// `ttl_ms`, `metadata`, `hold_until_ms`) is the format between processes,
+/// and fields may be added to it.
+///
 /// Made by [`OwnedLock::into_token`], taken back by [`OwnedLock::restore`].
 /// The owner token inside is the credential to release the lock: treat the
 /// token like a secret.
@@ -29,7 +35,7 @@ use crate::time::unix_ms;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let spec = LockSpec::new("export:7", Duration::from_secs(60)).global();
+/// let spec = LockSpec::global("export:7", Duration::from_secs(60));
 /// let lock = OwnedLock::acquire(&backend, &spec).await?;
 /// let fence = lock.fence();
 ///
@@ -53,32 +59,32 @@ use crate::time::unix_ms;
 /// [`Locks::release`]: crate::Locks::release
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockToken {
-    /// The user's key.
-    pub key: String,
-    /// The route pattern of a route-scoped lock; `None` for global.
+    // The user's key.
+    key: String,
+    // The route pattern of a route-scoped lock; `None` for global.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub route: Option<String>,
-    /// The owner token.
-    pub owner: String,
-    /// The fencing token of the acquisition.
-    pub fence: u64,
-    /// Expiry when the token was made, in milliseconds since the Unix epoch.
-    pub expires_at_ms: u64,
-    /// The TTL the lock was taken (or last extended) with, in milliseconds:
-    /// what a watchdog started after [`OwnedLock::restore`](crate::OwnedLock::restore) renews it by.
-    /// Absent in tokens from before it existed.
+    route: Option<String>,
+    // The owner token.
+    owner: String,
+    // The fencing token of the acquisition.
+    fence: u64,
+    // Expiry when the token was made, in milliseconds since the Unix epoch.
+    expires_at_ms: u64,
+    // The TTL the lock was taken (or last extended) with, in milliseconds:
+    // what a watchdog started after [`OwnedLock::restore`](crate::OwnedLock::restore) renews it by.
+    // Absent in tokens from before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-    /// The metadata stored with the lock ([`LockSpec::metadata`](crate::LockSpec::metadata)).
-    /// [`OwnedLock::restore`](crate::OwnedLock::restore) returns what the
-    /// backend holds, not this copy.
+    ttl_ms: Option<u64>,
+    // The metadata stored with the lock ([`LockSpec::metadata`](crate::LockSpec::metadata)).
+    // [`OwnedLock::restore`](crate::OwnedLock::restore) returns what the
+    // backend holds, not this copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<LockMetadata>,
-    /// The end of the lock's minimum hold ([`LockSpec::min_hold`](crate::LockSpec::min_hold)),
-    /// in milliseconds since the Unix epoch: a restored lock released before
-    /// then is kept until then.
+    metadata: Option<LockMetadata>,
+    // The end of the lock's minimum hold ([`LockSpec::min_hold`](crate::LockSpec::min_hold)),
+    // in milliseconds since the Unix epoch: a restored lock released before
+    // then is kept until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_until_ms: Option<u64>,
+    hold_until_ms: Option<u64>,
 }
 
 impl LockToken {
@@ -103,6 +109,52 @@ impl LockToken {
         let until = self.hold_until_ms?;
         let left = until.checked_sub(unix_ms(std::time::SystemTime::now()))?;
         Some(std::time::Duration::from_millis(left))
+    }
+
+    /// The user's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The route pattern of a route-scoped lock; `None` for global.
+    pub fn route(&self) -> Option<&str> {
+        self.route.as_deref()
+    }
+
+    /// The owner token: the credential to release the lock.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The fencing token of the acquisition.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Expiry when the token was made, in milliseconds since the Unix epoch.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
+
+    /// The TTL the lock was taken (or last extended) with, in milliseconds:
+    /// what a watchdog started after [`OwnedLock::restore`](crate::OwnedLock::restore)
+    /// renews it by. `None` in tokens from before it existed.
+    pub fn ttl_ms(&self) -> Option<u64> {
+        self.ttl_ms
+    }
+
+    /// The metadata stored with the lock ([`LockSpec::metadata`](crate::LockSpec::metadata)).
+    /// [`OwnedLock::restore`](crate::OwnedLock::restore) returns what the
+    /// backend holds, not this copy.
+    pub fn metadata(&self) -> Option<&LockMetadata> {
+        self.metadata.as_ref()
+    }
+
+    /// The end of the lock's minimum hold ([`LockSpec::min_hold`](crate::LockSpec::min_hold)),
+    /// in milliseconds since the Unix epoch: a restored lock released before
+    /// then is kept until then.
+    pub fn hold_until_ms(&self) -> Option<u64> {
+        self.hold_until_ms
     }
 
     /// The validated key this token names.

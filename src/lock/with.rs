@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use super::{HeldLock, OwnedLock};
-use crate::backend::SharedBackend;
+use crate::backend::AsSharedBackend;
 use crate::error::LockError;
 use crate::spec::LockSpec;
 
@@ -19,8 +19,10 @@ use crate::spec::LockSpec;
 /// (then `work` never ran). A failed release is traced, not returned: the
 /// work is done, and the TTL frees the lock.
 ///
-/// Outside a request there is no route: the spec must be
-/// [global](LockSpec::global) (else [`LockError::InvalidKey`]). The spec's
+/// Outside a request there is no route: make the spec with
+/// [`LockSpec::global`] (a route-scoped one is refused with
+/// [`LockError::InvalidKey`]). `backend` is a
+/// [`SharedBackend`](crate::SharedBackend) or a reference to one. The spec's
 /// watchdog setting and [minimum hold](LockSpec::min_hold) apply.
 ///
 /// ```
@@ -30,8 +32,7 @@ use crate::spec::LockSpec;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_lock::LockError> {
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let spec = LockSpec::new("report:monthly", Duration::from_secs(30))
-///     .global()
+/// let spec = LockSpec::global("report:monthly", Duration::from_secs(30))
 ///     .max_wait(Duration::from_secs(5));
 /// let rows = with_lock(&backend, &spec, |lock| async move {
 ///     // ... exclusive work, writes fenced by lock.fence() ...
@@ -44,7 +45,7 @@ use crate::spec::LockSpec;
 /// # }
 /// ```
 pub async fn with_lock<F, Fut>(
-    backend: impl Into<SharedBackend>,
+    backend: impl AsSharedBackend,
     spec: &LockSpec,
     work: F,
 ) -> Result<Fut::Output, LockError>

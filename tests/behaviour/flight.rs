@@ -21,9 +21,8 @@ use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_lock::{
-    FlightError, FlightSpec, LockError, LockLayer, LockSpec, Locks, SingleFlight, SingleFlightLayer,
-};
+use tower_lock::flight::{FlightError, FlightSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::{LockError, LockLayer, LockSpec, Locks};
 
 use super::harness::Harness;
 use super::support::*;
@@ -440,10 +439,9 @@ pub async fn an_oversized_result_is_not_shared(h: Harness) {
 
 /// A flight and a lock with the same name are different things.
 pub async fn a_flight_and_a_lock_of_one_name_never_meet(h: Harness) {
-    let lock =
-        tower_lock::OwnedLock::acquire(&h.backend, &LockSpec::new("same-name", LONG).global())
-            .await
-            .unwrap();
+    let lock = tower_lock::OwnedLock::acquire(&h.backend, &LockSpec::global("same-name", LONG))
+        .await
+        .unwrap();
     let flights = flights(&h).max_wait(Duration::ZERO);
     let work = Work::default();
     work.open(1);
@@ -676,7 +674,7 @@ pub async fn the_layer_works_with_a_lock_layer_and_the_extractor(h: Harness) {
         }
     })
     .layer::<_, std::convert::Infallible>(LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
-        Some(LockSpec::new("ledger", Duration::from_secs(30)).global())
+        Some(LockSpec::global("ledger", Duration::from_secs(30)))
     }))
     .layer::<_, std::convert::Infallible>(SingleFlightLayer::new(
         flights.clone(),

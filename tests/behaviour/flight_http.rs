@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_http::compression::CompressionLayer;
-use tower_lock::{FlightSpec, LockLayer, LockSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::{LockLayer, LockSpec};
 
 use super::flight::{Answer, LONG, all, flights, gated_get, spawn_call, until_waiting};
 use super::harness::Harness;
@@ -478,7 +479,7 @@ pub async fn copies_carry_no_lock_or_hop_by_hop_headers(h: Harness) {
         }
     });
     let lock = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
-        Some(LockSpec::new("page-lock", LONG).global())
+        Some(LockSpec::global("page-lock", LONG))
     })
     .lock_headers(true);
     let route = handler

@@ -19,7 +19,7 @@ use super::support::{areq, gkey, status_of};
 
 /// A job's spec under the custom owner token every run of it shares.
 fn nightly(ttl: Duration) -> LockSpec {
-    LockSpec::new("nightly", ttl).global().owner("nightly-job")
+    LockSpec::global("nightly", ttl).owner("nightly-job")
 }
 
 /// Holder A (custom owner) pauses past its TTL; B, with the same owner,
@@ -128,14 +128,14 @@ pub async fn a_stale_watchdog_never_renews_a_later_acquisition(h: Harness) {
 pub async fn a_token_restores_once(h: Harness) {
     let lock = OwnedLock::acquire(
         h.backend.clone(),
-        &LockSpec::new("export", Duration::from_secs(30)).global(),
+        &LockSpec::global("export", Duration::from_secs(30)),
     )
     .await
     .unwrap();
     let token = lock.into_token();
 
     let job = OwnedLock::restore(h.another(), &token).await.unwrap();
-    assert!(job.fence() > token.fence, "a claim is a new acquisition");
+    assert!(job.fence() > token.fence(), "a claim is a new acquisition");
     assert_eq!(
         OwnedLock::restore(h.another(), &token).await.unwrap_err(),
         LockError::OwnershipMismatch,
@@ -149,7 +149,7 @@ pub async fn a_token_restores_once(h: Harness) {
     // The token's own acquisition is gone: its fence releases nothing.
     assert_eq!(
         h.backend
-            .release(&key, Holder::new(&token.owner, token.fence))
+            .release(&key, Holder::new(token.owner(), token.fence()))
             .await,
         Err(LockError::OwnershipMismatch)
     );
@@ -165,7 +165,7 @@ pub async fn a_token_restores_once(h: Harness) {
 /// the hold ends, and a redelivered token must not run the job again then.
 pub async fn a_finished_job_never_restores_within_its_minimum_hold(h: Harness) {
     let u = h.unit();
-    let spec = LockSpec::new("singleton", u * 30).global().min_hold(u * 10);
+    let spec = LockSpec::global("singleton", u * 30).min_hold(u * 10);
     let token = OwnedLock::acquire(h.backend.clone(), &spec)
         .await
         .unwrap()

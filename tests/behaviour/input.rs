@@ -91,7 +91,7 @@ pub async fn a_requests_locks_are_found_by_any_spelling_of_their_key(h: Harness)
     const GIVEN: [&str; 2] = ["cafe\u{301}:1", "cafe\u{301}:2"];
     const LOCKED: [&str; 2] = ["caf\u{e9}:1", "caf\u{e9}:2"];
     let layer = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
-        GIVEN.map(|key| LockSpec::new(key, Duration::from_secs(30)).global())
+        GIVEN.map(|key| LockSpec::global(key, Duration::from_secs(30)))
     });
     let handler = |locks: Locks| async move {
         let found = [GIVEN[0], LOCKED[0]].map(|key| locks.get(key).is_some());
@@ -153,9 +153,7 @@ async fn assert_refused(h: &Harness, name: &str, value: Value) {
         );
     }
     let key = format!("meta:refused:{name}");
-    let spec = LockSpec::new(&key, Duration::from_secs(5))
-        .global()
-        .metadata(value.clone());
+    let spec = LockSpec::global(&key, Duration::from_secs(5)).metadata(value.clone());
     assert!(
         matches!(
             OwnedLock::acquire(&h.backend, &spec).await,

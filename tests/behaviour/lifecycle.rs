@@ -40,7 +40,7 @@ async fn run(app: Router) -> bytes::Bytes {
 }
 
 fn spec(key: &str, ttl_ms: u64) -> LockSpec {
-    LockSpec::new(key, Duration::from_millis(ttl_ms)).global()
+    LockSpec::global(key, Duration::from_millis(ttl_ms))
 }
 
 pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
@@ -136,7 +136,7 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
 /// run out.
 pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
     let u = h.unit();
-    let spec = LockSpec::new("victim", u * 30).global().watchdog(true);
+    let spec = LockSpec::global("victim", u * 30).watchdog(true);
     let lock = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     let start = tokio::time::Instant::now();
     h.advance(u).await;
@@ -243,7 +243,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
     let json = serde_json::to_string(&lock.into_token()).unwrap();
     // Another process: same backend configuration, token from the queue.
     let token: LockToken = serde_json::from_str(&json).unwrap();
-    assert_eq!(token.fence, fence);
+    assert_eq!(token.fence(), fence);
     let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
     assert!(
         restored.fence() > fence,
@@ -263,7 +263,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner, token.fence)
+                Holder::new(token.owner(), token.fence())
             )
             .await
             .unwrap_err(),
@@ -299,7 +299,7 @@ pub async fn stale_tokens_are_refused(h: Harness) {
         backend
             .release(
                 &token.lock_key().unwrap(),
-                Holder::new(&token.owner, token.fence)
+                Holder::new(token.owner(), token.fence())
             )
             .await
             .unwrap_err(),
@@ -468,7 +468,7 @@ pub async fn admin_force_release_and_bad_keys(h: Harness) {
 pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let backend = h.backend.clone();
     let u = h.unit();
-    let job = |ttl| LockSpec::new("job", ttl).global().owner("worker-1");
+    let job = |ttl| LockSpec::global("job", ttl).owner("worker-1");
     let first = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
@@ -482,7 +482,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let second = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
-    assert!(second.fence() > old.fence);
+    assert!(second.fence() > old.fence());
     assert_eq!(
         OwnedLock::restore(backend.clone(), &old).await.unwrap_err(),
         LockError::OwnershipMismatch,
@@ -491,7 +491,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
 
     h.advance(u * 8).await;
     let token = second.into_token();
-    assert_eq!(token.ttl_ms, Some((u * 10).as_millis() as u64));
+    assert_eq!(token.ttl_ms(), Some((u * 10).as_millis() as u64));
     let mut restored = OwnedLock::restore(backend.clone(), &token).await.unwrap();
     assert_eq!(restored.info().ttl(), u * 10, "the original TTL");
     restored.start_watchdog();
@@ -527,7 +527,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
 pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness) {
     let probe = Probe::new(&h.backend);
     let u = h.unit();
-    let spec = LockSpec::new("job", u * 3).global().watchdog(true);
+    let spec = LockSpec::global("job", u * 3).watchdog(true);
     let mut lock = OwnedLock::acquire(probe.backend(), &spec).await.unwrap();
     probe.hold_renewals();
     // The renewal (by 3 units) falls due after one unit.

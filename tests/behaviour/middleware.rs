@@ -744,7 +744,7 @@ fn multi_app(backend: &tower_lock::SharedBackend, wait: Duration, ctl: &Ctl) -> 
         ["x", "y"]
             .iter()
             .filter_map(|name| params.get(name))
-            .map(|key| LockSpec::new(key, TTL).max_wait(wait).global())
+            .map(|key| LockSpec::global(key, TTL).max_wait(wait))
             .collect::<Vec<_>>()
     });
     let handler = {
@@ -797,7 +797,7 @@ pub async fn opposite_lock_orders_do_not_deadlock(h: Harness) {
     let probe = Probe::new(&h.backend);
     let ctl = Ctl::default();
     let app = multi_app(&probe.backend(), Duration::from_secs(10), &ctl);
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("a", TTL).global())
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::global("a", TTL))
         .await
         .unwrap();
 
@@ -823,14 +823,12 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
     let probe = Probe::new(&h.backend);
     let both = LockLayer::new(probe.backend(), |_: &Request<Body>| {
         [
-            LockSpec::new("a", TTL).global().auto_release(false),
-            LockSpec::new("b", TTL)
-                .global()
-                .max_wait(Duration::from_secs(10)),
+            LockSpec::global("a", TTL).auto_release(false),
+            LockSpec::global("b", TTL).max_wait(Duration::from_secs(10)),
         ]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::new("b", TTL).global())
+    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::global("b", TTL))
         .await
         .unwrap();
     let request = tokio::spawn(app.oneshot(post_req("/k")));
@@ -850,13 +848,10 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
 pub async fn failed_acquisition_dropped_mid_cleanup_still_releases(h: Harness) {
     let probe = Probe::new(&h.backend);
     let both = LockLayer::new(probe.backend(), |_: &Request<Body>| {
-        [
-            LockSpec::new("a", TTL).global(),
-            LockSpec::new("b", TTL).global(),
-        ]
+        [LockSpec::global("a", TTL), LockSpec::global("b", TTL)]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::new("b", TTL).global())
+    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::global("b", TTL))
         .await
         .unwrap();
     probe.hold_releases();
@@ -881,10 +876,10 @@ pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
     let app = Router::new().route(
         "/h",
         early.layer(LockLayer::new(probe.backend(), |_: &Request<Body>| {
-            Some(LockSpec::new("h", TTL).global())
+            Some(LockSpec::global("h", TTL))
         })),
     );
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("j", TTL).global())
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::global("j", TTL))
         .await
         .unwrap();
     probe.hold_releases();
@@ -912,13 +907,13 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
     let app = Router::new().route(
         "/l",
         post(|| async { "ran" }).layer(LockLayer::new(probe.backend(), |_: &Request<Body>| {
-            Some(LockSpec::new("l", TTL).global())
+            Some(LockSpec::global("l", TTL))
         })),
     );
     probe.lose_acquire_replies(true);
     let res = app.oneshot(post_req("/l")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::new("m", TTL).global()).await;
+    let job = OwnedLock::acquire(probe.backend(), &LockSpec::global("m", TTL)).await;
     assert!(
         matches!(job, Err(LockError::BackendUnavailable(_))),
         "{job:?}"
@@ -926,7 +921,7 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
 
     // A caller's own token is left alone: it may hold the lock already
     // (acquire is idempotent for it), and a release would free that.
-    let mine = LockSpec::new("n", TTL).global().owner("me");
+    let mine = LockSpec::global("n", TTL).owner("me");
     let held = OwnedLock::acquire(h.backend.clone(), &mine).await.unwrap();
     let again = OwnedLock::acquire(probe.backend(), &mine).await;
     assert!(
@@ -955,7 +950,7 @@ pub async fn extractor_lock_released_with_response(h: Harness) {
             let ctl = ctl.clone();
             async move {
                 let extra = locks
-                    .acquire(LockSpec::new("extra", TTL).global())
+                    .acquire(LockSpec::global("extra", TTL))
                     .await
                     .expect("extra lock");
                 ctl.checkpoint(&headers).await;
@@ -1065,12 +1060,12 @@ pub async fn a_lock_never_runs_out_while_the_request_waits_for_another(h: Harnes
     let u = h.unit();
     let both = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
         [
-            LockSpec::new("a", u).global().max_wait(u * 10),
-            LockSpec::new("b", u * 30).global().max_wait(u * 10),
+            LockSpec::global("a", u).max_wait(u * 10),
+            LockSpec::global("b", u * 30).max_wait(u * 10),
         ]
     });
     let only_a = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
-        Some(LockSpec::new("a", u * 30).global())
+        Some(LockSpec::global("a", u * 30))
     });
     let app = Router::new()
         .route("/both", gated(&ctl).layer(both))
@@ -1107,7 +1102,7 @@ pub async fn a_lock_that_ran_out_before_the_handler_is_refused(h: Harness) {
     let ctl = Ctl::default();
     let u = h.unit();
     let short = LockLayer::new(probe.backend(), move |_: &Request<Body>| {
-        Some(LockSpec::new("k", u).global())
+        Some(LockSpec::global("k", u))
     });
     let app = Router::new().route("/k", gated(&ctl).layer(short));
     probe.hold_acquire_replies();
@@ -1128,8 +1123,8 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
     let u = h.unit();
     let both = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
         [
-            LockSpec::new("a", TTL).global().max_wait(u * 2),
-            LockSpec::new("b", TTL).global().max_wait(u * 2),
+            LockSpec::global("a", TTL).max_wait(u * 2),
+            LockSpec::global("b", TTL).max_wait(u * 2),
         ]
     });
     let ctl = Ctl::default();
@@ -1178,7 +1173,7 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
 pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
     let ctl = Ctl::default();
     let twins = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
-        [LockSpec::new("k", TTL), LockSpec::new("k", TTL).global()]
+        [LockSpec::new("k", TTL), LockSpec::global("k", TTL)]
     });
     let app = Router::new().route("/twins", gated(&ctl).layer(twins));
     send(&app, post_req("/twins"))
@@ -1194,7 +1189,7 @@ pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
     });
     let handler = post(|locks: Locks| async move {
         let same = locks.acquire(LockSpec::new("k", TTL)).await;
-        let other_scope = locks.acquire(LockSpec::new("k", TTL).global()).await;
+        let other_scope = locks.acquire(LockSpec::global("k", TTL)).await;
         format!(
             "{:?} {:?}",
             same.map(|l| l.fence()),

@@ -24,7 +24,7 @@ use super::harness::Harness;
 use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of, with_header};
 
 fn spec(key: &str, ttl: Duration) -> LockSpec {
-    LockSpec::new(key, ttl).global()
+    LockSpec::global(key, ttl)
 }
 
 fn who() -> serde_json::Value {
@@ -66,7 +66,7 @@ pub async fn metadata_round_trips_through_every_lookup(h: Harness) {
 
     // Through a token (serde) and its restore, in another handle.
     let token = lock.into_token();
-    assert_eq!(token.metadata.as_ref(), Some(&meta));
+    assert_eq!(token.metadata(), Some(&meta));
     let wire = serde_json::to_string(&token).unwrap();
     let token: LockToken = serde_json::from_str(&wire).unwrap();
     let restored = OwnedLock::restore(h.indexed(), &token).await.unwrap();
@@ -204,7 +204,7 @@ pub async fn min_hold_keeps_an_early_release_until_it_ends(h: Harness) {
     // The hold travels in a token: released early after a restore, kept.
     let lock = OwnedLock::acquire(&h.backend, &nightly).await.unwrap();
     let token = lock.into_token();
-    assert!(token.hold_until_ms.is_some());
+    assert!(token.hold_until_ms().is_some());
     let restored = OwnedLock::restore(&h.backend, &token).await.unwrap();
     restored.release().await.unwrap();
     assert!(
@@ -481,7 +481,7 @@ pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Har
     };
 
     let token = queued(&h, "job:ok").await;
-    let fence = token.fence;
+    let fence = token.fence();
     let done = worker.clone().oneshot(job(Some(token), "ok")).await;
     assert!(done.unwrap() > fence, "the job ran with its lock, claimed");
     assert_eq!(status_of(&h.backend, &gkey("job:ok")).await, None);
@@ -500,7 +500,7 @@ pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Har
     // A token whose lock is gone: the job does not run.
     let token = queued(&h, "job:stale").await;
     h.backend
-        .release(&gkey("job:stale"), Holder::owner_only(&token.owner))
+        .release(&gkey("job:stale"), Holder::owner_only(token.owner()))
         .await
         .unwrap();
     let stale = worker.clone().oneshot(job(Some(token), "panic")).await;

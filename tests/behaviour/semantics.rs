@@ -128,7 +128,7 @@ pub async fn extend_never_revives_and_checks_owner(h: Harness) {
     }
 
     // The same through an owned handle.
-    let spec = LockSpec::new("job", h.units(2)).global();
+    let spec = LockSpec::global("job", h.units(2));
     let mut job = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     job.extend(h.units(10)).await.unwrap();
     assert_eq!(job.info().ttl(), h.units(10));
@@ -278,11 +278,7 @@ pub async fn one_owner_token_never_makes_two_holders(h: Harness) {
 
     let ctl = Ctl::default();
     let shared_owner = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
-        Some(
-            LockSpec::new("shared", Duration::from_secs(30))
-                .global()
-                .owner("client-1"),
-        )
+        Some(LockSpec::global("shared", Duration::from_secs(30)).owner("client-1"))
     });
     let app = Router::new().route("/r/{key}", gated(&ctl).layer(shared_owner));
     let holder = spawn_send(&app, gated_req("/r/x"));

@@ -220,7 +220,7 @@ impl Probe {
     fn enter(&self) -> Result<(), LockError> {
         self.calls.fetch_add(1, SeqCst);
         if self.down.load(SeqCst) {
-            Err(LockError::BackendUnavailable(OUTAGE_DETAIL.to_owned()))
+            Err(LockError::BackendUnavailable(OUTAGE_DETAIL.into()))
         } else {
             Ok(())
         }
@@ -235,7 +235,7 @@ impl LockBackend for Probe {
             let lease = self.inner.acquire(req).await;
             self.acquire_replies.pass().await;
             if self.lose_acquire_replies.load(SeqCst) {
-                return Err(LockError::BackendUnavailable(OUTAGE_DETAIL.to_owned()));
+                return Err(LockError::BackendUnavailable(OUTAGE_DETAIL.into()));
             }
             lease
         })

@@ -12,9 +12,9 @@ use http::Request;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
+use tower_lock::flight::SingleFlight;
 use tower_lock::{
     LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
-    SingleFlight,
 };
 
 use super::clock::{MS, now_ns};
@@ -134,7 +134,7 @@ impl Task {
 
     fn spec(&mut self) -> LockSpec {
         let key = self.rng.pick(&self.cfg.keys).clone();
-        let mut spec = LockSpec::new(key, self.ttl()).global();
+        let mut spec = LockSpec::global(key, self.ttl());
         if self.rng.chance(50) {
             spec = spec.max_wait(Duration::from_millis(self.rng.range(50, 1_500)));
         }
@@ -440,7 +440,7 @@ fn multi_router(backend: &SharedBackend, shared: Shared) -> Router {
         };
         let ttl = Duration::from_millis(get("ttl").parse().unwrap_or(300));
         let wait = Duration::from_millis(get("wait").parse().unwrap_or(0));
-        [get("a"), get("b")].map(|k| LockSpec::new(k, ttl).global().max_wait(wait))
+        [get("a"), get("b")].map(|k| LockSpec::global(k, ttl).max_wait(wait))
     });
     let handler = move |locks: Locks| {
         let shared = shared.clone();

@@ -249,7 +249,7 @@ pub fn bank_binary() -> PathBuf {
 pub const FEATURES: &[(&str, bool)] = &[
     ("redis", cfg!(feature = "redis")),
     ("redis-cluster", cfg!(feature = "redis-cluster")),
-    ("tls", cfg!(feature = "tls")),
+    ("redis-tls", cfg!(feature = "redis-tls")),
     ("admin", cfg!(feature = "admin")),
     ("postgres", cfg!(feature = "postgres")),
     ("postgres-tls", cfg!(feature = "postgres-tls")),

@@ -46,7 +46,8 @@ use crate::spec::AcquireRequest;
 /// ```
 /// use std::time::Duration;
 /// use tower_lock::MemoryBackend;
-/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
+/// use tower_lock::LockKey;
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let backend = MemoryBackend::new();

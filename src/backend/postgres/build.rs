@@ -41,7 +41,7 @@ impl PostgresBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    /// [`LockError::InvalidConfig`] if the URL is invalid.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| config_error(&e))?;
         Self::from_pg_config(config, default_tls()?)
@@ -52,7 +52,7 @@ impl PostgresBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    /// [`LockError::InvalidConfig`] if the URL is invalid.
     #[cfg(feature = "postgres-tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
     pub fn from_url_with_tls(url: &str, tls: native_tls::TlsConnector) -> Result<Self, LockError> {
@@ -99,7 +99,7 @@ impl PostgresBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if `listen_url` is invalid.
+    /// [`LockError::InvalidConfig`] if `listen_url` is invalid.
     pub fn from_pool(pool: Pool, listen_url: &str) -> Result<Self, LockError> {
         let config: tokio_postgres::Config = listen_url.parse().map_err(|e| config_error(&e))?;
         Ok(Self::new(pool, config, default_tls()?))
@@ -146,7 +146,7 @@ impl PostgresBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] for a name outside those rules.
+    /// [`LockError::InvalidConfig`] for a name outside those rules.
     pub fn schema(mut self, schema: &str) -> Result<Self, LockError> {
         check_name(schema, "schema")?;
         let names = Names {
@@ -163,7 +163,7 @@ impl PostgresBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] for a name outside those rules.
+    /// [`LockError::InvalidConfig`] for a name outside those rules.
     pub fn table(mut self, table: &str) -> Result<Self, LockError> {
         check_name(table, "table")?;
         let names = Names {

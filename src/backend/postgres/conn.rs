@@ -182,7 +182,7 @@ impl Conns {
                     dead = Some(e);
                     continue;
                 }
-                Ok(Err(e)) => return Err(pg_error(&e)),
+                Ok(Err(e)) => return Err(pg_error(e)),
                 Err(_) => return Err(timed_out("preparing statements on PostgreSQL")),
             };
             let live = Arc::new(Live { client, statements });
@@ -190,7 +190,7 @@ impl Conns {
             *lock(&slot.current) = Some((generation, live.clone()));
             return Ok((generation, live));
         }
-        Err(dead.map_or_else(|| timed_out("connecting to PostgreSQL"), |e| pg_error(&e)))
+        Err(dead.map_or_else(|| timed_out("connecting to PostgreSQL"), pg_error))
     }
 
     /// Run one prepared statement, bounded by `end` (connecting included),
@@ -247,7 +247,7 @@ impl Conns {
                 Ok(Ok(row)) => return Ok(row),
                 Ok(Err(e)) => {
                     if !broken(&e, &live.client) {
-                        return Err(pg_error(&e));
+                        return Err(pg_error(e));
                     }
                     invalidate(slot, generation);
                     // Once more, on a fresh connection: only a call under
@@ -256,7 +256,7 @@ impl Conns {
                         retried = true;
                         continue;
                     }
-                    return Err(pg_error(&e));
+                    return Err(pg_error(e));
                 }
                 Err(_) => {
                     // No answer in time: the socket may be half-open, and a

@@ -305,7 +305,7 @@ impl Listener {
     {
         let (client, connection) = match timeout_at(end, connecting).await {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err(pg_error(&e)),
+            Ok(Err(e)) => return Err(pg_error(e)),
             Err(_) => return Err(timed_out("connecting to PostgreSQL to LISTEN")),
         };
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -394,7 +394,7 @@ async fn run<S, T>(
                 Some(Ok(AsyncMessage::Notification(n))) => dispatch.deliver(n.payload()),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
-                    let _ = ready.send(Err(pg_error(&e)));
+                    let _ = ready.send(Err(pg_error(e)));
                     return;
                 }
                 None => return,
@@ -406,7 +406,7 @@ async fn run<S, T>(
                         let _ = ready.send(Ok(()));
                     }
                     Err(e) => {
-                        let _ = ready.send(Err(pg_error(&e)));
+                        let _ = ready.send(Err(pg_error(e)));
                         return;
                     }
                 }

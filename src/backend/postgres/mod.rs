@@ -176,7 +176,8 @@ pub(super) enum Tls {
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::postgres::PostgresBackend;
-/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
+/// use tower_lock::LockKey;
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = PostgresBackend::from_url("postgres://app:secret@127.0.0.1/app")?

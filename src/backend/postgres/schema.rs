@@ -47,7 +47,7 @@ pub(super) fn check_name(name: &str, what: &'static str) -> Result<(), LockError
     if ok {
         Ok(())
     } else {
-        Err(LockError::BackendUnavailable(format!(
+        Err(LockError::InvalidConfig(format!(
             "invalid PostgreSQL {what} name: use 1 to {MAX_NAME} characters of a-z, 0-9 \
              and _, not starting with a digit"
         )))
@@ -94,7 +94,7 @@ pub(super) async fn migrate(client: &Client, names: &Names) -> Result<(), LockEr
         Err(e) => {
             // The failed transaction is still open on this connection.
             let _ = client.batch_execute("ROLLBACK").await;
-            Err(pg_error(&e))
+            Err(pg_error(e))
         }
     }
 }

@@ -407,7 +407,8 @@ pub(super) fn check_version(info: &str, min_major: u32) -> Result<(), LockError>
     let major = version.and_then(|v| v.split('.').next()?.parse::<u32>().ok());
     match (version, major) {
         (Some(version), Some(major)) if major < min_major => Err(LockError::BackendUnavailable(
-            format!("Redis {version} is too old: tower-lock needs Redis {min_major}.0 or newer"),
+            format!("Redis {version} is too old: tower-lock needs Redis {min_major}.0 or newer")
+                .into(),
         )),
         _ => Ok(()),
     }

@@ -136,7 +136,8 @@ use crate::spec::AcquireRequest;
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::redis::RedisBackend;
-/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
+/// use tower_lock::LockKey;
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = RedisBackend::from_url("redis://:secret@127.0.0.1:6379")?
@@ -190,7 +191,7 @@ impl RedisBackend {
     pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// A backend with its own pool, from a URL: `redis://[user:password@]host[:port][/db]`,
-    /// `rediss://…` (TLS: needs this crate's feature `tls`; append
+    /// `rediss://…` (TLS: needs this crate's feature `redis-tls`; append
     /// `#insecure` to skip certificate checks, for tests only) or
     /// `unix:///path`.
     ///
@@ -199,7 +200,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the URL is invalid.
+    /// [`LockError::InvalidConfig`] if the URL is invalid.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         Self::from_config(&Config::from_url(url))
     }
@@ -209,7 +210,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if the configuration is invalid.
+    /// [`LockError::InvalidConfig`] if the configuration is invalid.
     pub fn from_config(config: &Config) -> Result<Self, LockError> {
         let pool = config
             .create_pool(Some(Runtime::Tokio1))
@@ -234,7 +235,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if `connection_info` is invalid.
+    /// [`LockError::InvalidConfig`] if `connection_info` is invalid.
     pub fn from_pool(
         pool: Pool,
         connection_info: impl IntoConnectionInfo,
@@ -250,7 +251,7 @@ impl RedisBackend {
     /// [`ConnectionInfo`](deadpool_redis::redis::ConnectionInfo)s) of some
     /// of its nodes: any reachable one is enough to learn the rest, and
     /// naming several (say every primary) lets the backend start while one
-    /// is down. `rediss://` needs the feature `tls`; credentials in the
+    /// is down. `rediss://` needs the feature `redis-tls`; credentials in the
     /// first URL apply to every node.
     ///
     /// Every operation is one script on the shard owning the lock's hash
@@ -277,7 +278,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::BackendUnavailable`] if no node is given or a URL is
+    /// [`LockError::InvalidConfig`] if no node is given or a URL is
     /// invalid.
     #[cfg(feature = "redis-cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]

@@ -98,7 +98,7 @@ impl RedisBackend {
         let lease = extended(reply, ttl).map_err(|e| match e {
             LockError::BackendUnavailable(_) => e,
             _ => LockError::BackendUnavailable(
-                "the lock was gone before the replicas could confirm it".to_owned(),
+                "the lock was gone before the replicas could confirm it".into(),
             ),
         })?;
         // WAIT 0 would block for good: at least 1 ms.
@@ -110,10 +110,13 @@ impl RedisBackend {
         let acked = wait_on(&mut lent.conn, slot, min.replicas, wait_ms, end).await?;
         lent.give_back();
         if acked < i64::from(min.replicas) {
-            return Err(LockError::BackendUnavailable(format!(
-                "the lock reached {acked} of {} replicas within {:?}",
-                min.replicas, min.timeout
-            )));
+            return Err(LockError::BackendUnavailable(
+                format!(
+                    "the lock reached {acked} of {} replicas within {:?}",
+                    min.replicas, min.timeout
+                )
+                .into(),
+            ));
         }
         Ok(lease)
     }

@@ -10,6 +10,12 @@ use crate::error::LockError;
 use crate::key::{LockKey, Scope};
 use crate::metadata::LockMetadata;
 
+mod request;
+
+pub use request::AcquireRequest;
+use request::RequestExtras;
+pub(crate) use request::owners_match;
+
 /// The longest TTL accepted (one year): longer ones are almost surely a unit
 /// mistake, and keep every backend far from integer overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -101,14 +107,38 @@ impl fmt::Debug for LockSpec {
 }
 
 impl LockSpec {
-    /// Lock `key` for at most `ttl`. No waiting, route scope, a random owner
-    /// token, released after the response.
+    /// Lock `key` of the route the request took for at most `ttl`
+    /// ([`Scope::Route`]: the same key on two routes is two locks). No
+    /// waiting, a random owner token, released after the response.
+    ///
+    /// Outside a request (a job, [`with_lock`](crate::with_lock),
+    /// [`OwnedLock::acquire`](crate::OwnedLock::acquire)) there is no route:
+    /// use [`LockSpec::global`] there.
     pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
+        Self::with_scope(key.into(), ttl, Scope::Route)
+    }
+
+    /// Lock `key` for at most `ttl`, shared by every route and job that
+    /// names it ([`Scope::Global`]): what a job takes. No waiting, a random
+    /// owner token, released after the response.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockSpec, Scope};
+    ///
+    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(60));
+    /// assert_eq!(spec.get_scope(), Scope::Global);
+    /// ```
+    pub fn global(key: impl Into<String>, ttl: Duration) -> Self {
+        Self::with_scope(key.into(), ttl, Scope::Global)
+    }
+
+    fn with_scope(key: String, ttl: Duration, scope: Scope) -> Self {
         LockSpec {
-            key: key.into(),
+            key,
             ttl,
             max_wait: Duration::ZERO,
-            scope: Scope::Route,
+            scope,
             auto_release: true,
             watchdog: None,
             extras: None,
@@ -140,8 +170,7 @@ impl LockSpec {
     /// use serde_json::json;
     /// use tower_lock::LockSpec;
     ///
-    /// let spec = LockSpec::new("report:2024-03", Duration::from_secs(600))
-    ///     .global()
+    /// let spec = LockSpec::global("report:2024-03", Duration::from_secs(600))
     ///     .metadata(json!({"by": "cron@host-3", "reason": "monthly billing"}));
     /// assert_eq!(spec.get_metadata().unwrap().to_value()["by"], "cron@host-3");
     /// ```
@@ -174,8 +203,7 @@ impl LockSpec {
     /// use tower_lock::LockSpec;
     ///
     /// // Every instance fires at 02:00; whoever wins holds it 5 min at least, 30 at most.
-    /// let spec = LockSpec::new("nightly-report", Duration::from_secs(30 * 60))
-    ///     .global()
+    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(30 * 60))
     ///     .min_hold(Duration::from_secs(5 * 60));
     /// assert_eq!(spec.get_min_hold(), Some(Duration::from_secs(300)));
     /// ```
@@ -195,15 +223,11 @@ impl LockSpec {
         self
     }
 
-    /// Set the scope (default [`Scope::Route`]).
+    /// Set the scope (default: [`Scope::Route`] from [`LockSpec::new`],
+    /// [`Scope::Global`] from [`LockSpec::global`]).
     pub fn scope(mut self, scope: Scope) -> Self {
         self.scope = scope;
         self
-    }
-
-    /// Shorthand for `.scope(Scope::Global)`.
-    pub fn global(self) -> Self {
-        self.scope(Scope::Global)
     }
 
     /// Use this owner token instead of a random one (1 to 128 bytes of
@@ -299,19 +323,19 @@ impl LockSpec {
             None => new_owner_token(),
         };
         validate_ttl(self.ttl)?;
-        Ok(AcquireRequest {
+        // A generated owner token names this attempt by itself.
+        let attempt = if custom.is_none() {
+            0
+        } else {
+            new_attempt_id()
+        };
+        Ok(AcquireRequest::from_parts(
             key,
             owner,
-            ttl: self.ttl,
-            max_wait: self.max_wait,
-            // A generated owner token names this attempt by itself.
-            attempt: if custom.is_none() {
-                0
-            } else {
-                new_attempt_id()
-            },
+            (self.ttl, self.max_wait),
+            attempt,
             extras,
-        })
+        ))
     }
 
     /// The key of a global spec, validated: what to ask
@@ -336,6 +360,18 @@ impl LockSpec {
     }
 }
 
+/// A spec is the list of one lock: a [`LockRequest`](crate::LockRequest)
+/// (and a closure given to [`LockLayer::from_fn`](crate::LockLayer::from_fn))
+/// can return a bare `LockSpec` for a route that always locks.
+impl IntoIterator for LockSpec {
+    type Item = LockSpec;
+    type IntoIter = std::iter::Once<LockSpec>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        std::iter::once(self)
+    }
+}
+
 /// A generated owner token: a hyphenated UUID v4 (valid: no need to check).
 fn new_owner_token() -> Arc<str> {
     let mut buf = uuid::Uuid::encode_buffer();
@@ -346,30 +382,6 @@ fn new_owner_token() -> Arc<str> {
 pub(crate) fn new_attempt_id() -> u64 {
     let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
     (hi ^ lo).max(1)
-}
-
-/// Whether two owner tokens are the same, in time that does not depend on
-/// where they differ: an owner token is the credential to release a lock,
-/// and an early-exit comparison would let a client that can time releases
-/// (through the admin API) guess a token byte by byte. Only the length, which
-/// is not secret (generated tokens all have 36 bytes), ends it early.
-pub(crate) fn owners_match(a: &str, b: &str) -> bool {
-    use subtle::{Choice, ConstantTimeEq};
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    // Eight bytes per `ct_eq` (each behind subtle's barriers, which keep the
-    // compiler from adding an early exit): a generated token is five
-    // comparisons, not the 36 of a byte-wise `ct_eq`.
-    let (mut wa, mut wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let mut same = Choice::from(1);
-    for (x, y) in (&mut wa).zip(&mut wb) {
-        let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
-        same &= word(x).ct_eq(&word(y));
-    }
-    same &= wa.remainder().ct_eq(wb.remainder());
-    bool::from(same)
 }
 
 /// Check an owner token: 1 to [`MAX_OWNER_BYTES`] bytes of visible ASCII.
@@ -401,176 +413,6 @@ pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
         return Err(LockError::InvalidTtl("the TTL must be at most one year"));
     }
     Ok(())
-}
-
-/// One validated acquisition, as a backend receives it.
-///
-/// The owner token is made *before* anything is sent, so a caller that gives
-/// up mid-flight can still release what may have landed.
-#[derive(Clone)]
-pub struct AcquireRequest {
-    key: LockKey,
-    owner: Arc<str>,
-    ttl: Duration,
-    max_wait: Duration,
-    // Which attempt this is (see `attempt()`); 0 exactly when the owner
-    // token was made for this acquisition alone.
-    attempt: u64,
-    // Boxed, as few requests have any: 8 bytes instead of 32, which keeps
-    // the request under the 128 bytes where moves become `memcpy` calls.
-    extras: Option<Box<RequestExtras>>,
-}
-
-/// What few requests have.
-#[derive(Clone)]
-struct RequestExtras {
-    metadata: Option<LockMetadata>,
-    // Not the backend's business: the handles keep the lock this long at
-    // least (see `LockSpec::min_hold`).
-    min_hold: Option<Duration>,
-}
-
-impl RequestExtras {
-    /// `None` when there is nothing to keep (no allocation).
-    fn boxed(metadata: Option<LockMetadata>, min_hold: Option<Duration>) -> Option<Box<Self>> {
-        (metadata.is_some() || min_hold.is_some())
-            .then(|| Box::new(RequestExtras { metadata, min_hold }))
-    }
-}
-
-// As derived before the extras were boxed.
-impl fmt::Debug for AcquireRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AcquireRequest")
-            .field("key", &self.key)
-            .field("owner", &self.owner)
-            .field("ttl", &self.ttl)
-            .field("max_wait", &self.max_wait)
-            .field("attempt", &self.attempt)
-            .field("metadata", &self.metadata())
-            .field("min_hold", &self.min_hold())
-            .finish()
-    }
-}
-
-impl AcquireRequest {
-    /// Validate owner and TTL. The request is a new attempt (see
-    /// [`attempt`](AcquireRequest::attempt)).
-    pub fn new(
-        key: LockKey,
-        owner: impl Into<Arc<str>>,
-        ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<Self, LockError> {
-        let owner = owner.into();
-        validate_owner(&owner)?;
-        validate_ttl(ttl)?;
-        Ok(AcquireRequest {
-            key,
-            owner,
-            ttl,
-            max_wait,
-            attempt: new_attempt_id(),
-            extras: None,
-        })
-    }
-
-    /// The same request, storing `metadata` with the lock.
-    pub fn with_metadata(mut self, metadata: LockMetadata) -> Self {
-        let min_hold = self.min_hold();
-        self.extras = RequestExtras::boxed(Some(metadata), min_hold);
-        self
-    }
-
-    /// The metadata to store with the lock, if any (see
-    /// [`LockSpec::metadata`]). A backend stores it with the lock and
-    /// returns it in [`LockStatus::metadata`](crate::LockStatus) for this
-    /// acquisition (and only this one: a later holder has its own).
-    pub fn metadata(&self) -> Option<&LockMetadata> {
-        self.extras.as_ref()?.metadata.as_ref()
-    }
-
-    /// The minimum hold of the lock (see [`LockSpec::min_hold`]).
-    pub(crate) fn min_hold(&self) -> Option<Duration> {
-        self.extras.as_ref()?.min_hold
-    }
-
-    /// Which acquisition attempt this is.
-    ///
-    /// A backend keeps it with the lock and treats an acquire as a retry of
-    /// the holder's own (same lease, same fence, TTL refreshed) only when
-    /// both the owner token **and** the attempt match: clones of one request
-    /// are one attempt, so a call retried after a lost reply is recognised,
-    /// while a second request that merely names the same owner token finds
-    /// the lock busy. Two requests holding one lock with one fence would
-    /// defeat both mutual exclusion and fencing.
-    ///
-    /// `0` when the owner token was generated for this request (it then
-    /// names the attempt by itself); a random non-zero number otherwise.
-    pub fn attempt(&self) -> u64 {
-        self.attempt
-    }
-
-    /// A request under an owner token generated for it alone (so it can be
-    /// released after a lost reply, see [`has_fresh_owner`]).
-    ///
-    /// [`has_fresh_owner`]: AcquireRequest::has_fresh_owner
-    pub(crate) fn fresh(
-        key: LockKey,
-        ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<Self, LockError> {
-        validate_ttl(ttl)?;
-        Ok(AcquireRequest {
-            key,
-            owner: new_owner_token(),
-            ttl,
-            max_wait,
-            attempt: 0,
-            extras: None,
-        })
-    }
-
-    /// The same attempt, waiting at most `max_wait`.
-    pub(crate) fn with_max_wait(&self, max_wait: Duration) -> Self {
-        AcquireRequest {
-            max_wait,
-            ..self.clone()
-        }
-    }
-
-    /// Whether the owner token was generated for this acquisition alone.
-    ///
-    /// Nothing else can hold a lock under such a token, so releasing with it
-    /// after a failed or dropped call cannot free anyone's lock.
-    pub(crate) fn has_fresh_owner(&self) -> bool {
-        self.attempt == 0
-    }
-
-    /// The key.
-    pub fn key(&self) -> &LockKey {
-        &self.key
-    }
-
-    /// The owner token.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
-    /// The owner token, shared.
-    pub(crate) fn owner_arc(&self) -> &Arc<str> {
-        &self.owner
-    }
-
-    /// The TTL (validated: 1 ms to one year).
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// How long to wait for a busy lock.
-    pub fn max_wait(&self) -> Duration {
-        self.max_wait
-    }
 }
 
 #[cfg(test)]
@@ -605,28 +447,8 @@ mod tests {
     }
 
     #[test]
-    fn owners_match_exactly() {
-        assert!(owners_match("worker-1", "worker-1"));
-        assert!(!owners_match("worker-1", "worker-2"));
-        assert!(!owners_match("worker-1", "worker-12"));
-        assert!(!owners_match("", "x"));
-        assert!(owners_match("", ""));
-        // Every position of a word and of the tail counts.
-        let token = "0123456789abcdef0123456789abcdef0123";
-        for i in 0..token.len() {
-            let mut other = token.as_bytes().to_vec();
-            other[i] ^= 1;
-            assert!(
-                !owners_match(token, std::str::from_utf8(&other).unwrap()),
-                "{i}"
-            );
-        }
-        assert!(owners_match(token, token));
-    }
-
-    #[test]
     fn generated_owners_differ_and_are_valid() {
-        let spec = LockSpec::new("k", Duration::from_secs(1)).global();
+        let spec = LockSpec::global("k", Duration::from_secs(1));
         let (a, b) = (
             spec.to_request_in("").unwrap(),
             spec.to_request_in("").unwrap(),

@@ -1,0 +1,214 @@
+//! The public API as a new user meets it (issue 26): closures that infer,
+//! errors that are responses, the extractor of a request's one lock, the
+//! rejection hook on both layers. On the memory backend: what is checked
+//! here is the API's shape and answers, not a backend's behaviour.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
+use tower_lock::{
+    HeldLock, LockError, LockKey, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend,
+    default_rejection, path_params,
+};
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn send(app: &Router, method: &str, path: &str) -> (StatusCode, http::HeaderMap, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (parts.status, parts.headers, json)
+}
+
+/// Hold `key` (global) so that the next request for it is refused.
+async fn hold(backend: &SharedBackend, key: &str) -> tower_lock::OwnedLock {
+    tower_lock::OwnedLock::acquire(backend, &LockSpec::global(key, TTL))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_lock_error_answers_as_the_layer_would() {
+    async fn handler() -> Result<String, LockError> {
+        Err(LockError::AcquisitionFailed {
+            retry_after: Some(Duration::from_millis(1500)),
+        })
+    }
+    let app = Router::new().route("/h", post(handler));
+    let (status, headers, body) = send(&app, "POST", "/h").await;
+    let expected = default_rejection(&LockError::AcquisitionFailed {
+        retry_after: Some(Duration::from_millis(1500)),
+    });
+    assert_eq!(status, expected.status());
+    assert_eq!(headers["retry-after"], "2");
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body["error"]["code"], "LOCK_ACQUISITION_FAILED");
+}
+
+#[tokio::test]
+async fn from_fn_infers_the_request_and_takes_a_bare_spec() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let by_id = LockLayer::from_fn(backend.clone(), |req| {
+        let id = path_params(req).get("id")?.to_owned();
+        Some(LockSpec::new(format!("order:{id}"), TTL))
+    });
+    let bare = LockLayer::from_fn(backend.clone(), |_| LockSpec::global("ledger", TTL));
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            post(|lock: HeldLock| async move { lock.key().to_owned() }),
+        )
+        .layer(by_id)
+        .route(
+            "/ledger",
+            post(|lock: HeldLock| async move { lock.key().to_owned() }).layer(bare),
+        );
+    let (status, _, _) = send(&app, "POST", "/orders/7").await;
+    assert_eq!(status, StatusCode::OK);
+    let _held = hold(&backend, "ledger").await;
+    let (status, _, body) = send(&app, "POST", "/ledger").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a bare spec is taken"
+    );
+    assert_eq!(body["error"]["code"], "LOCK_ACQUISITION_FAILED");
+}
+
+#[tokio::test]
+async fn the_extractors_tell_a_missing_layer_from_a_request_without_locks() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let writes_only = LockLayer::from_fn(backend.clone(), |req| {
+        (req.method() == http::Method::POST).then(|| LockSpec::global("doc", TTL))
+    });
+    let app = Router::new()
+        .route(
+            "/doc",
+            get(|lock: HeldLock| async move { lock.fence().to_string() })
+                .post(|lock: HeldLock| async move { lock.fence().to_string() })
+                .layer(writes_only),
+        )
+        .route(
+            "/bare",
+            get(|locks: Locks| async move { locks.held().len().to_string() }),
+        );
+    let (status, _, _) = send(&app, "POST", "/doc").await;
+    assert_eq!(status, StatusCode::OK, "the one lock is extracted");
+    let (status, _, body) = send(&app, "GET", "/doc").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["code"], "LOCK_NOT_REQUESTED");
+    let (status, _, body) = send(&app, "GET", "/bare").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["code"], "LOCK_LAYER_MISSING");
+}
+
+#[tokio::test]
+async fn the_rejection_hook_shapes_both_layers_answers() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let busy = |e: &LockError| (StatusCode::CONFLICT, Json(json!({"busy": e.code()})));
+    let lock =
+        LockLayer::from_fn(backend.clone(), |_| LockSpec::global("ledger", TTL)).rejection(busy);
+    // A flight whose key is invalid is refused before it runs.
+    let flight =
+        SingleFlightLayer::from_fn(SingleFlight::new(backend.clone()), |_| FlightSpec::new(""))
+            .rejection(busy);
+    let app = Router::new()
+        .route("/lock", post(|| async { "locked" }).layer(lock))
+        .route("/flight", get(|| async { "flown" }).layer(flight));
+    let _held = hold(&backend, "ledger").await;
+    let (status, _, body) = send(&app, "POST", "/lock").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body, json!({"busy": "LOCK_ACQUISITION_FAILED"}));
+    let (status, _, body) = send(&app, "GET", "/flight").await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "single-flight honours the hook"
+    );
+    assert_eq!(body, json!({"busy": "LOCK_INVALID_KEY"}));
+}
+
+#[tokio::test]
+async fn flight_outside_lock_in_one_service_builder() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let flight = SingleFlightLayer::from_fn(SingleFlight::new(backend.clone()), |_| {
+        Some(FlightSpec::new("report"))
+    });
+    let lock = LockLayer::from_fn(backend.clone(), |_| LockSpec::global("ledger", TTL));
+    let app = Router::new().route(
+        "/report",
+        get(|lock: HeldLock| async move { format!("fence {}", lock.fence()) })
+            .layer(ServiceBuilder::new().layer(flight).layer(lock)),
+    );
+    let (status, headers, _) = send(&app, "GET", "/report").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["single-flight"], "leader");
+    let key = LockKey::global("ledger").unwrap();
+    assert_eq!(backend.status(&key).await.unwrap(), None, "released");
+}
+
+#[test]
+fn errors_say_what_failed_and_keep_the_cause_as_source() {
+    use std::error::Error;
+    use tower_lock::flight::FlightError;
+    use tower_lock::job::JobError;
+
+    let io = || std::io::Error::other("disk on fire");
+    let flight: FlightError<std::io::Error> = FlightError::Failed(io());
+    assert!(!flight.to_string().contains("disk on fire"), "{flight}");
+    assert_eq!(flight.source().unwrap().to_string(), "disk on fire");
+    let job: JobError<std::io::Error> = JobError::Job(io());
+    assert!(!job.to_string().contains("disk on fire"), "{job}");
+    assert_eq!(job.source().unwrap().to_string(), "disk on fire");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_bad_redis_url_is_a_configuration_error() {
+    let err = tower_lock::RedisBackend::from_url("definitely not a url").unwrap_err();
+    assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
+    assert!(!err.is_retryable());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_bad_schema_name_is_a_configuration_error() {
+    let backend = tower_lock::PostgresBackend::from_url("postgres://u@127.0.0.1:1/db").unwrap();
+    let err = backend.schema("Robert'); DROP").unwrap_err();
+    assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
+}
+
+/// A token's accessors read what its serialised form says, and the form
+/// is the one tokens had as public fields (a token queued by an older
+/// version restores in a newer one).
+#[test]
+fn a_token_reads_and_writes_the_same_json() {
+    let json = r#"{"key":"export:7","route":"/exports/{id}","owner":"o-1","fence":42,"expires_at_ms":1700000000000,"ttl_ms":60000,"metadata":{"by":"cron"},"hold_until_ms":1700000001000}"#;
+    let token: tower_lock::LockToken = serde_json::from_str(json).unwrap();
+    assert_eq!(token.key(), "export:7");
+    assert_eq!(token.route(), Some("/exports/{id}"));
+    assert_eq!(token.owner(), "o-1");
+    assert_eq!(token.fence(), 42);
+    assert_eq!(token.expires_at_ms(), 1_700_000_000_000);
+    assert_eq!(token.ttl_ms(), Some(60_000));
+    assert_eq!(token.metadata().unwrap().to_value()["by"], "cron");
+    assert_eq!(token.hold_until_ms(), Some(1_700_000_001_000));
+    assert_eq!(serde_json::to_string(&token).unwrap(), json);
+    let old = r#"{"key":"k","owner":"o","fence":1,"expires_at_ms":5}"#;
+    let token: tower_lock::LockToken = serde_json::from_str(old).unwrap();
+    assert_eq!((token.route(), token.ttl_ms()), (None, None));
+    assert_eq!(serde_json::to_string(&token).unwrap(), old);
+}

@@ -10,8 +10,8 @@
 //! (`400 LOCK_INVALID_KEY`); it may contain `/`. Keys are global-scope keys
 //! unless the query names a route pattern: `?route=/orders/{id}`. The owner
 //! and fence headers are the ones a keep-after-response response carries
-//! ([`headers::LOCK_OWNER`](crate::headers::LOCK_OWNER),
-//! [`headers::LOCK_FENCE`](crate::headers::LOCK_FENCE)), so a client can echo
+//! ([`headers::LOCK_OWNER`](crate::layer::headers::LOCK_OWNER),
+//! [`headers::LOCK_FENCE`](crate::layer::headers::LOCK_FENCE)), so a client can echo
 //! them back. Timestamps are RFC 3339 (UTC).
 //!
 //! The router has no authentication of its own: mount it behind your auth
@@ -51,10 +51,10 @@ use serde_json::{Value, json};
 
 use crate::backend::{Holder, SharedBackend};
 use crate::error::LockError;
-use crate::headers::{LOCK_FENCE, LOCK_OWNER};
 use crate::key::LockKey;
+use crate::layer::headers::{LOCK_FENCE, LOCK_OWNER};
+use crate::layer::rejection::json_error;
 use crate::percent;
-use crate::rejection::json_error;
 use crate::time::rfc3339;
 
 /// Builds the admin [`Router`]. See the [module docs](self).

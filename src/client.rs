@@ -8,10 +8,12 @@ use std::time::Duration;
 use http::{HeaderName, Request};
 
 use crate::error::LockError;
-use crate::headers::{LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL};
 use crate::key::{Scope, normalise};
+use crate::layer::headers::{
+    LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL,
+};
+use crate::layer::request::LockRequest;
 use crate::percent;
-use crate::request::LockRequest;
 use crate::spec::LockSpec;
 
 /// A [`LockRequest`] that lets the **client** ask for a lock with its

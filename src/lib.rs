@@ -82,7 +82,6 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod backend;
-mod body;
 mod client;
 mod error;
 pub mod flight;
@@ -94,8 +93,6 @@ pub mod flight;
     feature = "metrics"
 ))]
 pub mod guide;
-mod future;
-pub mod headers;
 pub mod job;
 mod key;
 pub mod layer;
@@ -104,10 +101,6 @@ mod metadata;
 mod observe;
 mod path;
 mod percent;
-mod rejection;
-mod request;
-mod retry;
-mod service;
 mod spec;
 mod time;
 mod watchdog;
@@ -122,14 +115,15 @@ pub use client::ClientLocks;
 pub use error::LockError;
 pub use key::{LockKey, MAX_KEY_BYTES, Scope};
 pub use layer::LockLayer;
+pub use layer::headers;
+pub use layer::rejection::default_rejection;
+pub use layer::request::LockRequest;
+pub use layer::retry::RetryAfter;
 pub use lock::{HeldLock, LockToken, Locks, MissingLocks, OwnedLock, with_lock};
 pub use metadata::{LockMetadata, MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
-pub use rejection::default_rejection;
-pub use request::LockRequest;
-pub use retry::RetryAfter;
 pub use spec::{LockSpec, MAX_OWNER_BYTES, MAX_TTL};
 pub use watchdog::LostSignal;

@@ -566,7 +566,10 @@ async fn waiter_gets_the_lock_when_the_holder_expires_without_releasing() {
         .unwrap_or_default();
     println!("waiter got the expired lock {after_expiry:?} after the holder's expiry (DB clock)");
     assert!(lease.fence > held.fence);
-    assert!(lease.acquired_at >= held.expires_at, "not before the expiry");
+    assert!(
+        lease.acquired_at >= held.expires_at,
+        "not before the expiry"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,7 @@ use tokio::time::Sleep;
 
 use super::engine::Leader;
 use super::frame;
-use crate::rejection::RejectionBody;
+use crate::layer::rejection::RejectionBody;
 
 pin_project! {
     /// Response body of [`SingleFlightService`](crate::flight::SingleFlightService):

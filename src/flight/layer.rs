@@ -12,7 +12,7 @@ use super::SingleFlight;
 use super::request::{FlightRequest, FlightSpec};
 use super::service::SingleFlightService;
 use crate::error::LockError;
-use crate::rejection::{Rejecter, SharedRejection, default_hook, hook};
+use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
 
 /// Wraps services with [`SingleFlightService`]: per request, asks the
 /// [`FlightRequest`](crate::flight::FlightRequest) `F` for a flight. A request

@@ -315,7 +315,7 @@ impl<E: axum::response::IntoResponse> axum::response::IntoResponse for FlightErr
         match self {
             FlightError::Failed(e) => e.into_response(),
             FlightError::Lock(e) => e.into_response(),
-            FlightError::Decode(_) => crate::rejection::json_error(
+            FlightError::Decode(_) => crate::layer::rejection::json_error(
                 http::StatusCode::INTERNAL_SERVER_ERROR,
                 "FLIGHT_RESULT_UNDECODABLE",
                 "the shared result does not decode as the type asked for",

@@ -10,7 +10,7 @@ use http::header::{
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
 
-use crate::headers::LOCK_OWNER;
+use crate::layer::headers::LOCK_OWNER;
 
 /// The header that tells a shared response from the leader's.
 pub(crate) const SINGLE_FLIGHT: HeaderName = HeaderName::from_static("single-flight");

@@ -22,7 +22,7 @@ use super::response::{
     LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, shared_headers, stays_out, varied, vary, verdict,
 };
 use crate::key::LockKey;
-use crate::rejection::SharedRejection;
+use crate::layer::rejection::SharedRejection;
 
 /// Middleware that runs a request's handler once per flight and gives the
 /// other requests of the flight a copy of its response. See

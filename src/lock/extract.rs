@@ -50,7 +50,7 @@ impl MissingLocks {
 
 impl IntoResponse for MissingLocks {
     fn into_response(self) -> Response {
-        crate::rejection::json_error(
+        crate::layer::rejection::json_error(
             http::StatusCode::INTERNAL_SERVER_ERROR,
             self.code(),
             &self.to_string(),

@@ -18,9 +18,9 @@ use smallvec::SmallVec;
 use crate::backend::{BoxFuture, Holder, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::layer::retry::RetryPolicy;
 use crate::lock::HeldLock;
 use crate::lock::registry::Locks;
-use crate::retry::RetryPolicy;
 
 /// Started work that finishes even if it is dropped: see the module docs.
 #[must_use = "dropping a Finish runs the rest of its work in a task"]

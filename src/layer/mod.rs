@@ -5,6 +5,14 @@
 //! [`LockLayer`] is also at the crate root; the rest is here for the
 //! types of a stack and for tower code that names them.
 
+pub(crate) mod body;
+pub(crate) mod future;
+pub mod headers;
+pub(crate) mod rejection;
+pub(crate) mod request;
+pub(crate) mod retry;
+pub(crate) mod service;
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -15,14 +23,14 @@ use http::Request;
 use tower_layer::Layer;
 
 use crate::backend::SharedBackend;
-pub use crate::body::LockBody;
 use crate::error::LockError;
-pub use crate::future::ResponseFuture;
+pub use crate::layer::body::LockBody;
+pub use crate::layer::future::ResponseFuture;
+use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
+use crate::layer::request::LockRequest;
+use crate::layer::retry::{RetryAfter, RetryPolicy};
+pub use crate::layer::service::LockService;
 use crate::lock::registry::Defaults;
-use crate::rejection::{Rejecter, SharedRejection, default_hook, hook};
-use crate::request::LockRequest;
-use crate::retry::{RetryAfter, RetryPolicy};
-pub use crate::service::LockService;
 use crate::spec::LockSpec;
 
 /// Wraps services with [`LockService`]: per request, asks the
@@ -210,7 +218,7 @@ impl<R> LockLayer<R> {
     /// response (auto-release off), since the owner token is the credential
     /// to release it. Default off: then only kept locks are described (with
     /// their owner), as the client needs those to release them later. See
-    /// [`headers`](crate::headers).
+    /// [`headers`].
     pub fn lock_headers(mut self, on: bool) -> Self {
         self.defaults.lock_headers = on;
         self

@@ -13,7 +13,7 @@ use http::{HeaderValue, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::error::LockError;
-use crate::retry::RetryPolicy;
+use crate::layer::retry::RetryPolicy;
 
 /// The hook that turns a [`LockError`] into the response sent instead of
 /// calling the handler (see [`LockLayer::rejection`](crate::LockLayer::rejection)).

@@ -10,11 +10,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::backend::BoxFuture;
-use crate::body::LockBody;
 use crate::error::LockError;
+use crate::layer::body::LockBody;
+use crate::layer::rejection::SharedRejection;
 use crate::lock::Locks;
 use crate::lock::release::{Finish, ReleaseGuard};
-use crate::rejection::SharedRejection;
 
 pin_project! {
     /// Response future of [`LockService`](crate::layer::LockService).
@@ -162,7 +162,7 @@ where
                     if let Ok(res) = &mut result {
                         for (lock, kept) in guard.locks().map(Locks::described).unwrap_or_default()
                         {
-                            crate::headers::append(res.headers_mut(), &lock, kept);
+                            crate::layer::headers::append(res.headers_mut(), &lock, kept);
                         }
                     }
                     match result {

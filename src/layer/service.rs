@@ -10,13 +10,13 @@ use smol_str::SmolStr;
 use tower_service::Service;
 
 use crate::backend::SharedBackend;
-use crate::body::LockBody;
-use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
+use crate::layer::body::LockBody;
+use crate::layer::future::ResponseFuture;
+use crate::layer::request::LockRequest;
 use crate::lock::acquire::{acquire_all, acquire_now, acquire_one, holding};
 use crate::lock::extract::NoLockNamed;
 use crate::observe::{self, Meter};
-use crate::request::LockRequest;
 use crate::spec::LockSpec;
 
 /// Middleware that locks what a [`LockRequest`] names around each request.

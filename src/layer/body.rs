@@ -10,8 +10,8 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::layer::rejection::RejectionBody;
 use crate::lock::release::{Finish, ReleaseGuard};
-use crate::rejection::RejectionBody;
 
 /// Bodies ready at once up to this size are read ahead, so the locks are
 /// released before the response goes out and it leaves in one write.

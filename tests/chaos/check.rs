@@ -736,6 +736,30 @@ mod tests {
     }
 
     #[test]
+    fn a_release_still_on_its_way_when_the_process_ended_ends_the_lease() {
+        // Seed 5061 on Redis: p2's dropped lock was released in the
+        // background as its process ended; the history now has that release
+        // (cancelled: its answer never came), so p1's grant right after it
+        // is no second holder and p1's release no stale call.
+        let mut gone = release(2, 1, 8, 9, 5);
+        gone.outcome = Outcome::Cancelled;
+        let h = history(vec![
+            grant(2, 0, 0, 1, 5, 330),
+            gone,
+            grant(1, 0, 5, 100, 6, 330),
+            release(1, 1, 110, 111, 6),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // Without it, the lease runs to its TTL: both violations.
+        let h = history(vec![
+            grant(2, 0, 0, 1, 5, 330),
+            grant(1, 0, 5, 100, 6, 330),
+            release(1, 1, 110, 111, 6),
+        ]);
+        assert_eq!(kinds(&h), ["two-holders", "stale-call-succeeded"]);
+    }
+
+    #[test]
     fn a_stale_release_that_succeeds_is_caught() {
         let mut force = op(3, 0, Kind::ForceRelease, 10, 11, Outcome::Ok);
         force.key = "k".into();

@@ -27,6 +27,7 @@ struct Pending {
 
 impl Pending {
     fn new(log: &Log, op: Op) -> Self {
+        log.begin(&op);
         Pending {
             log: log.clone(),
             op: Some(op),
@@ -130,7 +131,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
         match &result {
             // Not answered here: `acquire` follows, recorded there.
             None => {
-                pending.op.take();
+                if let Some(op) = pending.op.take() {
+                    self.log.forget(&op);
+                }
             }
             Some(Ok(lease)) => {
                 granted(pending.op(), lease, false);
@@ -159,7 +162,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
         let result = self.inner.try_release_now(key, holder);
         match &result {
             None => {
-                pending.op.take();
+                if let Some(op) = pending.op.take() {
+                    self.log.forget(&op);
+                }
             }
             Some(r) => pending.done(r.as_ref().map_or_else(outcome, |_| Outcome::Ok)),
         }

@@ -136,8 +136,11 @@ pub async fn child_main() {
         log.clone(),
     );
     client::run(Arc::new(child.client), backend, log.clone()).await;
-    // Releases dropped at the end finish in tasks: give them their moment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Releases of dropped locks, queue leaves, finish in background tasks:
+    // wait for their answers (a call still out after that is recorded as
+    // cancelled).
+    log.settle(now_ns() + (2 * child.op_timeout_ms + 200) * MS)
+        .await;
     let ops = log.take();
     std::fs::write(&child.history, serde_json::to_vec(&ops).expect("JSON")).expect("history");
     println!("CHAOS-CLIENT-DONE {}", ops.len());
@@ -194,7 +197,8 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                 log.clone(),
             )
             .await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            log.settle(now_ns() + (2 * s.op_timeout_ms + 200) * MS)
+                .await;
             ops = log.take();
         }
         _ => {
@@ -275,6 +279,11 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         op_timeout_ms: s.op_timeout_ms,
     };
     violations.extend(check::check(&history, s.bounds));
+    if let Ok(path) = std::env::var("CHAOS_DUMP")
+        && !violations.is_empty()
+    {
+        super::dump::write(&path, seed, &history, &violations);
+    }
     Report {
         seed,
         ops: history.ops.len(),

@@ -47,9 +47,10 @@ pub fn render(seed: u64, h: &History, violations: &[Violation]) -> String {
         .iter()
         .map(|o| o.key.as_str())
         .filter(|k| {
-            violations
-                .iter()
-                .any(|v| v.detail.contains(&format!("{k}:")))
+            violations.is_empty()
+                || violations
+                    .iter()
+                    .any(|v| v.detail.contains(&format!("{k}:")))
         })
         .collect();
     keys.sort_unstable();
@@ -118,6 +119,9 @@ fn line(op: &Op, at: &dyn Fn(u64) -> f64) -> String {
     }
     if let Some(c) = op.checked {
         let _ = write!(s, " checked={:.1}", at(c));
+    }
+    for q in &op.queued {
+        let _ = write!(s, " queued@{:.1}", at(*q));
     }
     s
 }

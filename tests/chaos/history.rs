@@ -91,6 +91,10 @@ pub struct Op {
     /// call; `None` when it wrote without asking (fencing must catch it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checked: Option<u64>,
+    /// A waiter: when each queue entry it made was known written on the
+    /// server (see `queued.rs`); its place in the queue dates from the last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<u64>,
 }
 
 /// A fault the nemesis injected, and until when it lasted.
@@ -152,6 +156,7 @@ impl Log {
             lease_ms: 0,
             value: 0,
             checked: None,
+            queued: Vec::new(),
         }
     }
 

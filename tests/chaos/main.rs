@@ -42,6 +42,7 @@ mod clock;
 mod dump;
 mod history;
 mod proxy;
+mod queued;
 mod recorder;
 mod rigs;
 mod rng;
@@ -144,8 +145,9 @@ async fn short_pass_postgres() {
 /// (default 200) from CHAOS_SEED_BASE (default 1000), or one CHAOS_SEED;
 /// CHAOS_STOP_AT_FIRST=1 stops at the first schedule with a violation;
 /// CHAOS_DUMP=<file> appends each violating schedule's timeline of the keys
-/// concerned to <file> and writes its history to <file>-<seed>.json (see
-/// `dump.rs`; `recheck` checks such a history again).
+/// concerned to <file> and writes its history to <file>-<seed>.json
+/// (CHAOS_DUMP_ALL=1: every schedule; see `dump.rs`; `recheck` checks such a
+/// history again).
 /// Prints one line per schedule and a summary line `CHAOS-SUMMARY {json}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: scripts/check.sh"]

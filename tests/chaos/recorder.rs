@@ -11,8 +11,11 @@ use tower_lock::backend::{
 };
 use tower_lock::{LockBackend, LockError, LockKey, LockStatus};
 
+use tracing::Instrument;
+
 use super::clock::now_ns;
 use super::history::{Kind, Log, Op, Outcome};
+use super::queued;
 
 pub struct Recorder<B> {
     pub inner: B,
@@ -42,6 +45,7 @@ impl Pending {
         let mut op = self.op.take().expect("pending op");
         op.ret = now_ns();
         op.outcome = outcome;
+        op.queued = queued::take(op.id);
         self.log.push(op);
     }
 }
@@ -51,9 +55,15 @@ impl Drop for Pending {
         if let Some(mut op) = self.op.take() {
             op.ret = now_ns();
             op.outcome = Outcome::Cancelled;
+            op.queued = queued::take(op.id);
             self.log.push(op);
         }
     }
+}
+
+/// The span `queued.rs` notes an acquire's queue entries under.
+fn op_span(op: &Op) -> tracing::Span {
+    tracing::debug_span!(target: "chaos_op", "chaos_op", op = op.id)
 }
 
 pub fn outcome(e: &LockError) -> Outcome {
@@ -112,8 +122,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         let mut pending = Pending::new(&self.log, self.acquire_op(Kind::Acquire, req));
+        let span = op_span(pending.op());
         Box::pin(async move {
-            let result = self.inner.acquire(req).await;
+            let result = self.inner.acquire(req).instrument(span).await;
             match &result {
                 Ok(lease) => {
                     granted(pending.op(), lease, !req.max_wait().is_zero());

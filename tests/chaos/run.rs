@@ -13,6 +13,7 @@ use super::check::{self, Bounds, Violation};
 use super::client::{self, ClientConfig, Mix};
 use super::clock::{MS, now_ns};
 use super::history::{Fault, History, Log, Op};
+use super::queued;
 use super::recorder::Recorder;
 use super::rigs::{FaultKind, Rig};
 use super::rng::Rng;
@@ -129,6 +130,7 @@ pub async fn child_main() {
         return;
     };
     let child: Child = serde_json::from_str(&json).expect("child config");
+    queued::install();
     let log = Log::new(child.client.process);
     let backend = backend(
         &child.backend,
@@ -186,6 +188,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     let plan = faults_of(seed, rig, s);
     match spec {
         BackendSpec::Memory => {
+            queued::install();
             let log = Log::new(0);
             let backend = SharedBackend::new(Recorder {
                 inner: rig.memory().expect("the memory rig's backend"),
@@ -279,8 +282,9 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         op_timeout_ms: s.op_timeout_ms,
     };
     violations.extend(check::check(&history, s.bounds));
+    let dump_all = std::env::var("CHAOS_DUMP_ALL").is_ok_and(|v| v == "1");
     if let Ok(path) = std::env::var("CHAOS_DUMP")
-        && !violations.is_empty()
+        && (dump_all || !violations.is_empty())
     {
         super::dump::write(&path, seed, &history, &violations);
     }

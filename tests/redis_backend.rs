@@ -1028,6 +1028,47 @@ async fn dead_queue_entries_are_skipped() {
     assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
 }
 
+/// A process's first waiter queues with its first attempt, before its
+/// wake-up subscription is made (on demand, which on a loaded machine took
+/// more than 150 ms in the chaos checker's runs): a newcomer that comes
+/// while it subscribes does not pass it. The grant published while it did
+/// not listen yet is found by its attempt after subscribing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_while_it_subscribes() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let holder = direct
+        .acquire(&req("sub", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    // A fresh backend through the proxy, which holds its SUBSCRIBE back.
+    let proxy = Proxy::start(server.port()).await;
+    proxy.hold_carrying(b"SUBSCRIBE");
+    let late = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    let waiter = spawn_acquire(&late, req("sub", "waiter", 30 * SEC, 20 * SEC));
+    // Its first attempt found the lock busy; now it subscribes.
+    proxy.carried(1).await;
+    direct
+        .release(&key("sub"), Holder::new("holder", holder.fence))
+        .await
+        .unwrap();
+    let newcomer = direct
+        .acquire(&req("sub", "newcomer", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(newcomer, Err(LockError::AcquisitionFailed { .. })),
+        "the newcomer passed the waiter: {newcomer:?}"
+    );
+    assert_eq!(
+        direct.status(&key("sub")).await.unwrap().unwrap().owner,
+        "waiter",
+        "right after the release the lock belongs to the waiter"
+    );
+    proxy.let_go_all();
+    let lease = granted(waiter).await;
+    assert!(lease.fence > holder.fence);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contended_lock_is_mutually_exclusive_and_fair() {
     let server = RedisServer::start();

@@ -229,6 +229,9 @@ async fn a_recheck_behind_its_hand_off_keeps_the_whole_lease() {
     // The grant's notification will not reach the waiter: its re-check
     // finds the lock.
     proxy.hold_pubsub(true);
+    // Its re-checks wait in the network until the release waits for the
+    // row: the release comes first.
+    proxy.hold_commands(true);
     let s = session(&server).await;
     s.batch_execute("BEGIN; SELECT 1 FROM tower_lock.locks WHERE key = 'g:k' FOR UPDATE")
         .await
@@ -242,6 +245,7 @@ async fn a_recheck_behind_its_hand_off_keeps_the_whole_lease() {
         }
     });
     blocked_on_a_row(&server, 1).await;
+    proxy.hold_commands(false);
     // The waiter's re-check (its safety net) waits behind the release.
     blocked_on_a_row(&server, 2).await;
     // The hand-off comes well after the re-check started.

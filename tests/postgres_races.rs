@@ -207,6 +207,79 @@ async fn a_release_held_up_by_a_row_lock_grants_in_fence_order() {
     assert_fences_grow(&grants(&server, "k"));
 }
 
+/// A waiter's re-check that started before its hand-off and waited for
+/// the row (behind the release that handed the lock over) finds the lock
+/// its own, and refreshes its TTL: from then, not from its own start, which
+/// came before the grant and would cut the lease it reports (dated from
+/// the grant) short on the server. Chaos checker, PostgreSQL seed 1055: the
+/// lock went to the next waiter 10 ms before its holder's lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recheck_behind_its_hand_off_keeps_the_whole_lease() {
+    let server = PgServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = backend(&proxy.postgres_url()).await;
+    let holder = backend(&server.url()).await;
+    let held = holder
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let ttl = 30 * SEC;
+    let waiter = spawn_acquire(&b, req("k", "waiter", ttl, 20 * SEC));
+    queued(&server, "k", 1).await;
+    // The grant's notification will not reach the waiter: its re-check
+    // finds the lock.
+    proxy.hold_pubsub(true);
+    // Its re-checks wait in the network until the release waits for the
+    // row: the release comes first.
+    proxy.hold_commands(true);
+    let s = session(&server).await;
+    s.batch_execute("BEGIN; SELECT 1 FROM tower_lock.locks WHERE key = 'g:k' FOR UPDATE")
+        .await
+        .unwrap();
+    let release = tokio::spawn({
+        let holder = holder.clone();
+        async move {
+            holder
+                .release(&key("k"), Holder::new("holder", held.fence))
+                .await
+        }
+    });
+    blocked_on_a_row(&server, 1).await;
+    proxy.hold_commands(false);
+    // The waiter's re-check (its safety net) waits behind the release.
+    blocked_on_a_row(&server, 2).await;
+    // The hand-off comes well after the re-check started.
+    tokio::time::sleep(ms(300)).await;
+    s.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    proxy.hold_pubsub(false);
+
+    let row = s
+        .query_one(
+            "SELECT owner, fence, acquired_at, expires_at FROM tower_lock.locks WHERE key = 'g:k'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (owner, fence): (String, i64) = (row.get(0), row.get(1));
+    let (acquired, expires): (SystemTime, SystemTime) = (row.get(2), row.get(3));
+    assert_eq!((owner.as_str(), fence as u64), ("waiter", lease.fence));
+    assert!(
+        expires
+            .duration_since(lease.acquired_at)
+            .unwrap_or_default()
+            >= ttl,
+        "the lease reported from {:?} lasts {ttl:?}, the server keeps the lock only until \
+         {:?} after it",
+        lease.acquired_at,
+        expires
+            .duration_since(lease.acquired_at)
+            .unwrap_or_default()
+    );
+    assert!(acquired <= lease.acquired_at + ms(1));
+}
+
 /// An acquire that stalls before its row goes in (a slow trigger stands in
 /// for a stalled server process) while another acquisition is granted and
 /// force-released: when it goes on, its fence is higher than that one's.

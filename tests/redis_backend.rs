@@ -75,6 +75,37 @@ async fn granted(waiter: tokio::task::JoinHandle<Result<Lease, LockError>>) -> L
         .expect("the waiter's acquisition failed")
 }
 
+/// Make `b`'s wake-up subscription before a test's waiter comes: one wait
+/// on a lock `direct` holds, until handed over. A waiter queues with its
+/// first attempt, subscription or not; after this, its queue entry means it
+/// listens too (it registers before that attempt when the subscription is
+/// up).
+async fn subscribe_first(direct: &RedisBackend, b: &RedisBackend) {
+    let held = direct
+        .acquire(&req("warm-up", "direct", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(b, req("warm-up", "b", 30 * SEC, 10 * SEC));
+    let deadline = Instant::now() + 5 * SEC;
+    while direct
+        .status(&key("warm-up"))
+        .await
+        .unwrap()
+        .is_none_or(|s| s.waiters == 0)
+    {
+        assert!(Instant::now() < deadline, "the warm-up waiter never queued");
+        tokio::time::sleep(ms(2)).await;
+    }
+    direct
+        .release(&key("warm-up"), Holder::new("direct", held.fence))
+        .await
+        .unwrap();
+    let lease = granted(waiter).await;
+    b.release(&key("warm-up"), Holder::new("b", lease.fence))
+        .await
+        .unwrap();
+}
+
 fn unavailable<T: std::fmt::Debug>(r: Result<T, LockError>) -> bool {
     matches!(r, Err(LockError::BackendUnavailable(_)))
 }
@@ -868,6 +899,7 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
     let direct = backend(&server);
     let proxy = Proxy::start(server.port()).await;
     let slow = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    subscribe_first(&direct, &slow).await;
     direct
         .acquire(&req("k", "h", 30 * SEC, Duration::ZERO))
         .await
@@ -1026,6 +1058,47 @@ async fn dead_queue_entries_are_skipped() {
         .unwrap();
     granted(waiter).await;
     assert_eq!(b.status(&key("d")).await.unwrap().unwrap().owner, "live");
+}
+
+/// A process's first waiter queues with its first attempt, before its
+/// wake-up subscription is made (on demand, which on a loaded machine took
+/// more than 150 ms in the chaos checker's runs): a newcomer that comes
+/// while it subscribes does not pass it. The grant published while it did
+/// not listen yet is found by its attempt after subscribing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_while_it_subscribes() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let holder = direct
+        .acquire(&req("sub", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    // A fresh backend through the proxy, which holds its SUBSCRIBE back.
+    let proxy = Proxy::start(server.port()).await;
+    proxy.hold_carrying(b"SUBSCRIBE");
+    let late = RedisBackend::from_url(&proxy.redis_url()).unwrap();
+    let waiter = spawn_acquire(&late, req("sub", "waiter", 30 * SEC, 20 * SEC));
+    // Its first attempt found the lock busy; now it subscribes.
+    proxy.carried(1).await;
+    direct
+        .release(&key("sub"), Holder::new("holder", holder.fence))
+        .await
+        .unwrap();
+    let newcomer = direct
+        .acquire(&req("sub", "newcomer", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(newcomer, Err(LockError::AcquisitionFailed { .. })),
+        "the newcomer passed the waiter: {newcomer:?}"
+    );
+    assert_eq!(
+        direct.status(&key("sub")).await.unwrap().unwrap().owner,
+        "waiter",
+        "right after the release the lock belongs to the waiter"
+    );
+    proxy.let_go_all();
+    let lease = granted(waiter).await;
+    assert!(lease.fence > holder.fence);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1238,6 +1311,7 @@ async fn killed_connections_are_replaced() {
 
     // Kill the pub/sub connection while a waiter waits: it re-subscribes and
     // is still handed the lock.
+    subscribe_first(&backend(&server), &b).await;
     b.acquire(&req("k", "a", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();

@@ -2,10 +2,13 @@
 //! completion on the shared monotonic clock, the answer, the fence), every
 //! read and write of the fenced store, hand-offs, and the faults injected.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::clock::now_ns;
 
@@ -88,6 +91,10 @@ pub struct Op {
     /// call; `None` when it wrote without asking (fencing must catch it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checked: Option<u64>,
+    /// A waiter: when each queue entry it made was known written on the
+    /// server (see `queued.rs`); its place in the queue dates from the last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<u64>,
 }
 
 /// A fault the nemesis injected, and until when it lasted.
@@ -114,6 +121,10 @@ pub struct Log {
     p: u32,
     next: Arc<AtomicU64>,
     ops: Arc<Mutex<Vec<Op>>>,
+    /// Backend calls invoked and not answered yet (see [`Log::take`]).
+    in_flight: Arc<Mutex<BTreeMap<u64, Op>>>,
+    /// Told when the last call in flight answers.
+    settled: Arc<Notify>,
 }
 
 impl Log {
@@ -122,6 +133,8 @@ impl Log {
             p,
             next: Arc::new(AtomicU64::new(0)),
             ops: Arc::default(),
+            in_flight: Arc::default(),
+            settled: Arc::default(),
         }
     }
 
@@ -143,16 +156,76 @@ impl Log {
             lease_ms: 0,
             value: 0,
             checked: None,
+            queued: Vec::new(),
+        }
+    }
+
+    /// `op` (a backend call) is on its way: until it is pushed, [`Log::take`]
+    /// records it as cancelled.
+    pub fn begin(&self, op: &Op) {
+        lock(&self.in_flight).insert(op.id, op.clone());
+    }
+
+    /// `op` needs no record after all (it was not sent).
+    pub fn forget(&self, op: &Op) {
+        self.answered(op.id);
+    }
+
+    fn answered(&self, id: u64) {
+        let mut in_flight = lock(&self.in_flight);
+        if in_flight.remove(&id).is_some() && in_flight.is_empty() {
+            self.settled.notify_waiters();
         }
     }
 
     pub fn push(&self, op: Op) {
-        self.ops.lock().unwrap_or_else(|e| e.into_inner()).push(op);
+        let id = op.id;
+        lock(&self.ops).push(op);
+        self.answered(id);
     }
 
-    pub fn take(&self) -> Vec<Op> {
-        std::mem::take(&mut *self.ops.lock().unwrap_or_else(|e| e.into_inner()))
+    /// Wait until no backend call is in flight (background releases, queue
+    /// leaves, renewals after the workload), or until `deadline` (ns).
+    pub async fn settle(&self, deadline: u64) {
+        loop {
+            let settled = self.settled.notified();
+            if lock(&self.in_flight).is_empty() {
+                return;
+            }
+            let left = deadline.saturating_sub(now_ns());
+            if left == 0
+                || tokio::time::timeout(Duration::from_nanos(left), settled)
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+        }
     }
+
+    /// Every operation so far, with the backend calls still in flight as
+    /// cancelled (answered now, outcome unknown): a release that a process
+    /// ending left on its way was still made, and whatever it did on the
+    /// server the history must show it (else the lease it ended looks held
+    /// to its TTL).
+    pub fn take(&self) -> Vec<Op> {
+        let mut ops = std::mem::take(&mut *lock(&self.ops));
+        let now = now_ns();
+        ops.extend(
+            std::mem::take(&mut *lock(&self.in_flight))
+                .into_values()
+                .map(|mut op| {
+                    op.ret = now;
+                    op.outcome = Outcome::Cancelled;
+                    op
+                }),
+        );
+        ops
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Everything a run recorded, for the checker.
@@ -168,4 +241,46 @@ pub struct History {
     pub stuck: Vec<String>,
     /// The op timeout of the backend under test, in ms.
     pub op_timeout_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_still_in_flight_is_recorded_as_cancelled() {
+        // A release a process ending left on its way (a dropped lock's) was
+        // made: the history must say so, or the lease looks held to its TTL.
+        let log = Log::new(1);
+        let done = log.start(Kind::Acquire, "k".into());
+        log.begin(&done);
+        log.push(done);
+        let release = log.start(Kind::Release, "k".into());
+        log.begin(&release);
+        log.settle(now_ns() + 1_000_000).await;
+        let ops = log.take();
+        assert_eq!(ops.len(), 2);
+        assert_eq!(
+            (ops[1].kind, &ops[1].outcome),
+            (Kind::Release, &Outcome::Cancelled)
+        );
+        assert!(ops[1].ret >= ops[1].inv);
+    }
+
+    #[tokio::test]
+    async fn settle_returns_when_the_last_call_answers() {
+        let log = Log::new(1);
+        let mut op = log.start(Kind::Release, "k".into());
+        log.begin(&op);
+        let pusher = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                op.outcome = Outcome::Ok;
+                log.push(op);
+            })
+        };
+        log.settle(now_ns() + 60_000_000_000).await;
+        pusher.await.unwrap();
+        assert_eq!(log.take()[0].outcome, Outcome::Ok);
+    }
 }

@@ -39,8 +39,10 @@ mod common;
 mod check;
 mod client;
 mod clock;
+mod dump;
 mod history;
 mod proxy;
+mod queued;
 mod recorder;
 mod rigs;
 mod rng;
@@ -141,7 +143,11 @@ async fn short_pass_postgres() {
 /// The long run (scripts/check.sh): CHAOS_BACKEND (memory, redis,
 /// redis-cluster, redis-cluster-failover, postgres), CHAOS_SCHEDULES
 /// (default 200) from CHAOS_SEED_BASE (default 1000), or one CHAOS_SEED;
-/// CHAOS_STOP_AT_FIRST=1 stops at the first schedule with a violation.
+/// CHAOS_STOP_AT_FIRST=1 stops at the first schedule with a violation;
+/// CHAOS_DUMP=<file> appends each violating schedule's timeline of the keys
+/// concerned to <file> and writes its history to <file>-<seed>.json
+/// (CHAOS_DUMP_ALL=1: every schedule; see `dump.rs`; `recheck` checks such a
+/// history again).
 /// Prints one line per schedule and a summary line `CHAOS-SUMMARY {json}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: scripts/check.sh"]
@@ -214,6 +220,25 @@ async fn long_run() {
     if !stop_at_first {
         assert!(violations.is_empty(), "violations: {violations:?}");
     }
+}
+
+/// Check a recorded history again (`CHAOS_DUMP` wrote it):
+/// `CHAOS_HISTORY=<json>`; prints the violations, and with CHAOS_DUMP set
+/// the timeline of their keys.
+#[test]
+#[ignore = "needs CHAOS_HISTORY"]
+fn recheck() {
+    let path = std::env::var("CHAOS_HISTORY").expect("CHAOS_HISTORY=<history JSON>");
+    let history: history::History =
+        serde_json::from_slice(&std::fs::read(&path).expect("read the history")).expect("JSON");
+    let violations = check::check(&history, run::Settings::from_env().bounds);
+    for v in &violations {
+        println!("  VIOLATION: {}: {}", v.kind, v.detail);
+    }
+    if std::env::var("CHAOS_DUMP").is_ok() {
+        print!("{}", dump::render(0, &history, &violations));
+    }
+    println!("{} violations", violations.len());
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

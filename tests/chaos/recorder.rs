@@ -11,8 +11,11 @@ use tower_lock::backend::{
 };
 use tower_lock::{LockBackend, LockError, LockKey, LockStatus};
 
+use tracing::Instrument;
+
 use super::clock::now_ns;
 use super::history::{Kind, Log, Op, Outcome};
+use super::queued;
 
 pub struct Recorder<B> {
     pub inner: B,
@@ -27,6 +30,7 @@ struct Pending {
 
 impl Pending {
     fn new(log: &Log, op: Op) -> Self {
+        log.begin(&op);
         Pending {
             log: log.clone(),
             op: Some(op),
@@ -41,6 +45,7 @@ impl Pending {
         let mut op = self.op.take().expect("pending op");
         op.ret = now_ns();
         op.outcome = outcome;
+        op.queued = queued::take(op.id);
         self.log.push(op);
     }
 }
@@ -50,9 +55,15 @@ impl Drop for Pending {
         if let Some(mut op) = self.op.take() {
             op.ret = now_ns();
             op.outcome = Outcome::Cancelled;
+            op.queued = queued::take(op.id);
             self.log.push(op);
         }
     }
+}
+
+/// The span `queued.rs` notes an acquire's queue entries under.
+fn op_span(op: &Op) -> tracing::Span {
+    tracing::debug_span!(target: "chaos_op", "chaos_op", op = op.id)
 }
 
 pub fn outcome(e: &LockError) -> Outcome {
@@ -111,8 +122,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         let mut pending = Pending::new(&self.log, self.acquire_op(Kind::Acquire, req));
+        let span = op_span(pending.op());
         Box::pin(async move {
-            let result = self.inner.acquire(req).await;
+            let result = self.inner.acquire(req).instrument(span).await;
             match &result {
                 Ok(lease) => {
                     granted(pending.op(), lease, !req.max_wait().is_zero());
@@ -130,7 +142,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
         match &result {
             // Not answered here: `acquire` follows, recorded there.
             None => {
-                pending.op.take();
+                if let Some(op) = pending.op.take() {
+                    self.log.forget(&op);
+                }
             }
             Some(Ok(lease)) => {
                 granted(pending.op(), lease, false);
@@ -159,7 +173,9 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
         let result = self.inner.try_release_now(key, holder);
         match &result {
             None => {
-                pending.op.take();
+                if let Some(op) = pending.op.take() {
+                    self.log.forget(&op);
+                }
             }
             Some(r) => pending.done(r.as_ref().map_or_else(outcome, |_| Outcome::Ok)),
         }

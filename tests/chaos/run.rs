@@ -13,6 +13,7 @@ use super::check::{self, Bounds, Violation};
 use super::client::{self, ClientConfig, Mix};
 use super::clock::{MS, now_ns};
 use super::history::{Fault, History, Log, Op};
+use super::queued;
 use super::recorder::Recorder;
 use super::rigs::{FaultKind, Rig};
 use super::rng::Rng;
@@ -129,6 +130,7 @@ pub async fn child_main() {
         return;
     };
     let child: Child = serde_json::from_str(&json).expect("child config");
+    queued::install();
     let log = Log::new(child.client.process);
     let backend = backend(
         &child.backend,
@@ -136,8 +138,11 @@ pub async fn child_main() {
         log.clone(),
     );
     client::run(Arc::new(child.client), backend, log.clone()).await;
-    // Releases dropped at the end finish in tasks: give them their moment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Releases of dropped locks, queue leaves, finish in background tasks:
+    // wait for their answers (a call still out after that is recorded as
+    // cancelled).
+    log.settle(now_ns() + (2 * child.op_timeout_ms + 200) * MS)
+        .await;
     let ops = log.take();
     std::fs::write(&child.history, serde_json::to_vec(&ops).expect("JSON")).expect("history");
     println!("CHAOS-CLIENT-DONE {}", ops.len());
@@ -183,6 +188,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     let plan = faults_of(seed, rig, s);
     match spec {
         BackendSpec::Memory => {
+            queued::install();
             let log = Log::new(0);
             let backend = SharedBackend::new(Recorder {
                 inner: rig.memory().expect("the memory rig's backend"),
@@ -194,7 +200,8 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                 log.clone(),
             )
             .await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            log.settle(now_ns() + (2 * s.op_timeout_ms + 200) * MS)
+                .await;
             ops = log.take();
         }
         _ => {
@@ -275,6 +282,12 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         op_timeout_ms: s.op_timeout_ms,
     };
     violations.extend(check::check(&history, s.bounds));
+    let dump_all = std::env::var("CHAOS_DUMP_ALL").is_ok_and(|v| v == "1");
+    if let Ok(path) = std::env::var("CHAOS_DUMP")
+        && (dump_all || !violations.is_empty())
+    {
+        super::dump::write(&path, seed, &history, &violations);
+    }
     Report {
         seed,
         ops: history.ops.len(),

@@ -190,6 +190,8 @@ pub(super) async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease
                 retry_after,
             });
         };
+        // Queued (a new entry, at the back): the same event as the other
+        // backends' when their queue entry is written.
         tracing::debug!(key = %req.key().digest(), "lock busy: waiting");
         let mut slot = WaitSlot {
             inner,

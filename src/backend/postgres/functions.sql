@@ -143,8 +143,12 @@ BEGIN
     -- A retry of the holder's own attempt, or a waiter the lock was handed
     -- to: same fence, TTL refreshed. The grant is claimed: a notification
     -- of it that reaches the waiter's backend after this call has
-    -- returned must not pass it on (see _pass_on).
-    UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + v_ttl, granted_to = NULL
+    -- returned must not pass it on (see _pass_on). Refreshed from the
+    -- clock, not from this transaction's start: a waiter's re-check that
+    -- waited for the row behind the release handing it the lock started
+    -- before that grant, and its TTL from then would end before the lease
+    -- it reports (dated from the grant) does.
+    UPDATE "{schema}"."{table}" AS l SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL
       WHERE l.key = p_key;
     IF p_ticket IS NOT NULL THEN
       DELETE FROM "{schema}"."{table}_waiters" AS w

@@ -81,6 +81,12 @@ impl PostgresBackend {
                     queued_anew,
                 } => {
                     entries += u32::from(queued_anew);
+                    if queued_anew {
+                        // Our place in the queue dates from here (the same
+                        // event as the in-memory backend's; the chaos
+                        // checker's first-come rule reads it).
+                        tracing::debug!(key = %req.key().digest(), "lock busy: waiting");
+                    }
                     retry_after
                 }
             };

@@ -46,8 +46,13 @@ impl RedisBackend {
             queued: false,
             until: deadline,
         };
-        // Registered before the first attempt when the subscription is live,
-        // so that attempt can already join the queue.
+        // Registered before the first attempt when the subscription is live.
+        // Every attempt joins the queue, the first too, live subscription or
+        // not: the queue's order is arrival at the server, and a waiter that
+        // first subscribed would let newcomers in ahead of it meanwhile. A
+        // hand-off published before we listen is not lost: the attempt
+        // after subscribing finds the lock ours (acquire is idempotent for
+        // the attempt it was handed to).
         let slot = self.slot(req.key());
         let mut grant_rx: Option<oneshot::Receiver<Grant>> = wake.register(guard.id, slot);
         let mut recheck = RECHECK_FIRST;
@@ -60,13 +65,11 @@ impl RedisBackend {
         loop {
             let now = Instant::now();
             let end = (now + self.op_timeout).min(hard_end);
-            let queue = grant_rx.as_ref().map(|_| {
-                (
-                    ceil_ms(deadline.saturating_duration_since(now)).max(1),
-                    guard.id,
-                )
-            });
-            guard.queued |= queue.is_some();
+            let queue = Some((
+                ceil_ms(deadline.saturating_duration_since(now)).max(1),
+                guard.id,
+            ));
+            guard.queued = true;
             let retry_after = match self.attempt(req, ttl_ms, queue, end).await? {
                 Attempt::Acquired(lease) => {
                     // The script took us out of the queue.
@@ -78,6 +81,12 @@ impl RedisBackend {
                     queued_anew,
                 } => {
                     entries += u32::from(queued_anew);
+                    if queued_anew {
+                        // Our place in the queue dates from here (the same
+                        // event as the in-memory backend's; the chaos
+                        // checker's first-come rule reads it).
+                        tracing::debug!(key = %req.key().digest(), "lock busy: waiting");
+                    }
                     retry_after
                 }
             };

@@ -99,7 +99,10 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 }
 
 /// Drive `futures` concurrently; their outputs in order.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    allow(dead_code)
+)]
 pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     use std::task::Poll;
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();

@@ -1,8 +1,10 @@
 //! The connection to the cluster: one etcd-client [`Client`] per endpoint,
 //! each made on first use, and calls sent to one endpoint at a time (as
-//! etcd's own Go client does). When a call to it fails or times out, the
-//! next call goes to the next endpoint: a dead or stopped member costs the
-//! calls in flight to it, not every third call. A call is never repeated
+//! etcd's own Go client does), the leader's when it is among them (a
+//! follower forwards every write to the leader: one more hop). When a call
+//! fails or times out, the next call goes to the next endpoint (and looks
+//! for the leader again): a dead or stopped member costs the calls in
+//! flight to it, not every third call. A call is never repeated
 //! after it was sent (it may have landed); the layer then cleans up as
 //! after any lost reply.
 //!
@@ -11,7 +13,7 @@
 //! message.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use etcd_client::{Client, ConnectOptions, Error, Txn, TxnResponse};
 use tokio::sync::OnceCell;
@@ -23,6 +25,8 @@ use crate::error::LockError;
 pub(super) struct Conn {
     members: Vec<Member>,
     current: AtomicUsize,
+    /// The next call first asks which member leads.
+    find_leader: AtomicBool,
 }
 
 struct Member {
@@ -43,6 +47,7 @@ impl Conn {
                 })
                 .collect(),
             current: AtomicUsize::new(0),
+            find_leader: AtomicBool::new(true),
         }
     }
 
@@ -55,15 +60,49 @@ impl Conn {
     /// endpoint (unless another call moved on already).
     pub(super) fn failed(&self, i: usize) {
         let next = (i + 1) % self.members.len().max(1);
-        let _ = self
+        let moved = self
             .current
             .compare_exchange(i, next, Ordering::AcqRel, Ordering::Acquire);
+        if moved.is_ok() {
+            self.find_leader.store(true, Ordering::Release);
+        }
     }
 
     /// The client of the current endpoint (and its index), connected (and
     /// authenticated, with a user) before `end`. A failed or timed-out
     /// connect is tried again by the next call, on the next endpoint.
     pub(super) async fn client(&self, end: Instant) -> Result<(usize, Client), LockError> {
+        let (i, client) = self.connect(end).await?;
+        if self.members.len() < 2 || !self.find_leader.swap(false, Ordering::AcqRel) {
+            return Ok((i, client));
+        }
+        match timeout_at(end, self.leader(client.clone())).await {
+            Ok(Some(leader)) if leader != i => {
+                let _ = self
+                    .current
+                    .compare_exchange(i, leader, Ordering::AcqRel, Ordering::Acquire);
+                self.connect(end).await
+            }
+            _ => Ok((i, client)),
+        }
+    }
+
+    /// Which of our endpoints the leader serves, as `client`'s member sees
+    /// it (`None`: no leader now, or not one of ours).
+    async fn leader(&self, client: Client) -> Option<usize> {
+        let leader = client.maintenance_client().status().await.ok()?.leader();
+        let members = client.cluster_client().member_list().await.ok()?;
+        let urls = members.members().iter().find(|m| m.id() == leader)?.client_urls().to_vec();
+        let bare = |url: &str| {
+            let url = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")).unwrap_or(url);
+            url.trim_end_matches('/').to_owned()
+        };
+        self.members
+            .iter()
+            .position(|m| urls.iter().any(|u| bare(u) == bare(&m.endpoint)))
+    }
+
+    async fn connect(&self, end: Instant) -> Result<(usize, Client), LockError> {
         let i = self.current();
         let member = &self.members[i];
         let connect = member.client.get_or_try_init(|| async {

@@ -198,7 +198,6 @@ impl EtcdBackend {
             .and_then([
                 store.clone(),
                 delete_range(start.clone(), stop.clone()),
-                TxnOp::delete(keys.index(owner), None),
             ])
             .or_else([keys.get_holder(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;

@@ -133,7 +133,15 @@ impl EtcdBackend {
             let mut ops: Vec<TxnOp> = extra.to_vec();
             if let Some(holder) = &snapshot.holder {
                 ops.push(TxnOp::delete(holder.key.clone(), None));
-                ops.push(TxnOp::delete(keys.index(&holder.owner), None));
+                // (The index entry is the new holder's too when it is the
+                // same owner.)
+                let same_owner = snapshot
+                    .head
+                    .as_ref()
+                    .is_some_and(|w| w.value.owner == holder.owner);
+                if !same_owner {
+                    ops.push(TxnOp::delete(keys.index(&holder.owner), None));
+                }
             }
             let reread = [keys.get_holder(), keys.get_head()];
             let Some(head) = snapshot.head.take() else {

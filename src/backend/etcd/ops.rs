@@ -224,12 +224,13 @@ impl EtcdBackend {
         let keys = self.keys(key);
         let end = self.deadline();
         let (start, stop) = keys.owner_holders(holder.owner());
+        let mut ops = vec![delete_range(start.clone(), stop.clone())];
+        if self.index_owners {
+            ops.push(TxnOp::delete(keys.index(holder.owner()), None));
+        }
         let txn = Txn::new()
             .when([keys.held_by(holder.owner(), holder.fence()), keys.nobody_queued()])
-            .and_then([
-                delete_range(start.clone(), stop.clone()),
-                TxnOp::delete(keys.index(holder.owner()), None),
-            ])
+            .and_then(ops)
             .or_else([keys.get_holder(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {

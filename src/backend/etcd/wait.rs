@@ -148,7 +148,18 @@ impl EtcdBackend {
                 sleep_until(wake_at).await;
             }
             let end = (Instant::now() + self.op_timeout).min(hard_end);
-            match self.look(req, &keys, &place, end).await? {
+            let seen = match self.look(req, &keys, &place, end).await {
+                Ok(seen) => seen,
+                // etcd cannot answer now (a leader election, a member
+                // gone): the entry stays queued, consensus keeps it. Read
+                // again shortly, until the max wait ends.
+                Err(LockError::BackendUnavailable(_)) if Instant::now() < deadline => {
+                    recheck = RECHECK_FIRST / 2;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match seen {
                 Seen::Granted(lease) => {
                     guard.entry = None;
                     return Ok(lease);

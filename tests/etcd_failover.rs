@@ -25,8 +25,8 @@ mod common;
 mod proxy;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::etcd_cluster::EtcdCluster;
@@ -114,7 +114,11 @@ async fn scenario(fault: Fault) {
         let waiting = EtcdBackend::from_endpoints(&endpoints)
             .unwrap()
             .op_timeout(OP_TIMEOUT);
-        waiters.push(tokio::spawn(wait_turn(waiting, format!("w{i}"), turns.clone())));
+        waiters.push(tokio::spawn(wait_turn(
+            waiting,
+            format!("w{i}"),
+            turns.clone(),
+        )));
         until_queued(&backend, &held, i + 1).await;
     }
 
@@ -146,19 +150,27 @@ async fn scenario(fault: Fault) {
                 if first_failure.is_none() && back.is_none() {
                     back = Some(Duration::ZERO);
                 }
-                let _ = backend.release(probe.key(), Holder::new(probe.owner(), l.fence)).await;
+                let _ = backend
+                    .release(probe.key(), Holder::new(probe.owner(), l.fence))
+                    .await;
             }
             Err(e) => {
                 assert!(unavailable(&e), "{fault:?}: a probe failed with {e:?}");
                 first_failure.get_or_insert(start.elapsed());
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "{fault:?}: service never came back");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{fault:?}: service never came back"
+        );
         sleep(Duration::from_millis(25)).await;
     }
     let back = back.unwrap();
     if let Some(first) = first_failure {
-        assert!(back - first <= BACK_WITHIN, "{fault:?}: back {back:?} after failing at {first:?}");
+        assert!(
+            back - first <= BACK_WITHIN,
+            "{fault:?}: back {back:?} after failing at {first:?}"
+        );
     }
     eprintln!(
         "FAULT {fault:?}: first 503 at {:?}, service back at {back:?} after the fault",
@@ -168,7 +180,10 @@ async fn scenario(fault: Fault) {
     // The confirmed grant survived: same holder and fence, a newcomer is
     // refused.
     let status = retry(|| backend.status(&held)).await.expect("still held");
-    assert_eq!((status.owner.as_str(), status.fence), ("holder", lease.fence));
+    assert_eq!(
+        (status.owner.as_str(), status.fence),
+        ("holder", lease.fence)
+    );
     let newcomer = backend
         .acquire(&req("held", "newcomer", LONG, Duration::ZERO))
         .await;
@@ -190,7 +205,10 @@ async fn scenario(fault: Fault) {
     assert_eq!(fences.len(), 4, "{fault:?}: every waiter had its turn");
     let mut all = vec![lease.fence];
     all.extend(&fences);
-    assert!(all.windows(2).all(|w| w[0] < w[1]), "{fault:?}: fences {all:?}");
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "{fault:?}: fences {all:?}"
+    );
     cluster.wait_ready(Duration::from_secs(20)).unwrap();
 }
 
@@ -210,7 +228,11 @@ async fn wait_turn(backend: EtcdBackend, owner: String, turns: Arc<Turns>) {
             Err(e) => panic!("{owner}: {e:?}"),
         }
     };
-    assert_eq!(turns.inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+    assert_eq!(
+        turns.inside.fetch_add(1, Ordering::SeqCst),
+        0,
+        "two holders"
+    );
     turns.fences.lock().unwrap().push(lease.fence);
     sleep(Duration::from_millis(20)).await;
     turns.inside.fetch_sub(1, Ordering::SeqCst);
@@ -267,26 +289,45 @@ async fn a_grant_whose_reply_was_lost_expires_at_its_ttl() {
     let ttl = Duration::from_millis(600);
     let warm = req("warm", "w", ttl, Duration::ZERO);
     let l = backend.acquire(&warm).await.unwrap();
-    backend.release(warm.key(), Holder::new("w", l.fence)).await.unwrap();
+    backend
+        .release(warm.key(), Holder::new("w", l.fence))
+        .await
+        .unwrap();
     let mut lost = None;
     for _ in 0..5 {
         proxy.drop_next_reply();
-        match backend.acquire(&req("lost-reply", "ghost", ttl, Duration::ZERO)).await {
-            Ok(l) => backend.release(&key, Holder::new("ghost", l.fence)).await.unwrap(),
+        match backend
+            .acquire(&req("lost-reply", "ghost", ttl, Duration::ZERO))
+            .await
+        {
+            Ok(l) => backend
+                .release(&key, Holder::new("ghost", l.fence))
+                .await
+                .unwrap(),
             Err(e) => {
                 lost = Some(e);
                 break;
             }
         }
     }
-    assert!(matches!(lost, Some(LockError::BackendUnavailable(_))), "{lost:?}");
+    assert!(
+        matches!(lost, Some(LockError::BackendUnavailable(_))),
+        "{lost:?}"
+    );
     let landed = retry(|| direct.status(&key)).await;
-    assert_eq!(landed.map(|s| s.owner).as_deref(), Some("ghost"), "it landed");
+    assert_eq!(
+        landed.map(|s| s.owner).as_deref(),
+        Some("ghost"),
+        "it landed"
+    );
     // A waiter gets it when its TTL ends: the lease it is on is kept alive
     // as long as this process lives, and would keep it as long.
     let next = direct
         .acquire(&req("lost-reply", "next", LONG, Duration::from_secs(10)))
         .await
         .unwrap();
-    assert_eq!(direct.status(&key).await.unwrap().unwrap().fence, next.fence);
+    assert_eq!(
+        direct.status(&key).await.unwrap().unwrap().fence,
+        next.fence
+    );
 }

@@ -412,7 +412,14 @@ fn wakeups(
     // unknown until its wait and TTL could have ended.
     let mut holds: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
     let stopped = |p: u32, asked: u64, until: u64| {
-        stopped_hold(&h.faults, p, asked, until, bounds.stopped_holder_ns, op_timeout)
+        stopped_hold(
+            &h.faults,
+            p,
+            asked,
+            until,
+            bounds.stopped_holder_ns,
+            op_timeout,
+        )
     };
     for l in leases {
         holds

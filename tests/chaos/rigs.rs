@@ -585,7 +585,9 @@ mod etcd {
         }
         fn menu(&self) -> &'static [FaultKind] {
             use FaultKind::*;
-            &[Pause, Pause, KillLeader, StopMember, Reset, DropReply, Delay]
+            &[
+                Pause, Pause, KillLeader, StopMember, Reset, DropReply, Delay,
+            ]
         }
         fn client_backend(&self) -> BackendSpec {
             BackendSpec::Etcd(

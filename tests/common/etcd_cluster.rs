@@ -390,9 +390,14 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<Stri
     stream.read_to_string(&mut reply)?;
     let (head, rest) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
     if !head.starts_with("HTTP/1.1 200") {
-        return Err(std::io::Error::other(head.lines().next().unwrap_or("").to_owned()));
+        return Err(std::io::Error::other(
+            head.lines().next().unwrap_or("").to_owned(),
+        ));
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return Ok(unchunk(rest));
     }
     Ok(rest.to_owned())
@@ -424,11 +429,14 @@ fn json_field(json: &str, name: &str) -> Option<String> {
 }
 
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

@@ -78,9 +78,9 @@ impl Conn {
         }
         match timeout_at(end, self.leader(client.clone())).await {
             Ok(Some(leader)) if leader != i => {
-                let _ = self
-                    .current
-                    .compare_exchange(i, leader, Ordering::AcqRel, Ordering::Acquire);
+                let _ =
+                    self.current
+                        .compare_exchange(i, leader, Ordering::AcqRel, Ordering::Acquire);
                 self.connect(end).await
             }
             _ => Ok((i, client)),
@@ -92,9 +92,17 @@ impl Conn {
     async fn leader(&self, client: Client) -> Option<usize> {
         let leader = client.maintenance_client().status().await.ok()?.leader();
         let members = client.cluster_client().member_list().await.ok()?;
-        let urls = members.members().iter().find(|m| m.id() == leader)?.client_urls().to_vec();
+        let urls = members
+            .members()
+            .iter()
+            .find(|m| m.id() == leader)?
+            .client_urls()
+            .to_vec();
         let bare = |url: &str| {
-            let url = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")).unwrap_or(url);
+            let url = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"))
+                .unwrap_or(url);
             url.trim_end_matches('/').to_owned()
         };
         self.members

@@ -177,8 +177,11 @@ async fn grant_lease(shared: &Arc<Shared>, secs: u64, end: Instant) -> Result<Li
 /// A lease etcd no longer has is dropped from the bucket: the next key
 /// gets a new one.
 async fn keep_alive(shared: Weak<Shared>, bucket: Arc<Bucket>) {
-    let mut stream: Option<(i64, etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> =
-        None;
+    let mut stream: Option<(
+        i64,
+        etcd_client::LeaseKeeper,
+        etcd_client::LeaseKeepAliveStream,
+    )> = None;
     loop {
         sleep(KEEP_ALIVE_EVERY).await;
         let Some(shared) = shared.upgrade() else {
@@ -195,9 +198,7 @@ async fn keep_alive(shared: Weak<Shared>, bucket: Arc<Bucket>) {
         let sent = Instant::now();
         let end = sent + KEEP_ALIVE_EVERY * 2;
         let outcome = match &mut stream {
-            Some((id, keeper, replies)) if *id == live.id => {
-                refresh(keeper, replies, end).await
-            }
+            Some((id, keeper, replies)) if *id == live.id => refresh(keeper, replies, end).await,
             _ => {
                 // Opening the stream sends the first keep-alive and reads
                 // its answer.
@@ -252,7 +253,12 @@ async fn refresh(
     if keeper.keep_alive().await.is_err() {
         return Refresh::Failed;
     }
-    match timeout(end.saturating_duration_since(Instant::now()), replies.message()).await {
+    match timeout(
+        end.saturating_duration_since(Instant::now()),
+        replies.message(),
+    )
+    .await
+    {
         Ok(Ok(Some(reply))) if reply.ttl() > 0 => Refresh::Alive,
         Ok(Ok(Some(_))) => Refresh::Gone,
         Ok(Err(e)) if lease_not_found(&e) => Refresh::Gone,
@@ -279,7 +285,10 @@ mod tests {
         for ms in [1u64, 999, 1000, 1001, 29_999, 86_400_000, 31_536_000_000] {
             let ttl = Duration::from_millis(ms);
             let secs = bucket_secs(ttl);
-            assert!(Duration::from_secs(secs) >= ttl + Duration::from_secs(1), "{ms}");
+            assert!(
+                Duration::from_secs(secs) >= ttl + Duration::from_secs(1),
+                "{ms}"
+            );
             assert!(secs <= ttl.as_secs() * 13 / 10 + 3, "{ms} -> {secs}");
         }
     }

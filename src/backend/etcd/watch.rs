@@ -67,7 +67,10 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         let subscribers = &self.stream.subscribers;
-        subscribers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
         let _ = self.stream.commands.send(Command::Cancel(self.id));
     }
 }
@@ -83,7 +86,9 @@ impl Watches {
         end: Instant,
     ) -> Result<Watch, LockError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut options = WatchOptions::new().with_start_revision(from).with_watch_id(id);
+        let mut options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_watch_id(id);
         if let Some(range_end) = range_end {
             options = options.with_range(range_end);
         }

@@ -331,3 +331,63 @@ async fn a_grant_whose_reply_was_lost_expires_at_its_ttl() {
         next.fence
     );
 }
+
+/// A waiter's queue entry that lands after its waiter left (its call's
+/// reply was lost, or the call was cancelled in flight and etcd applied it
+/// anyway) is never handed the lock: past its deadline (the waiter's max
+/// wait), a release skips it, deletes it, and hands the lock to the live
+/// waiter behind it at once. Without the deadline, the lock would go to
+/// nobody for the entry's whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_entry_landing_after_its_waiter_left_is_skipped() {
+    let cluster = EtcdCluster::start(1);
+    let backend = EtcdBackend::from_endpoints(cluster.endpoints()).unwrap();
+    let key = LockKey::global("late-entry").unwrap();
+    let held = backend
+        .acquire(&req("late-entry", "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    // The entry as a waiter's call writes it (module docs' key layout:
+    // `<ttl ms> <attempt> <deadline ms> <owner>`), its deadline passed.
+    let client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let lease = client.lease_client().grant(60, None).await.unwrap().id();
+    let e = key.encoded(512);
+    let entry = format!("tower-lock/{}:{e}/q/{:016x}", e.len(), 1u64);
+    let past = std::time::SystemTime::now() - Duration::from_secs(1);
+    let past_ms = past
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    client
+        .kv_client()
+        .put(
+            entry,
+            format!("60000 1 {past_ms} ghost"),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            backend
+                .acquire(&req("late-entry", "live", LONG, Duration::from_secs(10)))
+                .await
+        }
+    });
+    until_queued(&backend, &key, 2).await;
+    backend
+        .release(&key, Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    let lease = waiter
+        .await
+        .unwrap()
+        .expect("the live waiter gets the lock");
+    assert!(lease.fence > held.fence);
+    let status = backend.status(&key).await.unwrap().unwrap();
+    assert_eq!(status.owner, "live");
+    assert_eq!(status.waiters, 0, "the late entry was deleted");
+}

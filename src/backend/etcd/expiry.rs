@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -178,11 +179,47 @@ impl Expiries {
         }
     }
 
-    /// Timers armed (for tests).
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    /// Whether a timer is armed for `key` (an acquisition this process
+    /// knows it holds).
+    pub(super) fn tracks(&self, key: &[u8]) -> bool {
         let armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        armed.values().map(Vec::len).sum()
+        armed.get(key).is_some_and(|t| !t.is_empty())
+    }
+
+    /// At `deadline`, delete `key` if it still stores `value` (a flight's
+    /// result, no longer kept). Not tracked: nothing disarms it.
+    pub(super) fn arm_delete(
+        &self,
+        backend: &EtcdBackend,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        deadline: Instant,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = backend.clone();
+        runtime.spawn(async move {
+            sleep_until(deadline).await;
+            let mut pause = RETRY_FIRST;
+            loop {
+                let txn = Txn::new()
+                    .when([Compare::value(key.clone(), CompareOp::Equal, value.clone())])
+                    .and_then([TxnOp::delete(key.clone(), None)]);
+                match backend
+                    .shared
+                    .conn
+                    .txn("forgetting a flight result", txn, backend.deadline())
+                    .await
+                {
+                    Err(LockError::BackendUnavailable(_)) => {
+                        sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_MAX);
+                    }
+                    _ => return,
+                }
+            }
+        });
     }
 }
 

@@ -46,7 +46,11 @@ impl EtcdBackend {
         const WHAT: &str = "flight begin";
         let keys = self.keys(req.key());
         let end = self.deadline();
-        let lease = self.shared.leases.lease_for(&self.shared, req.ttl(), end).await?;
+        let lease = self
+            .shared
+            .leases
+            .lease_for(&self.shared, req.ttl(), end)
+            .await?;
         let holder_key = keys.holder(req.owner(), req.attempt());
         let result_key = keys.result();
         // First: no result at all; then: the stale result seen (unchanged).
@@ -68,7 +72,14 @@ impl EtcdBackend {
                 ]);
             let expiries = &self.shared.expiries;
             let deadline = at + req.ttl();
-            expiries.arm(self, req.key(), holder_key.clone(), value.clone(), None, deadline);
+            expiries.arm(
+                self,
+                req.key(),
+                holder_key.clone(),
+                value.clone(),
+                None,
+                deadline,
+            );
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             let rev = revision(&reply, WHAT)?;
             if reply.succeeded() {
@@ -91,7 +102,9 @@ impl EtcdBackend {
             let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
             if snapshot.holder.is_some() {
                 let seen = result.map_or(0, |(seq, _, _)| seq);
-                return self.flight_wait(req.key(), result_key, seen, rev, end).await;
+                return self
+                    .flight_wait(req.key(), result_key, seen, rev, end)
+                    .await;
             }
             if snapshot.head.is_some() {
                 self.adopt_orphan(&keys, snapshot, end).await?;
@@ -100,7 +113,9 @@ impl EtcdBackend {
             // Free, with a result no longer fresh: lead, if that result is
             // still the newest.
             no_newer = match stored {
-                Some(kv) => Compare::mod_revision(result_key.clone(), CompareOp::Equal, kv.mod_revision()),
+                Some(kv) => {
+                    Compare::mod_revision(result_key.clone(), CompareOp::Equal, kv.mod_revision())
+                }
                 None => Compare::version(result_key.clone(), CompareOp::Equal, 0),
             };
         }
@@ -156,10 +171,13 @@ impl EtcdBackend {
         let txn = Txn::new().and_then([TxnOp::get(keys.result(), None)]);
         let reply = self.shared.conn.txn(WHAT, txn, self.deadline()).await?;
         let stored = kvs_at(&reply, 0, WHAT)?;
-        Ok(stored.first().and_then(decode).map(|(seq, _, bytes)| FlightResult {
-            seq,
-            value: bytes.into(),
-        }))
+        Ok(stored
+            .first()
+            .and_then(decode)
+            .map(|(seq, _, bytes)| FlightResult {
+                seq,
+                value: bytes.into(),
+            }))
     }
 
     pub(super) async fn flight_publish_inner(
@@ -171,18 +189,16 @@ impl EtcdBackend {
         const WHAT: &str = "flight publish";
         let keys = self.keys(key);
         let end = self.deadline();
-        // The result's own lease ends when it is no longer kept (etcd
-        // counts whole seconds: rounded up).
+        // Kept by this process's timer until `keep` ends, on its lease as
+        // the backstop (as a lock's TTL), so that a publish is one
+        // transaction, as a release.
         let keep = publish.keep.max(publish.result_ttl).min(MAX_TTL);
-        let secs = i64::try_from(ceil_ms(keep).div_ceil(1000).max(1)).unwrap_or(i64::MAX);
         let lease = self
             .shared
-            .conn
-            .call("granting an etcd lease", end, |c| async move {
-                c.lease_client().grant(secs, None).await
-            })
-            .await?
-            .id();
+            .leases
+            .lease_for(&self.shared, keep, end)
+            .await?;
+        let kept_until = Instant::now() + keep;
         let now_ms = unix_ms(SystemTime::now());
         let fresh_ms = if publish.result_ttl.is_zero() {
             0
@@ -191,14 +207,22 @@ impl EtcdBackend {
         };
         let mut value = format!("{} {fresh_ms}\n", publish.fence).into_bytes();
         value.extend_from_slice(&publish.value);
-        let store = TxnOp::put(keys.result(), value, Some(PutOptions::new().with_lease(lease)));
+        let store = TxnOp::put(
+            keys.result(),
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        // Armed before it is sent (it may land with its reply lost); it
+        // deletes only this very result.
+        let expiries = &self.shared.expiries;
+        expiries.arm_delete(self, keys.result(), value, kept_until);
         let (start, stop) = keys.owner_holders(owner);
         let txn = Txn::new()
-            .when([keys.held_by(owner, Some(publish.fence)), keys.nobody_queued()])
-            .and_then([
-                store.clone(),
-                delete_range(start.clone(), stop.clone()),
+            .when([
+                keys.held_by(owner, Some(publish.fence)),
+                keys.nobody_queued(),
             ])
+            .and_then([store.clone(), delete_range(start.clone(), stop.clone())])
             .or_else([keys.get_holder(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {

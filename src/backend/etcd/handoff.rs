@@ -66,11 +66,9 @@ pub(super) enum Giving<'a> {
 impl Giving<'_> {
     fn condition(&self, keys: &LockKeys) -> Compare {
         match *self {
-            Giving::Fence(key, fence) => Compare::create_revision(
-                key,
-                CompareOp::Equal,
-                i64::try_from(fence).unwrap_or(-1),
-            ),
+            Giving::Fence(key, fence) => {
+                Compare::create_revision(key, CompareOp::Equal, i64::try_from(fence).unwrap_or(-1))
+            }
             Giving::Value(key, value) => Compare::value(key, CompareOp::Equal, value),
             Giving::Free => keys.free(),
         }
@@ -157,9 +155,10 @@ impl EtcdBackend {
                 continue;
             };
             let new_key = keys.holder(&head.value.owner, head.value.attempt);
-            if from.key() == Some(new_key.as_slice()) {
+            if from.key() == Some(new_key.as_slice()) || head.value.is_past() {
                 // The same acquisition queued behind itself (a retry whose
-                // reply was lost): not a waiter to hand to.
+                // reply was lost), or a waiter whose max wait is over: not
+                // a waiter to hand to.
                 self.drop_waiter(keys, &head, end).await?;
                 snapshot = self.snapshot(keys, end).await?;
                 continue;

@@ -94,7 +94,9 @@ impl LockKeys {
 
     /// Owner and attempt of a holder key of this lock.
     pub(super) fn parse_holder<'k>(&self, key: &'k [u8]) -> Option<(&'k str, u64)> {
-        let tail = key.strip_prefix(self.base.as_slice())?.strip_prefix(b"h/")?;
+        let tail = key
+            .strip_prefix(self.base.as_slice())?
+            .strip_prefix(b"h/")?;
         let (owner, attempt) = std::str::from_utf8(tail).ok()?.rsplit_once(' ')?;
         Some((owner, attempt.parse().ok()?))
     }
@@ -156,7 +158,10 @@ impl LockKeys {
     /// Count the waiters.
     pub(super) fn count_queue(&self) -> TxnOp {
         let (start, end) = self.queue();
-        TxnOp::get(start, Some(GetOptions::new().with_range(end).with_count_only()))
+        TxnOp::get(
+            start,
+            Some(GetOptions::new().with_range(end).with_count_only()),
+        )
     }
 }
 
@@ -237,20 +242,32 @@ impl HolderValue {
     }
 }
 
-/// What a waiter key stores: `"<ttl ms> <attempt> <owner>"`, then `\n` and
-/// the metadata's JSON when there is some: everything a release needs to
-/// hand the lock to it.
+/// What a waiter key stores: `"<ttl ms> <attempt> <deadline ms> <owner>"`,
+/// then `\n` and the metadata's JSON when there is some: everything a
+/// release needs to hand the lock to it. Past its deadline (its max wait,
+/// by its process's clock) an entry is skipped: its waiter has given up,
+/// or its process is gone, or it was written by a call whose reply never
+/// came and landed after the waiter left.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct WaiterValue {
     pub(super) ttl_ms: u64,
     pub(super) attempt: u64,
+    pub(super) deadline_ms: u64,
     pub(super) owner: String,
     pub(super) metadata: Option<LockMetadata>,
 }
 
 impl WaiterValue {
+    /// Whether its max wait is over, by this process's clock.
+    pub(super) fn is_past(&self) -> bool {
+        self.deadline_ms <= unix_ms(SystemTime::now())
+    }
+
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = format!("{} {} {}", self.ttl_ms, self.attempt, self.owner);
+        let mut out = format!(
+            "{} {} {} {}",
+            self.ttl_ms, self.attempt, self.deadline_ms, self.owner
+        );
         if let Some(m) = &self.metadata {
             out.push('\n');
             out.push_str(m.as_json());
@@ -264,13 +281,15 @@ impl WaiterValue {
             Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
             None => (text, None),
         };
-        let mut fields = head.splitn(3, ' ');
+        let mut fields = head.splitn(4, ' ');
         let ttl_ms = fields.next()?.parse().ok()?;
         let attempt = fields.next()?.parse().ok()?;
+        let deadline_ms = fields.next()?.parse().ok()?;
         let owner = fields.next()?.to_owned();
         Some(WaiterValue {
             ttl_ms,
             attempt,
+            deadline_ms,
             owner,
             metadata,
         })
@@ -326,7 +345,7 @@ impl HeldKey {
 /// Whole milliseconds, rounded up.
 pub(super) fn ceil_ms(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let ms = if d.subsec_nanos() % 1_000_000 == 0 {
+    let ms = if d.subsec_nanos().is_multiple_of(1_000_000) {
         ms
     } else {
         ms + 1
@@ -366,6 +385,7 @@ mod tests {
         let w = WaiterValue {
             ttl_ms: 30_000,
             attempt: 9,
+            deadline_ms: 1_795_000_000_000,
             owner: "o-1".into(),
             metadata: Some(meta),
         };

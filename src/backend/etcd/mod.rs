@@ -77,6 +77,7 @@ mod flight;
 mod handoff;
 mod keys;
 mod leases;
+mod lookup;
 mod ops;
 mod wait;
 mod watch;
@@ -306,7 +307,9 @@ fn check_endpoint(endpoint: &str) -> Result<String, LockError> {
     if ok {
         Ok(endpoint.to_owned())
     } else {
-        Err(config_error("an endpoint must be host:port or http(s)://host:port"))
+        Err(config_error(
+            "an endpoint must be host:port or http(s)://host:port",
+        ))
     }
 }
 
@@ -425,7 +428,10 @@ mod tests {
             .index_owners(true)
             .user("u", "secret-pw");
         assert_eq!(b.get_endpoints(), ["127.0.0.1:2379", "127.0.0.2:2379"]);
-        assert_eq!((b.get_prefix(), b.get_op_timeout()), ("app/", Duration::from_millis(300)));
+        assert_eq!(
+            (b.get_prefix(), b.get_op_timeout()),
+            ("app/", Duration::from_millis(300))
+        );
         assert!(b.get_index_owners());
         assert!(!format!("{b:?}").contains("secret-pw"));
         assert!(EtcdBackend::from_url("etcd://").is_err());

@@ -5,16 +5,15 @@
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::conn::bad_reply;
 use super::handoff::{Giving, Passed, Snapshot, delete_range};
-use super::keys::{HeldKey, HolderValue, LockKeys, WaiterValue, ceil_ms, index_range};
-use crate::backend::{HeldBy, Holder, Lease, LockStatus};
+use super::keys::{HeldKey, HolderValue, LockKeys, WaiterValue, ceil_ms};
+use crate::backend::{Holder, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, owners_match, validate_ttl};
@@ -47,7 +46,11 @@ pub(super) fn revision(reply: &TxnResponse, what: &str) -> Result<i64, LockError
 }
 
 /// The key-values of read `at` of a transaction's reply.
-pub(super) fn kvs_at(reply: &TxnResponse, at: usize, what: &str) -> Result<Vec<KeyValue>, LockError> {
+pub(super) fn kvs_at(
+    reply: &TxnResponse,
+    at: usize,
+    what: &str,
+) -> Result<Vec<KeyValue>, LockError> {
     match reply.op_responses().into_iter().nth(at) {
         Some(TxnOpResponse::Get(mut get)) => Ok(get.take_kvs()),
         _ => Err(bad_reply(what)),
@@ -70,10 +73,15 @@ impl EtcdBackend {
         req: &AcquireRequest,
         keys: &LockKeys,
         queue: Option<u64>,
+        wait_until: Option<SystemTime>,
         end: Instant,
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
-        let lease = self.shared.leases.lease_for(&self.shared, req.ttl(), end).await?;
+        let lease = self
+            .shared
+            .leases
+            .lease_for(&self.shared, req.ttl(), end)
+            .await?;
         let holder_key = keys.holder(req.owner(), req.attempt());
         loop {
             let (now, at) = (SystemTime::now(), Instant::now());
@@ -95,6 +103,7 @@ impl EtcdBackend {
                 let waiter = WaiterValue {
                     ttl_ms: ceil_ms(req.ttl()),
                     attempt: req.attempt(),
+                    deadline_ms: crate::time::unix_ms(wait_until.unwrap_or(now)),
                     owner: req.owner().to_owned(),
                     metadata: req.metadata().cloned(),
                 };
@@ -120,7 +129,14 @@ impl EtcdBackend {
             // it must still expire on time.
             let expiries = &self.shared.expiries;
             let deadline = at + req.ttl();
-            expiries.arm(self, req.key(), holder_key.clone(), value.clone(), None, deadline);
+            expiries.arm(
+                self,
+                req.key(),
+                holder_key.clone(),
+                value.clone(),
+                None,
+                deadline,
+            );
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             let rev = revision(&reply, WHAT)?;
             if reply.succeeded() {
@@ -145,10 +161,7 @@ impl EtcdBackend {
                 Some(h) if h.key == holder_key => {
                     // A retry of our own acquisition: same fence, TTL
                     // refreshed (and the entry it just made dropped).
-                    if let Some(lease) = self
-                        .refresh(req, &h, lease, queued.as_ref(), end)
-                        .await?
-                    {
+                    if let Some(lease) = self.refresh(req, &h, lease, queued.as_ref(), end).await? {
                         return Ok(Attempt::Acquired(lease));
                     }
                 }
@@ -201,18 +214,28 @@ impl EtcdBackend {
         if let Some(q) = queued {
             ops.push(TxnOp::delete(q.entry.clone(), None));
         }
-        let txn = Txn::new()
-            .when([fence_is(&h.key, h.fence)])
-            .and_then(ops);
+        let txn = Txn::new().when([fence_is(&h.key, h.fence)]).and_then(ops);
         let expiries = &self.shared.expiries;
-        expiries.arm(self, req.key(), h.key.clone(), value.clone(), Some(h.fence), at + req.ttl());
+        expiries.arm(
+            self,
+            req.key(),
+            h.key.clone(),
+            value.clone(),
+            Some(h.fence),
+            at + req.ttl(),
+        );
         let reply = self.shared.conn.txn("acquire (retry)", txn, end).await?;
         if !reply.succeeded() {
             expiries.disarm_value(&h.key, &value);
             return Ok(None);
         }
         expiries.disarm_others(&h.key, &value);
-        Ok(Some(Lease::new(h.fence, h.value.acquired_at(), now, req.ttl())))
+        Ok(Some(Lease::new(
+            h.fence,
+            h.value.acquired_at(),
+            now,
+            req.ttl(),
+        )))
     }
 
     pub(super) async fn release_inner(
@@ -229,7 +252,10 @@ impl EtcdBackend {
             ops.push(TxnOp::delete(keys.index(holder.owner()), None));
         }
         let txn = Txn::new()
-            .when([keys.held_by(holder.owner(), holder.fence()), keys.nobody_queued()])
+            .when([
+                keys.held_by(holder.owner(), holder.fence()),
+                keys.nobody_queued(),
+            ])
             .and_then(ops)
             .or_else([keys.get_holder(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
@@ -303,7 +329,14 @@ impl EtcdBackend {
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
             let expiries = &self.shared.expiries;
-            expiries.arm(self, key, holder_key.clone(), value.clone(), Some(fence), at + ttl);
+            expiries.arm(
+                self,
+                key,
+                holder_key.clone(),
+                value.clone(),
+                Some(fence),
+                at + ttl,
+            );
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             if reply.succeeded() {
                 expiries.disarm_others(&holder_key, &value);
@@ -342,14 +375,25 @@ impl EtcdBackend {
         if owners_match(&h.owner, holder.owner()) && h.attempt == attempt {
             // Claimed already by this very call (a repeat after a lost
             // reply): the same answer.
-            expiries.arm(self, key, h.key.clone(), h.raw_value.clone(), Some(h.fence), deadline);
+            expiries.arm(
+                self,
+                key,
+                h.key.clone(),
+                h.raw_value.clone(),
+                Some(h.fence),
+                deadline,
+            );
             return Ok(lease_of(&h, h.fence));
         }
         if !holder.matches(&h.owner, h.fence) || h.fence != fence {
             return Err(LockError::OwnershipMismatch);
         }
         let remaining = h.value.remaining().max(Duration::from_millis(1));
-        let lease = self.shared.leases.lease_for(&self.shared, remaining, end).await?;
+        let lease = self
+            .shared
+            .leases
+            .lease_for(&self.shared, remaining, end)
+            .await?;
         let new_key = keys.holder(holder.owner(), attempt);
         let txn = Txn::new()
             .when([fence_is(&h.key, h.fence)])
@@ -362,7 +406,14 @@ impl EtcdBackend {
                 ),
             ])
             .or_else([keys.get_holder()]);
-        expiries.arm(self, key, new_key.clone(), h.raw_value.clone(), None, deadline);
+        expiries.arm(
+            self,
+            key,
+            new_key.clone(),
+            h.raw_value.clone(),
+            None,
+            deadline,
+        );
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if !reply.succeeded() {
             expiries.disarm_value(&new_key, &h.raw_value);
@@ -374,110 +425,6 @@ impl EtcdBackend {
         let fence = u64::try_from(revision(&reply, WHAT)?).map_err(|_| bad_reply(WHAT))?;
         expiries.landed(&new_key, &h.raw_value, fence);
         Ok(lease_of(&h, fence))
-    }
-
-    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
-        let keys = self.keys(key);
-        let end = self.deadline();
-        loop {
-            let snapshot = self.snapshot(&keys, end).await?;
-            let Some(h) = snapshot.holder.clone() else {
-                self.adopt_orphan(&keys, snapshot, end).await?;
-                return Ok(false);
-            };
-            let from = Giving::Fence(&h.key, h.fence);
-            if let Passed::Done(_) = self.pass_on(&keys, snapshot, from, &[], end).await? {
-                self.shared.expiries.disarm_range(&h.key, &after(&h.key));
-                return Ok(true);
-            }
-        }
-    }
-
-    pub(super) async fn status_inner(
-        &self,
-        key: &LockKey,
-    ) -> Result<Option<LockStatus>, LockError> {
-        const WHAT: &str = "status";
-        let keys = self.keys(key);
-        let end = self.deadline();
-        for _ in 0..3 {
-            // Read-only: a linearizable read, no Raft write.
-            let txn = Txn::new().and_then([keys.get_holder(), keys.count_queue()]);
-            let reply = self.shared.conn.txn(WHAT, txn, end).await?;
-            let waiters = match reply.op_responses().get(1) {
-                Some(TxnOpResponse::Get(get)) => usize::try_from(get.count()).unwrap_or(0),
-                _ => return Err(bad_reply(WHAT)),
-            };
-            let holder = match kvs_at(&reply, 0, WHAT)?.first() {
-                None => None,
-                Some(kv) => Some(HeldKey::from_kv(&keys, kv).ok_or_else(|| bad_reply(WHAT))?),
-            };
-            match holder {
-                Some(h) => {
-                    let v = &h.value;
-                    let status =
-                        LockStatus::new(h.owner, h.fence, v.acquired_at(), v.expires_at(), v.remaining())
-                            .with_waiters(waiters)
-                            .with_metadata(v.metadata.clone());
-                    return Ok(Some(status));
-                }
-                None if waiters == 0 => return Ok(None),
-                None => {
-                    // The holder's lease ran out with waiters queued: the
-                    // lock is theirs, not free. Hand it to the oldest.
-                    let snapshot = self.snapshot(&keys, end).await?;
-                    self.adopt_orphan(&keys, snapshot, end).await?;
-                }
-            }
-        }
-        Err(super::conn::timed_out("reading an etcd lock"))
-    }
-
-    pub(super) async fn held_by_inner(
-        &self,
-        owner: &str,
-        limit: usize,
-    ) -> Result<Vec<HeldBy>, LockError> {
-        const WHAT: &str = "lookup by owner";
-        if !self.index_owners {
-            return Err(LockError::Unsupported(
-                "lookups by owner need the owner index (EtcdBackend::index_owners)",
-            ));
-        }
-        let end = self.deadline();
-        let (start, stop) = index_range(&self.prefix, owner);
-        let txn = Txn::new().and_then([TxnOp::get(start, Some(GetOptions::new().with_range(stop)))]);
-        let reply = self.shared.conn.txn(WHAT, txn, end).await?;
-        let entries = kvs_at(&reply, 0, WHAT)?;
-        let mut found = Vec::new();
-        let mut stale = Vec::new();
-        for kv in entries {
-            let lock = std::str::from_utf8(kv.value()).ok().and_then(LockKey::from_encoded);
-            let status = match &lock {
-                Some(lock) => self.status_inner(lock).await?,
-                None => None,
-            };
-            match (lock, status) {
-                (Some(lock), Some(s)) if owners_match(&s.owner, owner) => {
-                    found.push(HeldBy::new(lock, s));
-                }
-                _ => stale.push(kv),
-            }
-        }
-        for kv in stale {
-            // Only if still the entry read (a new acquisition rewrote it).
-            let txn = Txn::new()
-                .when([etcd_client::Compare::mod_revision(
-                    kv.key(),
-                    etcd_client::CompareOp::Equal,
-                    kv.mod_revision(),
-                )])
-                .and_then([TxnOp::delete(kv.key(), None)]);
-            let _ = self.shared.conn.txn(WHAT, txn, end).await;
-        }
-        found.sort_by(|a, b| a.key.cmp(&b.key));
-        found.truncate(limit);
-        Ok(found)
     }
 }
 

@@ -69,7 +69,10 @@ impl EtcdBackend {
         let start = Instant::now();
         let keys = self.keys(req.key());
         if req.max_wait().is_zero() {
-            return match self.attempt(req, &keys, None, self.deadline()).await? {
+            return match self
+                .attempt(req, &keys, None, None, self.deadline())
+                .await?
+            {
                 Attempt::Acquired(lease) => Ok(lease),
                 Attempt::Busy { retry_after, .. } => Err(LockError::AcquisitionFailed {
                     retry_after: Some(retry_after),
@@ -86,6 +89,7 @@ impl EtcdBackend {
             keys: &keys,
             req,
             entry: None,
+            until: std::time::SystemTime::now() + req.max_wait().min(MAX_TTL),
         };
         let mut place = match self.join(&mut guard, hard_end).await? {
             Attempt::Acquired(lease) => return Ok(lease),
@@ -178,11 +182,18 @@ impl EtcdBackend {
     /// An attempt that queues when busy, under a fresh entry id, which the
     /// guard knows before it is sent: an entry made by an attempt whose
     /// reply never came still leaves the queue.
-    async fn join(&self, guard: &mut WaitGuard<'_>, hard_end: Instant) -> Result<Attempt, LockError> {
+    async fn join(
+        &self,
+        guard: &mut WaitGuard<'_>,
+        hard_end: Instant,
+    ) -> Result<Attempt, LockError> {
         let end = (Instant::now() + self.op_timeout).min(hard_end);
         let id = crate::spec::new_attempt_id();
         guard.entry = Some(guard.keys.waiter(id));
-        let attempt = self.attempt(guard.req, guard.keys, Some(id), end).await?;
+        let until = Some(guard.until);
+        let attempt = self
+            .attempt(guard.req, guard.keys, Some(id), until, end)
+            .await?;
         if let Attempt::Acquired(_) = attempt {
             // Taken at once: no entry was made.
             guard.entry = None;
@@ -336,6 +347,8 @@ struct WaitGuard<'a> {
     keys: &'a LockKeys,
     req: &'a AcquireRequest,
     entry: Option<Vec<u8>>,
+    /// The entry's deadline (the max wait's end).
+    until: SystemTime,
 }
 
 /// First and largest pause between attempts to leave the queue.
@@ -356,16 +369,24 @@ impl Drop for WaitGuard<'_> {
         let keys = self.keys.clone();
         let owner = self.req.owner().to_owned();
         let mine = keys.holder(&owner, self.req.attempt());
+        let until = self.until;
         runtime.spawn(async move {
-            let mut pause = LEAVE_RETRY_FIRST;
-            loop {
-                match backend.leave(&keys, &owner, &entry, &mine).await {
-                    Err(LockError::BackendUnavailable(e)) => {
-                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
-                        sleep(pause).await;
-                        pause = (pause * 2).min(LEAVE_RETRY_MAX);
-                    }
-                    _ => return,
+            // Now, and once more when the entry's deadline has passed: the
+            // last call may still land after the first leave (its reply was
+            // lost, or it was cancelled in flight) and queue the entry
+            // again; from the deadline on, no hand-off goes to it.
+            for round in 0..2 {
+                if round == 1 {
+                    let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                    sleep(left + Duration::from_millis(10)).await;
+                }
+                let mut pause = LEAVE_RETRY_FIRST;
+                while let Err(LockError::BackendUnavailable(e)) =
+                    backend.leave(&keys, &owner, &entry, &mine).await
+                {
+                    tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
+                    sleep(pause).await;
+                    pause = (pause * 2).min(LEAVE_RETRY_MAX);
                 }
             }
         });
@@ -389,7 +410,9 @@ impl EtcdBackend {
         let Some(h) = snapshot.holder.clone() else {
             return Ok(());
         };
-        if h.key != mine {
+        // Not ours, or an acquisition of the same owner and attempt this
+        // process knows it holds (a retry of the same request).
+        if h.key != mine || self.shared.expiries.tracks(&h.key) {
             return Ok(());
         }
         let (start, stop) = (h.key.clone(), super::ops::after(&h.key));

@@ -31,6 +31,8 @@ TEST_CMD = [
     "cargo", "test", "--all-features", "-q", "--no-fail-fast",
     "--lib", "--test", "behaviour", "--test", "redis_backend", "--test", "smoke",
     "--test", "stacking", "--test", "postgres_backend",
+    # etcd (the behaviour suite runs on etcd too): faults and late replies.
+    "--test", "etcd_failover",
 ]
 TIMEOUT_S = 600
 
@@ -202,6 +204,23 @@ MUTANTS = [
     ("watchdog-ignores-lost-renewal", "src/watchdog/mod.rs",
      "                        e.signal.mark_lost();\n                        state.entries.remove(id);\n                    }\n                    Err(err) => {",
      "                        state.entries.remove(id);\n                    }\n                    Err(err) => {"),
+    # etcd (feature `etcd`): caught by the behaviour suite's etcd instance
+    # and tests/etcd_failover.rs.
+    ("etcd-acquire-barges-past-the-queue", "src/backend/etcd/ops.rs",
+     "                .when([keys.free(), keys.nobody_queued()])",
+     "                .when([keys.free()])"),
+    ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
+     "                keys.held_by(holder.owner(), holder.fence()),\n                keys.nobody_queued(),\n",
+     "                keys.held_by(holder.owner(), holder.fence()),\n"),
+    ("etcd-hand-off-to-a-waiter-past-its-deadline", "src/backend/etcd/handoff.rs",
+     "if from.key() == Some(new_key.as_slice()) || head.value.is_past() {",
+     "if from.key() == Some(new_key.as_slice()) {"),
+    ("etcd-ttl-kept-by-the-lease-only", "src/backend/etcd/expiry.rs",
+     "            deadline,\n        ));\n        let mut armed",
+     "            deadline + std::time::Duration::from_secs(3600),\n        ));\n        let mut armed"),
+    ("etcd-flight-result-kept-until-its-lease-ends", "src/backend/etcd/flight.rs",
+     "        expiries.arm_delete(self, keys.result(), value, kept_until);",
+     "        let _ = (value, kept_until);"),
 ]
 
 

@@ -137,6 +137,21 @@ pub async fn child_main() {
         return;
     };
     let child: Child = serde_json::from_str(&json).expect("child config");
+    // CHAOS_TRACE_DIR: the backend's debug events of each client process, in
+    // a file of its own (for a schedule that failed).
+    if let Ok(dir) = std::env::var("CHAOS_TRACE_DIR") {
+        let path = std::path::Path::new(&dir).join(format!(
+            "s{}-p{}.log",
+            child.client.seed, child.client.process
+        ));
+        if let Ok(file) = std::fs::File::create(path) {
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .with_env_filter(tracing_subscriber::EnvFilter::new("tower_lock=debug"))
+                .try_init();
+        }
+    }
     let log = Log::new(child.client.process);
     let backend = backend(
         &child.backend,

@@ -209,6 +209,10 @@ async fn scenario(fault: Fault) {
         all.windows(2).all(|w| w[0] < w[1]),
         "{fault:?}: fences {all:?}"
     );
+    eprintln!(
+        "FAULT {fault:?}: grant kept (holder fence {}, a newcomer refused), fences after it {fences:?}",
+        lease.fence
+    );
     cluster.wait_ready(Duration::from_secs(20)).unwrap();
 }
 
@@ -390,4 +394,63 @@ async fn a_queue_entry_landing_after_its_waiter_left_is_skipped() {
     let status = backend.status(&key).await.unwrap().unwrap();
     assert_eq!(status.owner, "live");
     assert_eq!(status.waiters, 0, "the late entry was deleted");
+}
+
+/// A holder whose lease ran out (its process died or stopped) with a
+/// waiter queued: the lock belongs to the waiter, not to a newcomer that
+/// finds it free first. The newcomer is refused and hands the lock to the
+/// oldest entry on its way (the waiter here is an entry only, as if its
+/// process were busy elsewhere: nothing else would take the lock for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_never_barges_past_the_queue_when_a_holders_lease_ran_out() {
+    let cluster = EtcdCluster::start(1);
+    let holder = EtcdBackend::from_endpoints(cluster.endpoints()).unwrap();
+    let newcomer = EtcdBackend::from_endpoints(cluster.endpoints()).unwrap();
+    let key = LockKey::global("orphan").unwrap();
+    holder
+        .acquire(&req("orphan", "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let e = key.encoded(512);
+    let base = format!("tower-lock/{}:{e}/", e.len());
+    // A waiter's entry (module docs' key layout), its max wait far ahead.
+    let lease = client.lease_client().grant(60, None).await.unwrap().id();
+    let until = std::time::SystemTime::now() + LONG;
+    let until_ms = until
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    client
+        .kv_client()
+        .put(
+            format!("{base}q/{:016x}", 1u64),
+            format!("60000 1 {until_ms} queued"),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    // The holder's process is gone: its lease runs out.
+    let held = client
+        .kv_client()
+        .get(
+            format!("{base}h/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let holder_lease = held.kvs().first().expect("the holder key").lease();
+    client.lease_client().revoke(holder_lease).await.unwrap();
+
+    let barged = newcomer
+        .acquire(&req("orphan", "newcomer", LONG, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(barged, Err(LockError::AcquisitionFailed { .. })),
+        "a newcomer took a lock with a waiter queued: {barged:?}"
+    );
+    let status = newcomer.status(&key).await.unwrap().expect("handed over");
+    assert_eq!(status.owner, "queued");
 }

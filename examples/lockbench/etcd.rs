@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use tower_lock::backend::{AcquireRequest, Holder};
-use tower_lock::{EtcdBackend, LockKey, SharedBackend};
+use tower_lock::{EtcdBackend, LockError, LockKey, SharedBackend};
 
 use super::args::{Api, Args, Workload};
 use super::locks::{LockCycle, Locker, err};
@@ -122,8 +122,9 @@ pub(crate) async fn run(
                 // The held keys are still held (until their TTL): the
                 // release check has a prefix of its own.
                 let started = Instant::now();
-                lock_and_release(&backend(RELEASE_PREFIX)?, HELD_ETCD).await?;
+                let unavailable = lock_and_release(&backend(RELEASE_PREFIX)?, HELD_ETCD).await?;
                 r.put("release_check_keys", HELD_ETCD);
+                r.put("release_check_unavailable", unavailable);
                 r.put("release_check_s", round(started.elapsed().as_secs_f64(), 3));
                 r.put(
                     "release_check_keys_after",
@@ -140,32 +141,46 @@ pub(crate) async fn run(
     Ok(r)
 }
 
-/// Lock `n` fresh keys and release each (32 tasks).
-async fn lock_and_release(backend: &SharedBackend, n: usize) -> Result<(), String> {
+/// Lock `n` fresh keys and release each (32 tasks); the calls that failed
+/// with `503` (tried again, the same acquisition: a retry of a grant whose
+/// reply was lost gets the same lock back).
+async fn lock_and_release(backend: &SharedBackend, n: usize) -> Result<usize, String> {
     let next = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..PARALLEL)
         .map(|_| {
             let (backend, next) = (backend.clone(), next.clone());
             tokio::spawn(async move {
+                let mut unavailable = 0;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= n {
-                        return Ok::<(), String>(());
+                        return Ok::<usize, String>(unavailable);
                     }
                     let key = LockKey::global(format!("r:{i}")).map_err(err)?;
                     let owner = uuid::Uuid::new_v4().to_string();
                     let req = AcquireRequest::new(key, owner, TTL, Duration::ZERO).map_err(err)?;
-                    let lease = backend.acquire(&req).await.map_err(err)?;
+                    let lease = loop {
+                        match backend.acquire(&req).await {
+                            Err(LockError::BackendUnavailable(_)) => unavailable += 1,
+                            other => break other.map_err(err)?,
+                        }
+                    };
                     let holder = Holder::new(req.owner(), lease.fence);
-                    backend.release(req.key(), holder).await.map_err(err)?;
+                    loop {
+                        match backend.release(req.key(), holder).await {
+                            Err(LockError::BackendUnavailable(_)) => unavailable += 1,
+                            other => break other.map_err(err)?,
+                        }
+                    }
                 }
             })
         })
         .collect();
+    let mut unavailable = 0;
     for t in tasks {
-        t.await.map_err(err)??;
+        unavailable += t.await.map_err(err)??;
     }
-    Ok(())
+    Ok(unavailable)
 }
 
 async fn delete_prefix(client: &Client, prefix: &str) -> Result<(), String> {

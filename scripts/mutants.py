@@ -33,6 +33,8 @@ TEST_CMD = [
     "--test", "stacking", "--test", "postgres_backend", "--test", "postgres_races",
     # min_replicas and one slow shard (issue 27): a replica, a cluster.
     "--test", "redis_replicas", "--test", "redis_cluster_stall",
+    # etcd (the behaviour suite runs on etcd too): faults and late replies.
+    "--test", "etcd_failover",
 ]
 # MUTANTS_TESTS narrows the run to some test targets ("behaviour postgres_races"),
 # for a subset of mutants whose tests are known (the default runs them all).
@@ -45,13 +47,13 @@ TIMEOUT_S = 600
 MUTANTS = [
     # The API pass (issue 26): tests/api.rs and tests/retry_after.rs
     # (MUTANTS_TESTS="api retry_after" scripts/mutants.py api26).
-    ("api26-retry-estimate-not-used", "src/retry.rs",
+    ("api26-retry-estimate-not-used", "src/layer/retry.rs",
      "(Some(e), Some(r)) => Some(e.min(r)),",
      "(Some(_), Some(r)) => Some(r),"),
     ("api26-hold-times-not-recorded", "src/lock/release.rs",
      "policy.record(since.elapsed());",
      "let _ = (policy, since);"),
-    ("api26-no-lock-named-not-marked", "src/service.rs",
+    ("api26-no-lock-named-not-marked", "src/layer/service.rs",
      "req.extensions_mut().insert(NoLockNamed);",
      "let _ = NoLockNamed;"),
     ("api26-flight-ignores-rejection-hook", "src/flight/service.rs",
@@ -165,8 +167,8 @@ MUTANTS = [
      "        if let Some(key) = key {",
      "        if let Some(key) = key.filter(|_| false) {"),
     ("postgres-claimed-grant-passed-on", "src/backend/postgres/functions.sql",
-     "SET expires_at = v_now + v_ttl, granted_to = NULL",
-     "SET expires_at = v_now + v_ttl"),
+     "SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL",
+     "SET expires_at = clock_timestamp() + v_ttl"),
     ("postgres-hand-off-trusts-a-vanished-entry", "src/backend/postgres/functions.sql",
      "    CONTINUE WHEN NOT FOUND;",
      "    IF NOT FOUND THEN\n      fence := NULL;\n      RETURN;\n    END IF;"),
@@ -344,6 +346,23 @@ MUTANTS = [
     ("flight-postgres-result-kept-without-waiters", "src/backend/postgres/flight.sql",
      "      v_keep_ms := p_fresh_ms;",
      "      v_keep_ms := p_keep_ms;"),
+    # etcd (feature `etcd`): caught by the behaviour suite's etcd instance
+    # and tests/etcd_failover.rs.
+    ("etcd-acquire-barges-past-the-queue", "src/backend/etcd/ops.rs",
+     "                .when([keys.free(), keys.nobody_queued()])",
+     "                .when([keys.free()])"),
+    ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
+     "                keys.held_by(holder.owner(), holder.fence()),\n                keys.nobody_queued(),\n",
+     "                keys.held_by(holder.owner(), holder.fence()),\n"),
+    ("etcd-hand-off-to-a-waiter-past-its-deadline", "src/backend/etcd/handoff.rs",
+     "if from.key() == Some(new_key.as_slice()) || head.value.is_past() {",
+     "if from.key() == Some(new_key.as_slice()) {"),
+    ("etcd-ttl-kept-by-the-lease-only", "src/backend/etcd/expiry.rs",
+     "            deadline,\n        ));\n        let mut armed",
+     "            deadline + std::time::Duration::from_secs(3600),\n        ));\n        let mut armed"),
+    ("etcd-flight-result-kept-until-its-lease-ends", "src/backend/etcd/flight.rs",
+     "        expiries.arm_delete(self, keys.result(), value, kept_until);",
+     "        let _ = (value, kept_until);"),
 ]
 
 

@@ -20,6 +20,11 @@ have_initdb() {
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 }
 have_initdb || missing+=(postgresql)
+# etcd for the etcd backend's tests (they start private 3-member clusters:
+# Debian's `etcd-server` provides `etcd`), and protoc, which etcd-client's
+# build runs on etcd's .proto files (Debian: `protobuf-compiler`).
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)

@@ -50,6 +50,9 @@
 //! - `PostgresBackend` (feature `postgres`, off by default): shared through
 //!   the PostgreSQL database the app already has, on `tokio-postgres` and
 //!   `deadpool-postgres`.
+//! - `EtcdBackend` (feature `etcd`, off by default): grants decided by an
+//!   etcd cluster's Raft consensus, on `etcd-client`: a lock survives the
+//!   loss of a minority of its members and is never granted twice.
 //!
 //! All implement [`LockBackend`]; the same behavioural test suite runs
 //! against each.
@@ -89,6 +92,7 @@ pub mod flight;
     feature = "redis",
     feature = "redis-cluster",
     feature = "postgres",
+    feature = "etcd",
     feature = "admin",
     feature = "metrics"
 ))]
@@ -105,6 +109,8 @@ mod spec;
 mod time;
 mod watchdog;
 
+#[cfg(feature = "etcd")]
+pub use backend::etcd::EtcdBackend;
 pub use backend::memory::MemoryBackend;
 #[cfg(feature = "postgres")]
 pub use backend::postgres::PostgresBackend;

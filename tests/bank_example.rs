@@ -556,6 +556,73 @@ async fn three_processes_share_one_postgres() {
     .await;
 }
 
+/// Three bank processes on one etcd cluster (3 members), `--fenced`: every
+/// accepted deposit is counted exactly once in the final balance, every
+/// fence is distinct, every refusal is a `429` with `Retry-After`, and the
+/// released locks leave no key behind.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_etcd() {
+    within_timeout(async {
+        let cluster = common::etcd_cluster::EtcdCluster::start(3);
+        let endpoints = cluster.endpoints_arg();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--etcd", &endpoints, "--fenced"]))
+            .collect();
+        let clients: Vec<common::bank::Http> = banks.iter().map(Bank::http).collect();
+
+        let mut deposits = JoinSet::new();
+        for i in 0..120u64 {
+            let http = clients[i as usize % 3].clone();
+            let amount = i + 1;
+            let wait_ms = [0, 20, 200, 5_000][i as usize % 4];
+            deposits.spawn(async move {
+                let path =
+                    format!("/accounts/shared/deposit?amount={amount}&hold_ms=1&wait_ms={wait_ms}");
+                (amount, http.post(&path).await)
+            });
+        }
+        let (mut sum, mut accepted) = (0u64, 0);
+        let mut fences = Vec::new();
+        while let Some(done) = deposits.join_next().await {
+            let (amount, reply) = done.unwrap();
+            match reply.status {
+                StatusCode::OK => {
+                    sum += amount;
+                    accepted += 1;
+                    fences.push(reply.uint("fence"));
+                }
+                StatusCode::TOO_MANY_REQUESTS => {
+                    let retry_after: u64 = reply.headers[header::RETRY_AFTER]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .expect("Retry-After in whole seconds");
+                    assert!(retry_after >= 1);
+                }
+                other => panic!("{}: unexpected {other}: {}", reply.what, reply.json),
+            }
+        }
+        assert!(accepted > 0);
+        for http in &clients {
+            assert_eq!(
+                http.get("/accounts/shared").await.uint("balance"),
+                sum,
+                "the balance differs from the sum of accepted deposits: updates were lost"
+            );
+        }
+        fences.sort_unstable();
+        fences.dedup();
+        assert_eq!(fences.len(), accepted, "two deposits got the same fence");
+        assert_eq!(
+            cluster.count_prefix("tower-lock/"),
+            0,
+            "released locks left keys"
+        );
+    })
+    .await;
+}
+
 /// PostgreSQL goes away under a running bank: requests fail closed with
 /// `503 LOCK_BACKEND_UNAVAILABLE` (never waiting out their max wait, never
 /// running the handler unlocked), and the first request after the server is

@@ -5,6 +5,7 @@
 //! cargo run --release --example bank -- --listen 127.0.0.1:3001 --redis redis://127.0.0.1:6379
 //! cargo run --release --features postgres --example bank -- --postgres postgres://app:pw@127.0.0.1/app
 //! cargo run --release --features redis-cluster --example bank -- --redis-cluster redis://127.0.0.1:7000,redis://127.0.0.1:7001
+//! cargo run --release --features etcd --example bank -- --etcd http://127.0.0.1:2379,http://127.0.0.1:22379
 //! ```
 //!
 //! - `POST /accounts/{id}/deposit?amount=N[&hold_ms=M][&wait_ms=W][&ttl_ms=T]`
@@ -69,7 +70,9 @@
 //! or as soon as the database answers), so several bank processes can serve
 //! the same accounts. `--redis-cluster URL[,URL…]` (feature `redis-cluster`)
 //! does as `--redis` on a Redis Cluster: any of its nodes will do, and
-//! naming several lets the bank start while one is down.
+//! naming several lets the bank start while one is down. `--etcd
+//! URL[,URL…]` (feature `etcd`) keeps both in an etcd cluster (balances
+//! under `bank/balance/{id}`): name its members' client endpoints.
 //!
 //! Prints `listening on ADDR` (the bound address) once it accepts requests.
 
@@ -92,6 +95,7 @@ use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params};
 
 mod deposit;
+mod etcd_balances;
 mod metrics;
 mod pg_balances;
 mod redis_balances;
@@ -99,6 +103,7 @@ mod statement;
 mod store;
 
 use deposit::*;
+use etcd_balances::*;
 use metrics::*;
 use pg_balances::*;
 use redis_balances::*;
@@ -106,7 +111,7 @@ use statement::*;
 use store::*;
 
 const USAGE: &str =
-    "usage: bank [--listen ADDR] [--redis URL | --redis-cluster URL[,URL…] | --postgres URL] [--admin-token T] [--fenced] [--metrics]
+    "usage: bank [--listen ADDR] [--redis URL | --redis-cluster URL[,URL…] | --postgres URL | --etcd URL[,URL…]] [--admin-token T] [--fenced] [--metrics]
 
   --listen ADDR       address to listen on (default 127.0.0.1:3000; port 0 picks one)
   --redis URL         keep locks and balances in this Redis (e.g. redis://127.0.0.1:6379)
@@ -116,6 +121,9 @@ const USAGE: &str =
                       needs feature `redis-cluster`)
   --postgres URL      keep locks and balances in this PostgreSQL database
                       (e.g. postgres://user:password@127.0.0.1/bank; needs feature `postgres`)
+  --etcd URL[,URL…]   keep locks and balances in this etcd cluster, known by its members'
+                      client endpoints (e.g. http://127.0.0.1:2379,http://127.0.0.1:22379;
+                      needs feature `etcd`)
   --admin-token T     mount the lock admin API under /admin, for `Authorization: Bearer T`
   --fenced            refuse deposits whose lock is stale (fencing tokens checked by the store)
   --metrics           serve tower-lock's metrics at GET /metrics, Prometheus text format
@@ -137,7 +145,7 @@ const MAX_RESULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Upper bound on one balance read or write, so a hung store answers 503
 /// instead of keeping the request (and the account's lock) forever.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[tokio::main]
@@ -176,6 +184,7 @@ struct Args {
     redis: Option<String>,
     redis_cluster: Option<String>,
     postgres: Option<String>,
+    etcd: Option<String>,
     admin_token: Option<String>,
     fenced: bool,
     metrics: bool,
@@ -188,6 +197,7 @@ impl Args {
         let mut redis = None;
         let mut redis_cluster = None;
         let mut postgres = None;
+        let mut etcd = None;
         let mut admin_token = None;
         let mut fenced = None;
         let mut metrics = None;
@@ -220,6 +230,7 @@ impl Args {
                 "--redis" => &mut redis,
                 "--redis-cluster" => &mut redis_cluster,
                 "--postgres" => &mut postgres,
+                "--etcd" => &mut etcd,
                 "--admin-token" => &mut admin_token,
                 _ => return Err(format!("unknown argument `{arg}`")),
             };
@@ -237,11 +248,17 @@ impl Args {
         if redis_cluster.is_some() && (redis.is_some() || postgres.is_some()) {
             return Err("give --redis-cluster alone, without --redis or --postgres".to_owned());
         }
+        if etcd.is_some() && (redis.is_some() || redis_cluster.is_some() || postgres.is_some()) {
+            return Err(
+                "give --etcd alone, without --redis, --redis-cluster or --postgres".to_owned(),
+            );
+        }
         Ok(Some(Args {
             listen: listen.unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             redis,
             redis_cluster,
             postgres,
+            etcd,
             admin_token,
             fenced: fenced.unwrap_or(false),
             metrics: metrics.unwrap_or(false),
@@ -255,6 +272,9 @@ async fn run(args: Args) -> Result<(), String> {
         (None, Some(url)) => postgres_bank(url).await?,
         (None, None) if args.redis_cluster.is_some() => {
             redis_cluster_bank(args.redis_cluster.as_deref().unwrap_or_default()).await?
+        }
+        (None, None) if args.etcd.is_some() => {
+            etcd_bank(args.etcd.as_deref().unwrap_or_default()).await?
         }
         (None, None) => Bank {
             locks: SharedBackend::new(MemoryBackend::new()),
@@ -410,7 +430,10 @@ impl ApiError {
     }
 
     /// `503 STORE_UNAVAILABLE`.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+        allow(dead_code)
+    )]
     fn store(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -18,7 +18,7 @@ impl Bank {
             Err(e) if e.code == "STORE_UNAVAILABLE" => e,
             done => return done,
         };
-        #[cfg(any(feature = "redis", feature = "postgres"))]
+        #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
         {
             let deadline = tokio::time::Instant::now() + STORE_TIMEOUT;
             while tokio::time::Instant::now() < deadline {
@@ -62,6 +62,8 @@ pub(crate) enum Balances {
     Redis(RedisStore),
     #[cfg(feature = "postgres")]
     Postgres(postgres_store::Store),
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdStore),
 }
 
 impl Balances {
@@ -78,6 +80,8 @@ impl Balances {
             }
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.get(id).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.get(id).await,
         }
     }
 
@@ -95,6 +99,8 @@ impl Balances {
             }
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.set(id, balance).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.set(id, balance).await,
         }
     }
 }
@@ -110,6 +116,8 @@ impl Balances {
             Balances::Redis(store) => redis_fenced::read(store, id, fence).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.read_fenced(id, fence).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.read_fenced(id, fence).await,
         }
     }
 
@@ -129,6 +137,8 @@ impl Balances {
             Balances::Redis(store) => redis_fenced::write(store, id, balance, fence).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.write_fenced(id, balance, fence).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.write_fenced(id, balance, fence).await,
         }
     }
 
@@ -143,6 +153,8 @@ impl Balances {
             Balances::Redis(store) => redis_fenced::account(store, id).await,
             #[cfg(feature = "postgres")]
             Balances::Postgres(store) => store.account(id).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.account(id).await,
         }
     }
 }

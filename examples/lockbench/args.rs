@@ -7,6 +7,8 @@ pub(crate) enum BackendArg {
     Postgres(String),
     /// `redis-cluster://HOST:PORT[,HOST:PORT…]`: the nodes' `redis://` URLs.
     RedisCluster(Vec<String>),
+    /// `etcd://HOST:PORT[,HOST:PORT…]`: the members' `http://` endpoints.
+    Etcd(Vec<String>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +111,16 @@ impl Args {
                             return Err(format!("no node in `{v}`"));
                         }
                         BackendArg::RedisCluster(nodes)
+                    } else if let Some(members) = v.strip_prefix("etcd://") {
+                        let members: Vec<String> = members
+                            .split(',')
+                            .filter(|n| !n.is_empty())
+                            .map(|n| format!("http://{n}"))
+                            .collect();
+                        if members.is_empty() {
+                            return Err(format!("no member in `{v}`"));
+                        }
+                        BackendArg::Etcd(members)
                     } else {
                         return Err(format!("unknown backend `{v}`"));
                     });
@@ -161,7 +173,7 @@ impl Args {
             && backend == BackendArg::Memory
         {
             return Err(format!(
-                "{} needs a redis:// or postgres:// backend",
+                "{} needs a redis://, postgres:// or etcd:// backend",
                 workload.name()
             ));
         }

@@ -6,6 +6,7 @@
 //! cargo run --release --example lockbench -- --backend memory --workload serial --seconds 5
 //! cargo run --release --example lockbench -- --backend redis://127.0.0.1:6390 --workload contended16 --seconds 5
 //! cargo run --release --features postgres --example lockbench -- --backend postgres://postgres@127.0.0.1:5433/postgres --workload serial --seconds 5
+//! cargo run --release --features etcd --example lockbench -- --backend etcd://127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379 --workload serial --seconds 5
 //! ```
 //!
 //! Prints exactly one JSON line on stdout; progress and errors go to stderr.
@@ -83,6 +84,13 @@
 //!   the same handler without the layer (`plain_p50_ms`, `plain_p99_ms`,
 //!   `p99_over_plain_ms`): what 64 concurrent requests cost here anyway.
 //!
+//! - etcd (`etcd://HOST:PORT[,…]`, feature `etcd`): every workload; the raw
+//!   loop is a bare etcd-client transaction put-if-absent with a lease,
+//!   then a delete (see `etcd.rs`); `serial`/`parallel32` alternate with it
+//!   (`ratio_to_raw`); `keys_after` counts the keys left once the locks were
+//!   released; `held` also locks and releases 100,000 keys of their own
+//!   (`release_check_keys_after`); `rtt_*` from serializable reads.
+//!
 //! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
 //! comparison only: `a` = unlocked route / empty backend, `b` = locked route
 //! / held backend, e.g. to `perf stat` one side alone.
@@ -110,6 +118,23 @@ mod cluster {
 
     pub(crate) async fn run(_nodes: &[String], _args: &Args, _r: Report) -> Result<Report, String> {
         Err("built without the `redis-cluster` feature".into())
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd;
+
+#[cfg(not(feature = "etcd"))]
+mod etcd {
+    use super::args::Args;
+    use super::report::Report;
+
+    pub(crate) async fn run(
+        _endpoints: &[String],
+        _args: &Args,
+        _r: Report,
+    ) -> Result<Report, String> {
+        Err("built without the `etcd` feature".into())
     }
 }
 
@@ -144,11 +169,11 @@ use self::locks::{Locker, contended, held, parallel, serial};
 use self::report::Report;
 
 pub(crate) const USAGE: &str = "\
-usage: lockbench --backend memory|redis://HOST:PORT|postgres://… --workload W --seconds S [--api owned|backend]
+usage: lockbench --backend memory|redis://HOST:PORT|postgres://…|etcd://HOST:PORT[,HOST:PORT…] --workload W --seconds S [--api owned|backend]
        lockbench --backend redis-cluster://HOST:PORT[,HOST:PORT…] --workload W --seconds S [--single-node redis://HOST:PORT]
 
   W: serial | parallel32 | contended16 | http | held | flight64 | raw-serial | raw-parallel32
-     (raw-* need a redis:// or postgres:// backend; a cluster runs serial, parallel32, contended16)
+     (raw-* need a redis://, postgres:// or etcd:// backend; a cluster runs serial, parallel32, contended16)
   S: length of the measured window, in seconds (> 0)
   --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
   --single-node URL: with a cluster, the same workload on this one server in the same run
@@ -172,7 +197,7 @@ pub(crate) const HELD_REDIS: usize = 100_000;
 #[cfg(feature = "postgres")]
 pub(crate) const HELD_POSTGRES: usize = 100_000;
 /// Back-to-back PINGs for `rtt_p50_us`.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 pub(crate) const RTT_SAMPLES: usize = 2_000;
 /// PINGs after a `HOLD` sleep each, for contended16's `idle_rtt_p50_us`.
 #[cfg(feature = "redis")]
@@ -213,12 +238,14 @@ async fn run(args: Args) -> Result<Report, String> {
         BackendArg::Redis(_) => "redis",
         BackendArg::Postgres(_) => "postgres",
         BackendArg::RedisCluster(_) => "redis-cluster",
+        BackendArg::Etcd(_) => "etcd",
     };
     let mut r = Report::new(backend_name, args.workload);
     match &args.backend {
         BackendArg::Redis(url) => return redis::run(url, &args, r).await,
         BackendArg::Postgres(url) => return postgres::run(url, &args, r).await,
         BackendArg::RedisCluster(nodes) => return cluster::run(nodes, &args, r).await,
+        BackendArg::Etcd(members) => return etcd::run(members, &args, r).await,
         BackendArg::Memory => {}
     }
     let locker = Locker {

@@ -103,6 +103,9 @@ pub(crate) use arc::join_all;
 pub use shared::{AsSharedBackend, SharedBackend};
 
 mod arc;
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub mod etcd;
 mod flight;
 mod holder;
 mod lease;

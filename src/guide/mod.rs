@@ -13,7 +13,8 @@
 //! 3. [Keys, scopes, TTLs and owners](keys_scopes_ttls): what a lock is
 //!    made of; metadata, lookups, client-directed locks.
 //! 4. [Redis](redis), Redis Cluster, replicas and failover.
-//! 5. [PostgreSQL](postgres): locks in the database you already have.
+//! 5. [PostgreSQL](postgres): locks in the database you already have;
+//!    [etcd](etcd) (feature `etcd`): locks decided by consensus.
 //! 6. [Jobs and hand-off](jobs): `OwnedLock`, tokens, the job layer,
 //!    `with_lock`.
 //! 7. [Single-flight](single_flight): identical work runs once.
@@ -39,6 +40,8 @@ pub mod keys_scopes_ttls {}
 pub mod redis {}
 #[doc = include_str!("postgres.md")]
 pub mod postgres {}
+#[doc = include_str!("etcd.md")]
+pub mod etcd {}
 #[doc = include_str!("jobs.md")]
 pub mod jobs {}
 #[doc = include_str!("single_flight.md")]

@@ -22,6 +22,9 @@ pub enum BackendKind {
     /// A real PostgreSQL server: as `Redis`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
+    /// A real etcd cluster: as `Redis`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Etcd,
 }
 
 /// A backend under test.
@@ -333,4 +336,39 @@ pub async fn postgres_backend() -> Harness {
         Arc::new(another),
         Some(Box::new(server)),
     )
+}
+
+/// An etcd backend on the 3-member etcd cluster this test binary shares,
+/// under a key prefix of this test's own.
+#[cfg(feature = "etcd")]
+pub async fn etcd_backend() -> Harness {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::common::etcd_cluster::EtcdCluster;
+    use tower_lock::backend::etcd::EtcdBackend;
+
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let cluster = EtcdCluster::shared();
+    let endpoints = cluster.endpoints();
+    let prefix = format!(
+        "t{}-{}/",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let make = move |index_owners: bool| -> SharedBackend {
+        SharedBackend::new(
+            EtcdBackend::from_endpoints(&endpoints)
+                .expect("etcd backend for the test cluster")
+                .prefix(prefix.clone())
+                .index_owners(index_owners),
+        )
+    };
+    let indexed = make.clone();
+    Harness::new(
+        make(false),
+        BackendKind::Etcd,
+        Arc::new(move || make(false)),
+        None,
+    )
+    .with_indexed(Arc::new(move || indexed(true)))
 }

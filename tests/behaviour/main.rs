@@ -7,7 +7,8 @@
 //! (virtual time where TTLs matter), `redis::*` against a private Redis
 //! server, `redis_cluster::*` against a private Redis Cluster shared by the
 //! binary (each test under a key prefix of its own), `postgres::*` against
-//! a private PostgreSQL server.
+//! a private PostgreSQL server, `etcd::*` against a private 3-member etcd
+//! cluster shared by the binary (each test under a key prefix of its own).
 //!
 //! [`MemoryBackend`]: tower_lock::MemoryBackend
 
@@ -118,6 +119,11 @@ for_each_backend! {
         postgres =>
             crate::harness::postgres_backend(),
             crate::harness::postgres_backend(),
+            (),
+        #[cfg(feature = "etcd")]
+        etcd =>
+            crate::harness::etcd_backend(),
+            crate::harness::etcd_backend(),
             (),
     }
     tests {

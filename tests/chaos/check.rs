@@ -64,6 +64,12 @@ pub struct Bounds {
     pub late_ns: u64,
     /// How long after a lease's end a handle may still have said it held.
     pub belief_ns: u64,
+    /// How long a server may still hold the locks of a client process
+    /// after it stopped (SIGSTOP): 0 where the server keeps every TTL
+    /// itself; etcd's backend keeps TTLs in the holder's process, and a
+    /// stopped process's locks go when its lease runs out (the README's
+    /// etcd limits). Until then, or until it resumes.
+    pub stopped_holder_ns: u64,
 }
 
 impl Default for Bounds {
@@ -72,6 +78,7 @@ impl Default for Bounds {
             wake_ns: 250 * MS,
             late_ns: 300 * MS,
             belief_ns: 50 * MS,
+            stopped_holder_ns: 0,
         }
     }
 }
@@ -510,6 +517,29 @@ fn cut(segments: Vec<(u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// The latest the server may hold a grant of process `p` asked at `asked`
+/// and held by the rules until `until`, given `p`'s stops: with a
+/// `stopped_ns` bound, a stop while it may hold keeps it until the process
+/// resumes (and its own expiry runs, within an op timeout) or the bound
+/// passes, whichever comes first.
+fn stopped_hold(
+    faults: &[Fault],
+    p: u32,
+    asked: u64,
+    until: u64,
+    stopped_ns: u64,
+    op_timeout: u64,
+) -> u64 {
+    if stopped_ns == 0 {
+        return until;
+    }
+    faults
+        .iter()
+        .filter(|f| f.process == Some(p) && f.at < until && f.until > asked)
+        .map(|f| (f.until + op_timeout).min(f.at + stopped_ns))
+        .fold(until, u64::max)
+}
+
 fn wakeups(
     ops: &[&Op],
     leases: &[Lease],
@@ -523,17 +553,28 @@ fn wakeups(
     // may still have held it, and every acquisition whose answer is
     // unknown until its wait and TTL could have ended.
     let mut holds: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    let stopped = |p: u32, asked: u64, until: u64| {
+        stopped_hold(
+            &h.faults,
+            p,
+            asked,
+            until,
+            bounds.stopped_holder_ns,
+            op_timeout,
+        )
+    };
     for l in leases {
         holds
             .entry(&l.key)
             .or_default()
-            .push((l.asked, l.held_until));
+            .push((l.asked, stopped(l.p, l.asked, l.held_until)));
     }
     for op in ops {
         let indeterminate = matches!(op.outcome, Outcome::Cancelled | Outcome::Unavailable)
             && matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim);
         if indeterminate {
             let until = op.ret.max(op.inv + op.wait_ms * MS) + op.ttl_ms * MS + op_timeout;
+            let until = stopped(op.p, op.inv, until);
             holds.entry(&op.key).or_default().push((op.inv, until));
         }
     }

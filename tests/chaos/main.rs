@@ -10,7 +10,8 @@
 //! critical sections) and the nemesis's faults (client processes stopped
 //! with SIGSTOP, server restarts with and without their data, connections
 //! reset, replies lost, traffic held back through a TCP proxy, the
-//! wake-up connections killed, cluster primaries killed). Client processes
+//! wake-up connections killed, cluster primaries killed, etcd leaders
+//! killed and members stopped). Client processes
 //! (two per schedule; tasks of one process for the in-memory backend) record
 //! every backend call on the machine's monotonic clock; the coordinator
 //! serves the fenced store, injects the faults, and checks the merged
@@ -140,8 +141,16 @@ async fn short_pass_postgres() {
     pass(&mut rig, &short_seeds(), &Settings::short()).await;
 }
 
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_pass_etcd() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rig = rigs::EtcdRig::start().await;
+    pass(&mut rig, &short_seeds(), &Settings::short()).await;
+}
+
 /// The long run (scripts/check.sh): CHAOS_BACKEND (memory, redis,
-/// redis-cluster, redis-cluster-failover, postgres), CHAOS_SCHEDULES
+/// redis-cluster, redis-cluster-failover, postgres, etcd), CHAOS_SCHEDULES
 /// (default 200) from CHAOS_SEED_BASE (default 1000), or one CHAOS_SEED;
 /// CHAOS_STOP_AT_FIRST=1 stops at the first schedule with a violation;
 /// CHAOS_DUMP=<file> appends each violating schedule's timeline of the keys
@@ -176,6 +185,8 @@ async fn long_run() {
         "redis-cluster-failover" => Box::new(rigs::ClusterRig::with_replicas().await),
         #[cfg(feature = "postgres")]
         "postgres" => Box::new(rigs::PostgresRig::start().await),
+        #[cfg(feature = "etcd")]
+        "etcd" => Box::new(rigs::EtcdRig::start().await),
         other => panic!("unknown CHAOS_BACKEND {other}"),
     };
     let started = std::time::Instant::now();

@@ -32,6 +32,11 @@ pub enum FaultKind {
     TerminateSessions,
     /// A cluster primary is killed; its replica takes over.
     KillPrimary,
+    /// The etcd leader is killed (SIGKILL) and started again on its data.
+    KillLeader,
+    /// An etcd member is stopped (SIGSTOP) for a while: a partitioned
+    /// minority, possibly the leader, possibly the member a client talks to.
+    StopMember,
 }
 
 /// The servers of one backend configuration.
@@ -46,6 +51,11 @@ pub trait Rig: Send {
     }
     /// A handle straight on the servers, for the liveness look.
     fn checker_backend(&self, op_timeout: Duration) -> SharedBackend;
+    /// How long the server may still hold a stopped client process's locks
+    /// (see `Bounds::stopped_holder_ns`); 0: not past their TTL.
+    fn stopped_holder_ms(&self) -> u64 {
+        0
+    }
     fn inject<'a>(
         &'a mut self,
         kind: FaultKind,
@@ -502,6 +512,162 @@ mod cluster {
                         f.loses_locks = true;
                         f.resets_fences = true;
                         f
+                    }
+                    other => fault(format!("{other:?} (not on this rig)"), at),
+                }
+            })
+        }
+    }
+}
+
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdRig;
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+    use crate::common::etcd_cluster::EtcdCluster;
+    use crate::proxy::Proxy;
+
+    /// A 3-member etcd cluster of its own, each member behind the fault
+    /// proxy. The members are children of a thread of the rig's own (a
+    /// member dies with the thread that started it), which runs every
+    /// kill and restart.
+    pub struct EtcdRig {
+        members: std::sync::mpsc::Sender<Job>,
+        endpoints: Vec<String>,
+        proxies: Vec<Proxy>,
+    }
+
+    type Job = Box<dyn FnOnce(&EtcdCluster) + Send>;
+
+    impl EtcdRig {
+        pub async fn start() -> EtcdRig {
+            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+            let (ready, started) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let cluster = EtcdCluster::start(3);
+                let _ = ready.send((cluster.endpoints(), cluster.client_ports().to_vec()));
+                // Until the rig is dropped.
+                while let Ok(job) = queue.recv() {
+                    job(&cluster);
+                }
+            });
+            let (endpoints, ports) = started.await.expect("start etcd");
+            let mut proxies = Vec::new();
+            for port in ports {
+                proxies.push(Proxy::start(port).await);
+            }
+            EtcdRig {
+                members: jobs,
+                endpoints,
+                proxies,
+            }
+        }
+
+        /// Run `job` on the members' thread; its answer.
+        async fn on_members<T: Send + 'static>(
+            &self,
+            job: impl FnOnce(&EtcdCluster) -> T + Send + 'static,
+        ) -> T {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job: Job = Box::new(move |c| {
+                let _ = tx.send(job(c));
+            });
+            self.members.send(job).expect("the members' thread");
+            rx.await.expect("the members' thread")
+        }
+    }
+
+    impl Rig for EtcdRig {
+        fn name(&self) -> &'static str {
+            "etcd"
+        }
+        fn menu(&self) -> &'static [FaultKind] {
+            use FaultKind::*;
+            &[
+                Pause, Pause, KillLeader, StopMember, Reset, DropReply, Delay,
+            ]
+        }
+        fn client_backend(&self) -> BackendSpec {
+            BackendSpec::Etcd(
+                self.proxies
+                    .iter()
+                    .map(|p| format!("http://127.0.0.1:{}", p.port))
+                    .collect(),
+            )
+        }
+        fn checker_backend(&self, op_timeout: Duration) -> SharedBackend {
+            SharedBackend::new(
+                tower_lock::EtcdBackend::from_endpoints(&self.endpoints)
+                    .expect("endpoints")
+                    .op_timeout(op_timeout),
+            )
+        }
+        fn stopped_holder_ms(&self) -> u64 {
+            // The workload's TTLs (600 ms at most) go on 2 s leases, kept
+            // alive every 500 ms, reaped by etcd up to 500 ms late.
+            3_500
+        }
+        fn inject<'a>(
+            &'a mut self,
+            kind: FaultKind,
+            pids: &'a [(u32, u32)],
+            rng: &'a mut Rng,
+        ) -> BoxFuture<'a, Fault> {
+            Box::pin(async move {
+                let at = now_ns();
+                match kind {
+                    FaultKind::Pause => pause(pids, rng).await,
+                    FaultKind::KillLeader => {
+                        let down = rng.range(100, 1_000);
+                        let what = self
+                            .on_members(move |c| {
+                                let Some(leader) = c.leader() else {
+                                    return "no leader to kill".to_owned();
+                                };
+                                c.kill(leader);
+                                std::thread::sleep(Duration::from_millis(down));
+                                c.restart(leader);
+                                let _ = c.wait_ready(Duration::from_secs(20));
+                                format!("leader m{leader} killed, restarted after {down}ms")
+                            })
+                            .await;
+                        fault(what, at)
+                    }
+                    FaultKind::StopMember => {
+                        let d = rng.range(300, 1_500);
+                        let pick = rng.next();
+                        let what = self
+                            .on_members(move |c| {
+                                let m = (pick % c.len() as u64) as usize;
+                                let leader = c.leader() == Some(m);
+                                c.stop(m);
+                                std::thread::sleep(Duration::from_millis(d));
+                                c.resume(m);
+                                let _ = c.wait_ready(Duration::from_secs(20));
+                                let role = if leader { "leader" } else { "follower" };
+                                format!("{role} m{m} stopped {d}ms")
+                            })
+                            .await;
+                        fault(what, at)
+                    }
+                    FaultKind::Reset => {
+                        self.proxies.iter().for_each(Proxy::reset_all);
+                        fault("connections reset".into(), at)
+                    }
+                    FaultKind::DropReply => {
+                        self.proxies.iter().for_each(Proxy::drop_next_reply);
+                        let mut f = fault("next reply dropped".into(), at);
+                        f.until = at + 100 * MS;
+                        f
+                    }
+                    FaultKind::Delay => {
+                        let d = rng.range(50, 400);
+                        self.proxies.iter().for_each(|p| p.hold(true));
+                        tokio::time::sleep(Duration::from_millis(d)).await;
+                        self.proxies.iter().for_each(|p| p.hold(false));
+                        fault(format!("traffic held {d}ms"), at)
                     }
                     other => fault(format!("{other:?} (not on this rig)"), at),
                 }

@@ -29,6 +29,7 @@ pub enum BackendSpec {
     Redis(String),
     Cluster(Vec<String>),
     Postgres(String),
+    Etcd(Vec<String>),
 }
 
 /// What a client process is given.
@@ -115,6 +116,13 @@ pub fn backend(spec: &BackendSpec, op_timeout: Duration, log: Log) -> SharedBack
         BackendSpec::Postgres(url) => SharedBackend::new(Recorder {
             inner: tower_lock::PostgresBackend::from_url(url)
                 .expect("postgres URL")
+                .op_timeout(op_timeout),
+            log,
+        }),
+        #[cfg(feature = "etcd")]
+        BackendSpec::Etcd(endpoints) => SharedBackend::new(Recorder {
+            inner: tower_lock::EtcdBackend::from_endpoints(endpoints)
+                .expect("etcd endpoints")
                 .op_timeout(op_timeout),
             log,
         }),
@@ -281,7 +289,9 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         stuck,
         op_timeout_ms: s.op_timeout_ms,
     };
-    violations.extend(check::check(&history, s.bounds));
+    let mut bounds = s.bounds;
+    bounds.stopped_holder_ns = rig.stopped_holder_ms() * MS;
+    violations.extend(check::check(&history, bounds));
     let dump_all = std::env::var("CHAOS_DUMP_ALL").is_ok_and(|v| v == "1");
     if let Ok(path) = std::env::var("CHAOS_DUMP")
         && (dump_all || !violations.is_empty())
@@ -307,7 +317,9 @@ async fn liveness(rig: &mut dyn Rig, cfg: &ClientConfig, s: &Settings) -> Vec<St
     // The longest TTL is 600 ms, the longest wait 1.5 s (a waiter that
     // died with a stopped process keeps its queue entry that long), a
     // release may still be on its way: within that, every key comes free.
-    let deadline = now_ns() + 2_500 * MS;
+    // (Plus, on etcd, the lease of a client process that exited holding:
+    // its locks go when that runs out.)
+    let deadline = now_ns() + (2_500 + rig.stopped_holder_ms()) * MS;
     let backend = rig.checker_backend(Duration::from_millis(s.op_timeout_ms * 5));
     let mut stuck = Vec::new();
     for name in &cfg.keys {

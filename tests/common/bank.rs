@@ -254,6 +254,8 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("postgres", cfg!(feature = "postgres")),
     ("postgres-tls", cfg!(feature = "postgres-tls")),
     ("metrics", cfg!(feature = "metrics")),
+    ("etcd", cfg!(feature = "etcd")),
+    ("etcd-tls", cfg!(feature = "etcd-tls")),
 ];
 
 /// The binary of example `name`, built by cargo (into the same target dir

@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports, unused_macros)]
 
 pub mod bank;
+pub mod etcd_cluster;
 pub mod logs;
 pub mod pg_server;
 pub mod proxy;

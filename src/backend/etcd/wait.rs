@@ -1,0 +1,452 @@
+//! Waiting for a busy lock.
+//!
+//! A waiter's attempt leaves an entry in the lock's queue (on its process's
+//! lease: a dead waiter's entry goes with it); the queue is ordered by the
+//! entries' create revisions. The waiter then watches the entry just before
+//! its own, or the holder key once it is the oldest (one watcher per key:
+//! a release wakes one waiter). A release hands the lock straight to the
+//! oldest entry; that waiter sees its holder key created on its watch and
+//! returns without another round trip. When what it watches goes away for
+//! another reason (a waiter ahead left, a holder's lease ran out), it reads
+//! the queue again: it watches its new predecessor, or, oldest with no
+//! holder, hands the lock to itself. A jittered, capped re-read is only a
+//! safety net for a watch that went quiet.
+
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::EtcdBackend;
+use super::conn::bad_reply;
+use super::handoff::{Giving, Passed, Snapshot};
+use super::keys::{HeldKey, LockKeys, Waiter};
+use super::ops::{Attempt, Queued, kvs_at, revision};
+use super::watch::Note;
+use crate::backend::Lease;
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::{AcquireRequest, MAX_TTL};
+
+/// First and largest interval of the safety-net re-read while waiting.
+const RECHECK_FIRST: Duration = Duration::from_millis(250);
+const RECHECK_MAX: Duration = Duration::from_secs(2);
+
+/// Where a waiter stands, as last read.
+struct Place {
+    entry: Vec<u8>,
+    /// Its create revision.
+    revision: i64,
+    /// The entry just before it; `None`: it is the oldest.
+    before: Option<Vec<u8>>,
+    /// Watch from the revision after this one.
+    read_at: i64,
+}
+
+impl From<Queued> for Place {
+    fn from(q: Queued) -> Self {
+        Place {
+            entry: q.entry,
+            revision: q.revision,
+            before: q.before,
+            read_at: q.revision,
+        }
+    }
+}
+
+/// What a read of the queue found for a waiter.
+enum Seen {
+    /// The lock is ours (handed over).
+    Granted(Lease),
+    /// Our entry is gone and the lock is not ours (our lease ran out).
+    Lost,
+    /// Still waiting: watch from here.
+    Waiting(Place),
+}
+
+impl EtcdBackend {
+    pub(super) async fn acquire_inner(&self, req: &AcquireRequest) -> Result<Lease, LockError> {
+        let start = Instant::now();
+        let keys = self.keys(req.key());
+        if req.max_wait().is_zero() {
+            return match self
+                .attempt(req, &keys, None, None, self.deadline())
+                .await?
+            {
+                Attempt::Acquired(lease) => Ok(lease),
+                Attempt::Busy { retry_after, .. } => Err(LockError::AcquisitionFailed {
+                    retry_after: Some(retry_after),
+                }),
+            };
+        }
+        // (A wait longer than a year is as good as forever and keeps the
+        // arithmetic far from overflow.)
+        let deadline = start + req.max_wait().min(MAX_TTL);
+        let hard_end = deadline + self.op_timeout;
+        let mut guard = WaitGuard {
+            backend: self,
+            key: req.key(),
+            keys: &keys,
+            req,
+            entry: None,
+            until: std::time::SystemTime::now() + req.max_wait().min(MAX_TTL),
+        };
+        let mut place = match self.join(&mut guard, hard_end).await? {
+            Attempt::Acquired(lease) => return Ok(lease),
+            Attempt::Busy { queued, .. } => {
+                Place::from(queued.ok_or_else(|| bad_reply("acquire"))?)
+            }
+        };
+        let mut recheck = RECHECK_FIRST;
+        loop {
+            if Instant::now() >= deadline {
+                return self.give_up(&mut guard, start, hard_end).await;
+            }
+            let end = (Instant::now() + self.op_timeout).min(hard_end);
+            // What to watch: the entry before ours, or the holder.
+            let (key, range_end) = match &place.before {
+                Some(before) => (before.clone(), None),
+                None => {
+                    let (start, stop) = keys.holders();
+                    (start, Some(stop))
+                }
+            };
+            let watched = self
+                .shared
+                .watches
+                .watch(&self.shared, key, range_end, place.read_at + 1, end)
+                .await;
+            let wake_at = (Instant::now() + jitter(recheck)).min(deadline);
+            recheck = (recheck * 2).min(RECHECK_MAX);
+            if let Ok(mut watch) = watched {
+                let mut woken = false;
+                while !woken {
+                    tokio::select! {
+                        biased;
+                        note = watch.next() => match note {
+                            Note::Events(events) => {
+                                // Handed over: our holder key was created.
+                                let mine = keys.holder(req.owner(), req.attempt());
+                                let granted = events
+                                    .iter()
+                                    .find(|(put, kv)| *put && kv.key() == mine.as_slice());
+                                if let Some((_, kv)) = granted
+                                    && let Some(h) = HeldKey::from_kv(&keys, kv)
+                                {
+                                    guard.entry = None;
+                                    return Ok(self.granted(req, &h, kv.lease()));
+                                }
+                                // The holder was rewritten (extended): keep
+                                // watching; anything else: read again.
+                                woken = events.iter().any(|(put, kv)| {
+                                    !*put || keys.parse_holder(kv.key()).is_none()
+                                });
+                            }
+                            Note::Gone => woken = true,
+                        },
+                        () = sleep_until(wake_at) => woken = true,
+                    }
+                }
+            } else {
+                // No watch now (etcd unreachable): read again a bit later.
+                sleep_until(wake_at).await;
+            }
+            let end = (Instant::now() + self.op_timeout).min(hard_end);
+            let seen = match self.look(req, &keys, &place, end).await {
+                Ok(seen) => seen,
+                // etcd cannot answer now (a leader election, a member
+                // gone): the entry stays queued, consensus keeps it. Read
+                // again shortly, until the max wait ends.
+                Err(LockError::BackendUnavailable(_)) if Instant::now() < deadline => {
+                    recheck = RECHECK_FIRST / 2;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match seen {
+                Seen::Granted(lease) => {
+                    guard.entry = None;
+                    return Ok(lease);
+                }
+                Seen::Waiting(next) => place = next,
+                Seen::Lost => match self.join(&mut guard, end).await? {
+                    Attempt::Acquired(lease) => return Ok(lease),
+                    Attempt::Busy { queued, .. } => {
+                        place = Place::from(queued.ok_or_else(|| bad_reply("acquire"))?);
+                    }
+                },
+            }
+        }
+    }
+
+    /// An attempt that queues when busy, under a fresh entry id, which the
+    /// guard knows before it is sent: an entry made by an attempt whose
+    /// reply never came still leaves the queue.
+    async fn join(
+        &self,
+        guard: &mut WaitGuard<'_>,
+        hard_end: Instant,
+    ) -> Result<Attempt, LockError> {
+        let end = (Instant::now() + self.op_timeout).min(hard_end);
+        let id = crate::spec::new_attempt_id();
+        guard.entry = Some(guard.keys.waiter(id));
+        let until = Some(guard.until);
+        let attempt = self
+            .attempt(guard.req, guard.keys, Some(id), until, end)
+            .await?;
+        if let Attempt::Acquired(_) = attempt {
+            // Taken at once: no entry was made.
+            guard.entry = None;
+        }
+        Ok(attempt)
+    }
+
+    /// The lock handed to us as `h` (on our lease `lease`): ours until its
+    /// stored expiry, or sooner if etcd keeps our lease less long.
+    fn granted(&self, req: &AcquireRequest, h: &HeldKey, lease: i64) -> Lease {
+        let (now, at) = (SystemTime::now(), Instant::now());
+        let mut left = h
+            .value
+            .expires_at()
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(req.ttl());
+        if let Some(until) = self.shared.leases.known_until(lease) {
+            left = left.min(until.saturating_duration_since(at));
+        }
+        self.shared.expiries.arm(
+            self,
+            req.key(),
+            h.key.clone(),
+            h.raw_value.clone(),
+            Some(h.fence),
+            at + left,
+        );
+        Lease {
+            fence: h.fence,
+            acquired_at: h.value.acquired_at(),
+            expires_at: now + left,
+            ttl: req.ttl(),
+        }
+    }
+
+    /// Read the lock again for a waiter at `place`: granted, lost, or where
+    /// it stands now (handing the lock to itself when it is the oldest and
+    /// nobody holds it).
+    async fn look(
+        &self,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        place: &Place,
+        end: Instant,
+    ) -> Result<Seen, LockError> {
+        const WHAT: &str = "waiting";
+        let mine = keys.holder(req.owner(), req.attempt());
+        for _ in 0..4 {
+            let (start, stop) = keys.queue();
+            let before = TxnOp::get(
+                start,
+                Some(
+                    GetOptions::new()
+                        .with_range(stop)
+                        .with_max_create_revision(place.revision - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            );
+            let txn = Txn::new().and_then([
+                keys.get_holder(),
+                before,
+                TxnOp::get(place.entry.clone(), None),
+            ]);
+            let reply = self.shared.conn.txn(WHAT, txn, end).await?;
+            let read_at = revision(&reply, WHAT)?;
+            let holder = kvs_at(&reply, 0, WHAT)?;
+            let holder_kv = holder.first();
+            let holder = match holder_kv {
+                Some(kv) => Some(HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(WHAT))?),
+                None => None,
+            };
+            if let (Some(h), Some(kv)) = (&holder, holder_kv)
+                && h.key == mine
+            {
+                return Ok(Seen::Granted(self.granted(req, h, kv.lease())));
+            }
+            let Some(entry) = kvs_at(&reply, 2, WHAT)?.first().and_then(Waiter::from_kv) else {
+                return Ok(Seen::Lost);
+            };
+            let before = kvs_at(&reply, 1, WHAT)?.first().map(|kv| kv.key().to_vec());
+            if before.is_some() || holder.is_some() {
+                return Ok(Seen::Waiting(Place {
+                    entry: place.entry.clone(),
+                    revision: place.revision,
+                    before,
+                    read_at,
+                }));
+            }
+            // The oldest, and nobody holds it: take it.
+            let snapshot = Snapshot {
+                holder: None,
+                head: Some(entry),
+            };
+            self.pass_on(keys, snapshot, Giving::Free, &[], end).await?;
+        }
+        Err(bad_reply(WHAT))
+    }
+
+    /// The max wait is over: leave the queue, unless the lock was handed to
+    /// us at the last moment, in which case it is ours.
+    async fn give_up(
+        &self,
+        guard: &mut WaitGuard<'_>,
+        start: Instant,
+        hard_end: Instant,
+    ) -> Result<Lease, LockError> {
+        let end = self.deadline().min(hard_end);
+        let req = guard.req;
+        let Some(entry) = guard.entry.clone() else {
+            return Err(LockError::Timeout {
+                waited: start.elapsed(),
+                retry_after: None,
+            });
+        };
+        let keys = guard.keys;
+        let txn = self.leaving(keys, req.owner(), entry);
+        let reply = self.shared.conn.txn("leaving the queue", txn, end).await?;
+        guard.entry = None;
+        let last = reply.op_responses().len().saturating_sub(1);
+        let holder = kvs_at(&reply, last, "leaving the queue")?;
+        match holder.first() {
+            Some(kv) => match HeldKey::from_kv(keys, kv) {
+                Some(h) if h.key == keys.holder(req.owner(), req.attempt()) => {
+                    Ok(self.granted(req, &h, kv.lease()))
+                }
+                Some(h) => Err(LockError::Timeout {
+                    waited: start.elapsed(),
+                    retry_after: Some(h.value.remaining()),
+                }),
+                None => Err(bad_reply("leaving the queue")),
+            },
+            None => Err(LockError::Timeout {
+                waited: start.elapsed(),
+                retry_after: Some(Duration::ZERO),
+            }),
+        }
+    }
+}
+
+/// A waiter's queue entry. Dropped while it is set (the acquire future was
+/// cancelled, or it failed), it leaves the queue in the background, and
+/// releases the lock if it was handed over meanwhile: nobody would ever
+/// release it otherwise, and our lease would keep it while this process
+/// lives. Tried again, backing off, until etcd answers.
+struct WaitGuard<'a> {
+    backend: &'a EtcdBackend,
+    key: &'a LockKey,
+    keys: &'a LockKeys,
+    req: &'a AcquireRequest,
+    entry: Option<Vec<u8>>,
+    /// The entry's deadline (the max wait's end).
+    until: SystemTime,
+}
+
+/// First and largest pause between attempts to leave the queue.
+const LEAVE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        let Some(entry) = self.entry.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Nowhere to run it: the entry goes with our lease.
+            return;
+        };
+        let backend = self.backend.clone();
+        let key = self.key.clone();
+        let keys = self.keys.clone();
+        let owner = self.req.owner().to_owned();
+        let mine = keys.holder(&owner, self.req.attempt());
+        let until = self.until;
+        runtime.spawn(async move {
+            // Now, and once more when the entry's deadline has passed: the
+            // last call may still land after the first leave (its reply was
+            // lost, or it was cancelled in flight) and queue the entry
+            // again; from the deadline on, no hand-off goes to it.
+            for round in 0..2 {
+                if round == 1 {
+                    let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                    sleep(left + Duration::from_millis(10)).await;
+                }
+                let mut pause = LEAVE_RETRY_FIRST;
+                while let Err(LockError::BackendUnavailable(e)) =
+                    backend.leave(&keys, &owner, &entry, &mine).await
+                {
+                    tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
+                    sleep(pause).await;
+                    pause = (pause * 2).min(LEAVE_RETRY_MAX);
+                }
+            }
+        });
+    }
+}
+
+impl EtcdBackend {
+    /// Leave the queue for good: delete the entry, and pass the lock on if
+    /// it was handed to us (holder key `mine`).
+    async fn leave(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        entry: &[u8],
+        mine: &[u8],
+    ) -> Result<(), LockError> {
+        let end = self.deadline();
+        let txn = self.leaving(keys, owner, entry.to_vec());
+        self.shared.conn.txn("leaving the queue", txn, end).await?;
+        let snapshot = self.snapshot(keys, end).await?;
+        let Some(h) = snapshot.holder.clone() else {
+            return Ok(());
+        };
+        // Not ours, or an acquisition of the same owner and attempt this
+        // process knows it holds (a retry of the same request).
+        if h.key != mine || self.shared.expiries.tracks(&h.key) {
+            return Ok(());
+        }
+        let (start, stop) = (h.key.clone(), super::ops::after(&h.key));
+        let passed = self
+            .pass_on(keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
+            .await?;
+        if passed != Passed::NotHeld {
+            self.shared.expiries.disarm_range(&start, &stop);
+        }
+        Ok(())
+    }
+}
+
+impl EtcdBackend {
+    /// Delete a waiter's `entry` (and its owner index entry, unless the
+    /// owner holds the lock), then read the holder.
+    fn leaving(&self, keys: &LockKeys, owner: &str, entry: Vec<u8>) -> Txn {
+        let mut ops = vec![TxnOp::delete(entry, None)];
+        let mut unindexed = ops.clone();
+        unindexed.push(TxnOp::delete(keys.index(owner), None));
+        ops.push(keys.get_holder());
+        unindexed.push(keys.get_holder());
+        if !self.index_owners {
+            return Txn::new().and_then(ops);
+        }
+        Txn::new()
+            .when([keys.owner_free(owner)])
+            .and_then(unindexed)
+            .or_else(ops)
+    }
+}
+
+/// `d` scaled by a random factor in [0.5, 1).
+fn jitter(d: Duration) -> Duration {
+    let fraction = 0.5 + (crate::spec::new_attempt_id() >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+    d.mul_f64(fraction)
+}

@@ -215,7 +215,7 @@ impl EtcdBackend {
         // Armed before it is sent (it may land with its reply lost); it
         // deletes only this very result.
         let expiries = &self.shared.expiries;
-        expiries.arm_delete(self, keys.result(), value, kept_until);
+        expiries.arm_delete(self, keys.result(), value.clone(), kept_until);
         let (start, stop) = keys.owner_holders(owner);
         let txn = Txn::new()
             .when([
@@ -227,6 +227,19 @@ impl EtcdBackend {
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {
             self.shared.expiries.disarm_range(&start, &stop);
+            // Nobody was queued for the lock: the callers watching for the
+            // result got it from the put itself (their watches start before
+            // it), so it is kept for its result TTL alone, and not at all
+            // without one.
+            if publish.result_ttl.is_zero() {
+                let forget = Txn::new()
+                    .when([Compare::value(keys.result(), CompareOp::Equal, value)])
+                    .and_then([TxnOp::delete(keys.result(), None)]);
+                self.shared.conn.txn(WHAT, forget, end).await?;
+            } else if publish.result_ttl < keep {
+                let until = Instant::now() + publish.result_ttl;
+                expiries.arm_delete(self, keys.result(), value, until);
+            }
             return Ok(());
         }
         let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;

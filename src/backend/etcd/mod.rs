@@ -109,7 +109,8 @@ use crate::spec::{AcquireRequest, MAX_TTL};
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_lock::backend::etcd::EtcdBackend;
-/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend, LockKey};
+/// use tower_lock::LockKey;
+/// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
 /// let backend = EtcdBackend::from_endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])?

@@ -254,6 +254,7 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("postgres", cfg!(feature = "postgres")),
     ("postgres-tls", cfg!(feature = "postgres-tls")),
     ("metrics", cfg!(feature = "metrics")),
+    ("apalis", cfg!(feature = "apalis")),
 ];
 
 /// The binary of example `name`, built by cargo (into the same target dir

@@ -321,6 +321,25 @@ MUTANTS = [
     ("flight-postgres-result-kept-without-waiters", "src/backend/postgres/flight.sql",
      "      v_keep_ms := p_fresh_ms;",
      "      v_keep_ms := p_keep_ms;"),
+    # apalis tasks (feature `apalis`)
+    ("apalis-task-token-not-read", "src/job/apalis.rs",
+     "        self.args.lock_token()",
+     "        None"),
+    ("apalis-lock-not-in-task-data", "src/job/apalis.rs",
+     "        self.inject_data(lock.clone());",
+     "        let _ = lock.clone();"),
+    ("apalis-lock-not-given-to-args", "src/job/apalis.rs",
+     "        self.args.set_lock(lock);",
+     "        let _ = lock;"),
+    ("apalis-task-error-wrapped", "src/job/apalis.rs",
+     "        JobError::Job(e) => e.into(),",
+     "        JobError::Job(e) => Box::new(AbortError::new(e)),"),
+    ("apalis-spent-token-retried", "src/job/apalis.rs",
+     "        JobError::Lock(e) => Box::new(AbortError::new(e)),",
+     "        JobError::Lock(e) => Box::new(e),"),
+    ("apalis-unreachable-backend-aborted", "src/job/apalis.rs",
+     "        JobError::Lock(e @ LockError::BackendUnavailable(_)) => Box::new(e),\n",
+     ""),
 ]
 
 

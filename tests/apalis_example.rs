@@ -158,8 +158,14 @@ impl Demo {
         .await
         .uint("fence");
         assert!(running > fence, "a restore claims under a newer fence");
-        let said = self.worker.line(&format!("task report {id}: running")).await;
-        assert_eq!(said, format!("task report {id}: running under fence {running}"));
+        let said = self
+            .worker
+            .line(&format!("task report {id}: running"))
+            .await;
+        assert_eq!(
+            said,
+            format!("task report {id}: running under fence {running}")
+        );
 
         let busy = self.http.post(&format!("/reports/{id}")).await;
         busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
@@ -191,7 +197,10 @@ async fn a_task_holds_the_requests_lock_until_it_is_done_fails_or_panics() {
         demo.worker.line(&format!("task report {id}: done")).await;
         demo.assert_comes_free(id).await;
     }
-    assert!(demo.worker.is_running(), "a panicking task is the task's end, not the worker's");
+    assert!(
+        demo.worker.is_running(),
+        "a panicking task is the task's end, not the worker's"
+    );
     assert!(demo.web.is_running());
 }
 

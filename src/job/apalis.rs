@@ -13,7 +13,7 @@
 //!   `A`'s [`set_lock`](LockedJob::set_lock)).
 //! - **What an error is.** apalis wants a worker's errors as its
 //!   `BoxDynError` and reads them by downcasting (`AbortError`: do not
-//!   retry). [`JobError`](super::JobError) cannot be one
+//!   retry). [`JobError`] cannot be one
 //!   (`Box<dyn Error>` is not an `Error` itself), so [`TaskLockLayer`] hands
 //!   on the task's own error as it is, and a lock that cannot be restored as
 //!   an `AbortError` around the [`LockError`]: its token is spent (released,

@@ -23,11 +23,16 @@ use super::support::{Probe, assert_comes_free, gkey, status_of};
 struct Report {
     token: LockToken,
     outcome: &'static str,
+    /// Given by `set_lock`, as for a job of `JobLockLayer`.
+    lock: Option<HeldLock>,
 }
 
 impl LockedJob for Report {
     fn lock_token(&self) -> Option<&LockToken> {
         Some(&self.token)
+    }
+    fn set_lock(&mut self, lock: HeldLock) {
+        self.lock = Some(lock);
     }
 }
 
@@ -43,9 +48,11 @@ impl std::fmt::Display for ReportFailed {
 
 impl std::error::Error for ReportFailed {}
 
-/// The task function: answers the fence of the lock in its data, or fails,
-/// or panics.
+/// The task function: answers the fence of the lock in its data (which its
+/// arguments were given too), or fails, or panics.
 async fn build(report: Report, lock: Data<HeldLock>) -> Result<u64, BoxDynError> {
+    let given = report.lock.as_ref().map(HeldLock::fence);
+    assert_eq!(given, Some(lock.fence()), "the arguments have the lock too");
     match report.outcome {
         "ok" => Ok(lock.fence()),
         "err" => Err(ReportFailed.into()),
@@ -63,7 +70,11 @@ async fn handed_off(h: &Harness, key: &str) -> (LockToken, u64) {
 }
 
 fn task(token: LockToken, outcome: &'static str) -> Task<Report> {
-    Task::new(Report { token, outcome })
+    Task::new(Report {
+        token,
+        outcome,
+        lock: None,
+    })
 }
 
 pub async fn apalis_tasks_release_their_lock_when_done_failed_or_panicked(h: Harness) {
@@ -79,7 +90,11 @@ pub async fn apalis_tasks_release_their_lock_when_done_failed_or_panicked(h: Har
 
     // The task's own error reaches apalis as it is (apalis may retry it).
     let (token, _) = handed_off(&h, "report:err").await;
-    let failed = worker.clone().oneshot(task(token, "err")).await.unwrap_err();
+    let failed = worker
+        .clone()
+        .oneshot(task(token, "err"))
+        .await
+        .unwrap_err();
     assert!(failed.downcast_ref::<ReportFailed>().is_some(), "{failed}");
     assert_eq!(status_of(&h.backend, &gkey("report:err")).await, None);
 
@@ -94,7 +109,11 @@ pub async fn apalis_tasks_release_their_lock_when_done_failed_or_panicked(h: Har
     let (token, _) = handed_off(&h, "report:spent").await;
     let first = OwnedLock::restore(h.backend.clone(), &token).await.unwrap();
     first.release().await.unwrap();
-    let spent = worker.clone().oneshot(task(token, "panic")).await.unwrap_err();
+    let spent = worker
+        .clone()
+        .oneshot(task(token, "panic"))
+        .await
+        .unwrap_err();
     let abort = spent.downcast_ref::<AbortError>().expect("an AbortError");
     let cause = std::error::Error::source(abort).and_then(|e| e.downcast_ref::<LockError>());
     assert!(matches!(cause, Some(LockError::NotFound)), "{spent}");
@@ -108,10 +127,17 @@ pub async fn an_apalis_task_whose_lock_backend_is_down_may_be_retried(h: Harness
     let (token, taken) = handed_off(&h, "report:retry").await;
 
     probe.set_down(true);
-    let down = worker.clone().oneshot(task(token.clone(), "ok")).await.unwrap_err();
+    let down = worker
+        .clone()
+        .oneshot(task(token.clone(), "ok"))
+        .await
+        .unwrap_err();
     assert!(down.downcast_ref::<AbortError>().is_none(), "{down}");
     assert!(
-        matches!(down.downcast_ref::<LockError>(), Some(LockError::BackendUnavailable(_))),
+        matches!(
+            down.downcast_ref::<LockError>(),
+            Some(LockError::BackendUnavailable(_))
+        ),
         "{down}"
     );
 

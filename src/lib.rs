@@ -93,6 +93,7 @@ pub mod flight;
     feature = "redis-cluster",
     feature = "postgres",
     feature = "etcd",
+    feature = "apalis",
     feature = "admin",
     feature = "metrics"
 ))]

@@ -14,9 +14,10 @@
 //!    made of; metadata, lookups, client-directed locks.
 //! 4. [Redis](redis), Redis Cluster, replicas and failover.
 //! 5. [PostgreSQL](postgres): locks in the database you already have;
-//!    [etcd](etcd) (feature `etcd`): locks decided by consensus.
+//!    [etcd] (feature `etcd`): locks decided by consensus.
 //! 6. [Jobs and hand-off](jobs): `OwnedLock`, tokens, the job layer,
 //!    `with_lock`.
+//!    [Jobs on apalis](self::apalis) (feature `apalis`).
 //! 7. [Single-flight](single_flight): identical work runs once.
 //! 8. [Fenced writes and lost locks](fenced_writes): fencing tokens, the
 //!    watchdog, losing nothing when a lease runs out.
@@ -44,6 +45,8 @@ pub mod postgres {}
 pub mod etcd {}
 #[doc = include_str!("jobs.md")]
 pub mod jobs {}
+#[doc = include_str!("apalis.md")]
+pub mod apalis {}
 #[doc = include_str!("single_flight.md")]
 pub mod single_flight {}
 #[doc = include_str!("fenced_writes.md")]

@@ -19,8 +19,8 @@
 //!
 //! A job whose [`lock_token`](LockedJob::lock_token) is `None` runs as it is.
 //! Being a plain tower layer, it fits job runners built on tower services
-//! (apalis, or a `tokio::sync::mpsc` queue and a worker loop, as in
-//! `examples/jobs.rs`).
+//! (a `tokio::sync::mpsc` queue and a worker loop, as in `examples/jobs.rs`;
+//! for apalis workers, `job::apalis::TaskLockLayer` with feature `apalis`).
 //!
 //! ```
 //! use std::time::Duration;
@@ -71,6 +71,9 @@
 //! [`HeldLock`]: crate::HeldLock
 //! [`HeldLock::fence`]: crate::HeldLock::fence
 
+#[cfg(feature = "apalis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
+pub mod apalis;
 mod future;
 mod layer;
 mod service;

@@ -18,6 +18,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(feature = "apalis")]
+mod apalis;
 mod flight;
 mod flight_http;
 mod harness;
@@ -33,6 +35,8 @@ mod support;
 
 /// Every backend-generic test, by name.
 mod tests {
+    #[cfg(feature = "apalis")]
+    pub use super::apalis::*;
     pub use super::flight::*;
     pub use super::flight_http::*;
     pub use super::identity::*;
@@ -73,12 +77,13 @@ macro_rules! for_each_backend {
     };
     (
         @tests ($make:expr) ($vmake:expr) $vargs:tt {
-            real_time: [ $($rt:ident),* $(,)? ],
+            real_time: [ $( $(#[$rtm:meta])* $rt:ident ),* $(,)? ],
             virtual_time: [ $($vt:ident),* $(,)? ],
             multi_thread: [ $($mt:ident),* $(,)? ] $(,)?
         }
     ) => {
         $(
+            $(#[$rtm])*
             #[tokio::test]
             async fn $rt() {
                 crate::tests::$rt($make.await).await
@@ -207,6 +212,11 @@ for_each_backend! {
             lookups_jobs_and_client_locks_never_log_keys_or_owners,
             job_layer_releases_when_the_job_is_processed_fails_or_panics,
             client_directed_locks_follow_the_headers_within_limits,
+            // apalis workers (feature `apalis`).
+            #[cfg(feature = "apalis")]
+            apalis_tasks_release_their_lock_when_done_failed_or_panicked,
+            #[cfg(feature = "apalis")]
+            an_apalis_task_whose_lock_backend_is_down_may_be_retried,
             // An acquisition is named by its fence (round 3).
             a_token_restores_once,
             a_repeated_claim_answers_the_same,

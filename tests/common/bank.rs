@@ -256,6 +256,7 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("metrics", cfg!(feature = "metrics")),
     ("etcd", cfg!(feature = "etcd")),
     ("etcd-tls", cfg!(feature = "etcd-tls")),
+    ("apalis", cfg!(feature = "apalis")),
 ];
 
 /// The binary of example `name`, built by cargo (into the same target dir

@@ -98,6 +98,10 @@ pub mod flight;
     feature = "metrics"
 ))]
 pub mod guide;
+// The README's examples are doctests too: what a newcomer copies compiles.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub mod job;
 mod key;
 pub mod layer;

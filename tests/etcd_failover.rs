@@ -144,11 +144,14 @@ async fn scenario(fault: Fault) {
         let probe = req(&format!("probe{n}"), &format!("p{n}"), LONG, Duration::ZERO);
         match backend.acquire(&probe).await {
             Ok(l) => {
-                if back.is_none() && first_failure.is_some() {
-                    back = Some(start.elapsed());
-                }
-                if first_failure.is_none() && back.is_none() {
-                    back = Some(Duration::ZERO);
+                // Back after the last failure (a probe may get through
+                // before the fault bites, and fail after).
+                if back.is_none() {
+                    back = Some(if first_failure.is_some() {
+                        start.elapsed()
+                    } else {
+                        Duration::ZERO
+                    });
                 }
                 let _ = backend
                     .release(probe.key(), Holder::new(probe.owner(), l.fence))
@@ -157,6 +160,7 @@ async fn scenario(fault: Fault) {
             Err(e) => {
                 assert!(unavailable(&e), "{fault:?}: a probe failed with {e:?}");
                 first_failure.get_or_insert(start.elapsed());
+                back = None;
             }
         }
         assert!(
@@ -290,7 +294,10 @@ async fn a_grant_whose_reply_was_lost_expires_at_its_ttl() {
     // reply: the first data etcd sends after the flag is set, which is the
     // acquisition's reply unless a lease keep-alive's came first (then the
     // acquisition succeeds, and is tried again).
-    let ttl = Duration::from_millis(600);
+    // Long enough to outlive the failed call's op timeout and the status
+    // read after it on a loaded machine (the holder's process frees the
+    // lock at its TTL), short enough for the waiter's max wait below.
+    let ttl = Duration::from_secs(3);
     let warm = req("warm", "w", ttl, Duration::ZERO);
     let l = backend.acquire(&warm).await.unwrap();
     backend

@@ -45,6 +45,14 @@ pub enum LockError {
     InvalidTtl(&'static str),
     /// The owner token is empty, too long or not printable ASCII.
     InvalidOwner(&'static str),
+    /// A lock kind that cannot be used: zero permits, more than
+    /// [`MAX_PERMITS`](crate::MAX_PERMITS), or a `Lock-Mode` header that is
+    /// not `exclusive`, `shared` or `permits=N`.
+    InvalidKind(&'static str),
+    /// The key is held under another family of [`LockKind`](crate::LockKind)
+    /// (permits beside shared or exclusive holders, or another number of
+    /// permits): refused at once, never queued.
+    KindMismatch,
     /// The lock's metadata is not a JSON object, is larger than
     /// [`MAX_METADATA_BYTES`](crate::MAX_METADATA_BYTES), nested deeper than
     /// [`MAX_METADATA_DEPTH`](crate::MAX_METADATA_DEPTH), or has a NUL
@@ -93,6 +101,8 @@ impl LockError {
             LockError::InvalidTtl(_) => "LOCK_INVALID_TTL",
             LockError::InvalidOwner(_) => "LOCK_INVALID_OWNER",
             LockError::InvalidMetadata(_) => "LOCK_INVALID_METADATA",
+            LockError::InvalidKind(_) => "LOCK_INVALID_KIND",
+            LockError::KindMismatch => "LOCK_KIND_MISMATCH",
             LockError::InvalidHeader(_) => "LOCK_INVALID_HEADER",
             LockError::NotAllowed(_) => "LOCK_NOT_ALLOWED",
             LockError::BackendUnavailable(_) => "LOCK_BACKEND_UNAVAILABLE",
@@ -115,12 +125,13 @@ impl LockError {
             | LockError::Timeout { .. }
             | LockError::Expired => StatusCode::TOO_MANY_REQUESTS,
             LockError::NotFound => StatusCode::NOT_FOUND,
-            LockError::OwnershipMismatch => StatusCode::CONFLICT,
+            LockError::OwnershipMismatch | LockError::KindMismatch => StatusCode::CONFLICT,
             LockError::AlreadyReleased => StatusCode::GONE,
             LockError::InvalidKey(_)
             | LockError::InvalidTtl(_)
             | LockError::InvalidOwner(_)
             | LockError::InvalidMetadata(_)
+            | LockError::InvalidKind(_)
             | LockError::InvalidHeader(_)
             | LockError::NotAllowed(_) => StatusCode::BAD_REQUEST,
             LockError::BackendUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -181,6 +192,10 @@ impl fmt::Display for LockError {
             LockError::InvalidTtl(why) => write!(f, "invalid lock TTL: {why}"),
             LockError::InvalidOwner(why) => write!(f, "invalid owner token: {why}"),
             LockError::InvalidMetadata(why) => write!(f, "invalid lock metadata: {why}"),
+            LockError::InvalidKind(why) => write!(f, "invalid lock kind: {why}"),
+            LockError::KindMismatch => f.write_str(
+                "the lock is held under another kind (permits beside shared or exclusive holds, or another number of permits)",
+            ),
             LockError::InvalidHeader(why) => write!(f, "invalid lock header: {why}"),
             LockError::NotAllowed(why) => write!(f, "lock not allowed: {why}"),
             LockError::BackendUnavailable(why) => write!(f, "lock backend unavailable: {why}"),
@@ -316,6 +331,8 @@ mod tests {
             LockError::InvalidTtl("x"),
             LockError::InvalidOwner("x"),
             LockError::InvalidMetadata("x"),
+            LockError::InvalidKind("x"),
+            LockError::KindMismatch,
             LockError::InvalidHeader("x"),
             LockError::NotAllowed("x"),
             LockError::Unsupported("x"),
@@ -336,6 +353,8 @@ mod tests {
                 "LOCK_INVALID_TTL",
                 "LOCK_INVALID_OWNER",
                 "LOCK_INVALID_METADATA",
+                "LOCK_INVALID_KIND",
+                "LOCK_KIND_MISMATCH",
                 "LOCK_INVALID_HEADER",
                 "LOCK_NOT_ALLOWED",
                 "LOCK_UNSUPPORTED",

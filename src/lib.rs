@@ -69,6 +69,8 @@
 //! | `LOCK_INVALID_HEADER`, `LOCK_NOT_ALLOWED` | 400 | a client-directed lock ([`ClientLocks`]) with a bad header, or over the server's limits |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
+//! | `LOCK_INVALID_KIND` | 400 | zero or more than 1024 permits, a `Lock-Mode` header that names no kind |
+//! | `LOCK_KIND_MISMATCH` | 409 | the key is held under another kind (permits beside shared/exclusive holds, another number of permits) |
 //! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
 //! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] or [`HeldLock`] extractor behind no [`LockLayer`] (see [`MissingLocks`]) |
 //! | `LOCK_NOT_REQUESTED` | 500 | the same on a request the layer named no lock for |
@@ -136,5 +138,5 @@ pub use metadata::{LockMetadata, MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
-pub use spec::{LockSpec, MAX_OWNER_BYTES, MAX_TTL};
+pub use spec::{LockKind, LockSpec, MAX_OWNER_BYTES, MAX_PERMITS, MAX_TTL};
 pub use watchdog::LostSignal;

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use super::Holder;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
+use crate::spec::LockKind;
 
 /// What a successful acquisition or extension returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,11 @@ impl Lease {
 }
 
 /// What a status lookup finds for a held lock.
+///
+/// A lock held shared or under permits has several holders: the fields
+/// `owner` to `ttl_remaining` and `metadata` describe the hold that expires
+/// first (the earliest a waiter can hope for), and
+/// [`holders`](LockStatus::holders) lists them all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStatus {
@@ -59,6 +65,57 @@ pub struct LockStatus {
     /// The metadata the holder stored with this acquisition
     /// ([`AcquireRequest::metadata`](super::AcquireRequest::metadata)), if any.
     pub metadata: Option<LockMetadata>,
+    /// How the lock is held: exclusive, shared or under permits.
+    pub kind: LockKind,
+    /// Every holder of a lock held shared or under permits, in grant order;
+    /// empty for an exclusive lock, whose one holder the fields above
+    /// describe.
+    pub holders: Vec<Hold>,
+}
+
+/// One holder of a lock held shared or under permits
+/// ([`LockStatus::holders`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Hold {
+    /// The holder's owner token.
+    pub owner: String,
+    /// The fence of this hold.
+    pub fence: u64,
+    /// When it was granted.
+    pub acquired_at: SystemTime,
+    /// When it expires unless extended.
+    pub expires_at: SystemTime,
+    /// Time left before it expires.
+    pub ttl_remaining: Duration,
+    /// The metadata this acquisition stored, if any.
+    pub metadata: Option<LockMetadata>,
+}
+
+impl Hold {
+    /// A hold of `owner` under `fence`.
+    pub fn new(
+        owner: String,
+        fence: u64,
+        acquired_at: SystemTime,
+        expires_at: SystemTime,
+        ttl_remaining: Duration,
+    ) -> Self {
+        Hold {
+            owner,
+            fence,
+            acquired_at,
+            expires_at,
+            ttl_remaining,
+            metadata: None,
+        }
+    }
+
+    /// The same hold with its `metadata`.
+    pub fn with_metadata(mut self, metadata: Option<LockMetadata>) -> Self {
+        self.metadata = metadata;
+        self
+    }
 }
 
 impl LockStatus {
@@ -78,7 +135,30 @@ impl LockStatus {
             ttl_remaining,
             waiters: 0,
             metadata: None,
+            kind: LockKind::Exclusive,
+            holders: Vec::new(),
         }
+    }
+
+    /// The status of a lock held as `kind` by `holders` (at least one; the
+    /// one that expires first fills the fields of the status). `None` if
+    /// `holders` is empty.
+    pub fn of_holders(kind: LockKind, mut holders: Vec<Hold>) -> Option<Self> {
+        holders.sort_by_key(|h| h.fence);
+        let first = holders.iter().min_by_key(|h| h.expires_at)?;
+        let mut status = LockStatus::new(
+            first.owner.clone(),
+            first.fence,
+            first.acquired_at,
+            first.expires_at,
+            first.ttl_remaining,
+        )
+        .with_metadata(first.metadata.clone());
+        status.kind = kind;
+        if kind != LockKind::Exclusive {
+            status.holders = holders;
+        }
+        Some(status)
     }
 
     /// The same status with the holder's `metadata`.

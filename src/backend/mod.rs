@@ -39,9 +39,29 @@
 //!   later acquisition by a reused custom owner). `extend` sets the remaining TTL (check it with
 //!   [`validate_ttl`]) and never revives an expired lock. **Force release**
 //!   frees whoever holds, handing over to the queue as a release does.
+//! - **Kinds** ([`AcquireRequest::kind`], [`LockKind`](crate::LockKind)).
+//!   A shared acquisition holds beside other shared holds; `Permits(n)`
+//!   beside fewer than `n` holds of `Permits(n)`; exclusive alone. Each hold
+//!   has its own owner, attempt, fence (from the same sequence as exclusive
+//!   ones: strictly greater than any earlier acquisition of the key), TTL
+//!   and metadata; release, extend, claim and renewals name one hold by
+//!   its [`Holder`]. A request of another family than the key's live
+//!   holders (permits beside shared/exclusive, another `n`) is
+//!   [`LockError::KindMismatch`] at once, never queued. The queue is one
+//!   FIFO across kinds: a newcomer joins the holders only when nobody live
+//!   is queued; when holds end (release, expiry, force release), the head
+//!   of the queue is granted, and after it every following waiter that fits
+//!   beside what is held (consecutive shared waiters; permits while there is
+//!   room), stopping at the first that does not. A busy answer's
+//!   `retry_after` is the earliest expiry among the holds. A backend that
+//!   holds exclusive locks only answers [`LockError::Unsupported`] for
+//!   another kind, never an exclusive lock instead.
 //! - **Status** answers who holds the lock, with [`LockStatus::waiters`]
 //!   and the holder's [`LockStatus::metadata`]: what its acquisition carried
-//!   ([`AcquireRequest::metadata`]), never an earlier holder's.
+//!   ([`AcquireRequest::metadata`]), never an earlier holder's. For a key
+//!   held shared or under permits, [`LockStatus::of_holders`] builds it from
+//!   every live [`Hold`]; [`LockBackend::held_by`] lists one entry per hold
+//!   of the owner.
 //! - **Lookups by owner** ([`LockBackend::held_by`]) list the locks an owner
 //!   token holds now, verified against the locks; an index they need must
 //!   not cost the default acquire/release path a round trip (make it
@@ -97,7 +117,7 @@ use crate::key::LockKey;
 pub use crate::spec::{AcquireRequest, validate_ttl};
 pub use flight::{FlightPublish, FlightResult, FlightStart, FlightWait};
 pub use holder::Holder;
-pub use lease::{ExtendRequest, HeldBy, Lease, LockStatus};
+pub use lease::{ExtendRequest, HeldBy, Hold, Lease, LockStatus};
 
 pub(crate) use arc::join_all;
 pub use shared::{AsSharedBackend, SharedBackend};
@@ -117,6 +137,18 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod shared;
+
+/// For a backend that holds exclusive locks only: an acquisition of another
+/// kind answers [`LockError::Unsupported`] (never an exclusive lock instead).
+pub(crate) fn exclusive_only(
+    req: &AcquireRequest,
+) -> Option<BoxFuture<'_, Result<Lease, LockError>>> {
+    (req.kind() != crate::spec::LockKind::Exclusive).then(|| {
+        Box::pin(std::future::ready(Err(LockError::Unsupported(
+            "this backend holds exclusive locks only: shared holds and permits are not implemented on it yet",
+        )))) as BoxFuture<'_, _>
+    })
+}
 
 /// A boxed, `Send` future, as returned by [`LockBackend`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

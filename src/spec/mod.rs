@@ -10,8 +10,10 @@ use crate::error::LockError;
 use crate::key::{LockKey, Scope};
 use crate::metadata::LockMetadata;
 
+mod kind;
 mod request;
 
+pub use kind::{LockKind, MAX_PERMITS};
 pub use request::AcquireRequest;
 use request::RequestExtras;
 pub(crate) use request::owners_match;
@@ -53,6 +55,7 @@ pub struct LockSpec {
     scope: Scope,
     auto_release: bool,
     watchdog: Option<bool>,
+    kind: LockKind,
     // Boxed, as few specs set any: 8 bytes in every spec instead of ~120,
     // which keeps it under the 128 bytes where moves become `memcpy` calls.
     extras: Option<Box<SpecExtras>>,
@@ -99,6 +102,7 @@ impl fmt::Debug for LockSpec {
             .field("owner", &extras.and_then(|e| e.owner.as_ref()))
             .field("auto_release", &self.auto_release)
             .field("watchdog", &self.watchdog)
+            .field("kind", &self.kind)
             .field("metadata", &extras.and_then(|e| e.metadata.as_ref()))
             .field("min_hold", &extras.and_then(|e| e.min_hold))
             .field("refused", &extras.and_then(|e| e.refused.as_ref()))
@@ -141,6 +145,7 @@ impl LockSpec {
             scope,
             auto_release: true,
             watchdog: None,
+            kind: LockKind::Exclusive,
             extras: None,
         }
     }
@@ -215,6 +220,50 @@ impl LockSpec {
     /// The minimum hold, if any.
     pub fn get_min_hold(&self) -> Option<Duration> {
         self.extras.as_ref()?.min_hold
+    }
+
+    /// Take a shared (read) hold: held together with other shared holds of
+    /// the key, never beside an exclusive one (see [`LockKind`]). The
+    /// default is exclusive.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockKind, LockSpec};
+    ///
+    /// // GETs of one document run together; a PUT (exclusive) waits for them.
+    /// let read = LockSpec::new("doc:7", Duration::from_secs(10)).shared();
+    /// assert_eq!(read.get_kind(), LockKind::Shared);
+    /// ```
+    pub fn shared(self) -> Self {
+        self.kind(LockKind::Shared)
+    }
+
+    /// Take one of `n` permits of the key: at most `n` holders at once,
+    /// across every instance (see [`LockKind::Permits`]). `n` is 1 to
+    /// [`MAX_PERMITS`]; every holder of the key must ask for the same `n`.
+    /// Checked where the spec is used: [`LockError::InvalidKind`] (`400`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockKind, LockSpec};
+    ///
+    /// // At most two report exports per tenant at once.
+    /// let spec = LockSpec::global("exports:acme", Duration::from_secs(120)).permits(2);
+    /// assert_eq!(spec.get_kind(), LockKind::Permits(2));
+    /// ```
+    pub fn permits(self, n: u32) -> Self {
+        self.kind(LockKind::Permits(n))
+    }
+
+    /// Set the kind of hold (default [`LockKind::Exclusive`]).
+    pub fn kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The kind of hold.
+    pub fn get_kind(&self) -> LockKind {
+        self.kind
     }
 
     /// Wait up to `max_wait` for a busy lock (default zero: one attempt).
@@ -323,19 +372,17 @@ impl LockSpec {
             None => new_owner_token(),
         };
         validate_ttl(self.ttl)?;
+        self.kind.validate()?;
         // A generated owner token names this attempt by itself.
         let attempt = if custom.is_none() {
             0
         } else {
             new_attempt_id()
         };
-        Ok(AcquireRequest::from_parts(
-            key,
-            owner,
-            (self.ttl, self.max_wait),
-            attempt,
-            extras,
-        ))
+        Ok(
+            AcquireRequest::from_parts(key, owner, (self.ttl, self.max_wait), attempt, extras)
+                .with_kind_unchecked(self.kind),
+        )
     }
 
     /// The key of a global spec, validated: what to ask

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{new_attempt_id, new_owner_token, validate_owner, validate_ttl};
+use super::{LockKind, new_attempt_id, new_owner_token, validate_owner, validate_ttl};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
@@ -22,6 +22,7 @@ pub struct AcquireRequest {
     // Which attempt this is (see `attempt()`); 0 exactly when the owner
     // token was made for this acquisition alone.
     attempt: u64,
+    kind: LockKind,
     // Boxed, as few requests have any: 8 bytes instead of 32, which keeps
     // the request under the 128 bytes where moves become `memcpy` calls.
     extras: Option<Box<RequestExtras>>,
@@ -56,6 +57,7 @@ impl fmt::Debug for AcquireRequest {
             .field("ttl", &self.ttl)
             .field("max_wait", &self.max_wait)
             .field("attempt", &self.attempt)
+            .field("kind", &self.kind)
             .field("metadata", &self.metadata())
             .field("min_hold", &self.min_hold())
             .finish()
@@ -77,6 +79,7 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt,
+            kind: LockKind::Exclusive,
             extras,
         }
     }
@@ -98,8 +101,27 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt: new_attempt_id(),
+            kind: LockKind::Exclusive,
             extras: None,
         })
+    }
+
+    /// The same request for a hold of `kind` (default exclusive); checked:
+    /// [`LockError::InvalidKind`] for zero or too many permits.
+    pub fn with_kind(self, kind: LockKind) -> Result<Self, LockError> {
+        kind.validate()?;
+        Ok(self.with_kind_unchecked(kind))
+    }
+
+    /// [`with_kind`](AcquireRequest::with_kind) of a kind already checked.
+    pub(crate) fn with_kind_unchecked(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The kind of hold asked for.
+    pub fn kind(&self) -> LockKind {
+        self.kind
     }
 
     /// The same request, storing `metadata` with the lock.
@@ -154,6 +176,7 @@ impl AcquireRequest {
             ttl,
             max_wait,
             attempt: 0,
+            kind: LockKind::Exclusive,
             extras: None,
         })
     }

@@ -26,6 +26,7 @@ mod harness;
 mod identity;
 mod input;
 mod keys;
+mod kinds;
 mod lifecycle;
 mod middleware;
 mod queue;
@@ -41,6 +42,7 @@ mod tests {
     pub use super::flight_http::*;
     pub use super::identity::*;
     pub use super::input::*;
+    pub use super::kinds::*;
     pub use super::lifecycle::*;
     pub use super::middleware::*;
     pub use super::queue::*;
@@ -265,5 +267,33 @@ for_each_backend! {
         multi_thread: [
             concurrent_requests_are_mutually_exclusive,
         ],
+    }
+}
+
+/// Shared holds and permits (`LockKind`), on the backends that hold them.
+mod kinds_suite {
+    for_each_backend! {
+        backends {
+            memory =>
+                crate::harness::memory_backend(),
+                crate::harness::memory_backend_paused(),
+                (start_paused = true),
+        }
+        tests {
+            real_time: [
+                shared_holds_run_together_and_keep_a_writer_out,
+                a_queued_writer_blocks_later_readers,
+                consecutive_queued_readers_are_granted_together,
+                permits_admit_n_and_serve_the_rest_in_order,
+                each_hold_is_released_and_extended_on_its_own,
+                kinds_that_cannot_meet_are_refused_and_never_queue,
+                the_layer_takes_shared_holds_and_permits,
+            ],
+            virtual_time: [
+                an_expired_permit_goes_to_the_queue_not_to_a_newcomer,
+                a_crashed_holder_frees_only_its_own_permit_at_its_ttl,
+            ],
+            multi_thread: [],
+        }
     }
 }

@@ -320,6 +320,9 @@ impl LockBackend for EtcdBackend {
     }
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
+        if let Some(refused) = super::exclusive_only(req) {
+            return refused;
+        }
         Box::pin(self.acquire_inner(req))
     }
 

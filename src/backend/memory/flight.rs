@@ -161,7 +161,7 @@ impl Inner {
     ) -> Result<(), LockError> {
         let mut flights = self.flights.lock();
         // The leader's own lock, still held: release it (handing it on).
-        let released = self.free_if(key, |e, expired| {
+        let released = self.free_if(key, |e, expired, _| {
             if expired {
                 // Not held by anyone: free it for waiters right away, as a
                 // release would; the result is not stored.

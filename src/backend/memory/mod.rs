@@ -24,6 +24,7 @@
 //! - Uses tokio's clock, so tests can pause and advance time.
 
 mod flight;
+mod group;
 mod queue;
 mod sweep;
 mod table;

@@ -9,14 +9,16 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use super::group::settle;
 use super::table::{Attempt, Entry, Inner, next_fence};
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
-use crate::spec::AcquireRequest;
+use crate::spec::{AcquireRequest, LockKind};
 
 pub(super) struct Waiter {
+    pub(super) kind: LockKind,
     pub(super) owner: Arc<str>,
     pub(super) attempt: u64,
     pub(super) ttl: Duration,
@@ -27,30 +29,67 @@ pub(super) struct Waiter {
     pub(super) nudge: Arc<Notify>,
 }
 
-/// Give the lock in `entry` to its first live waiter, with a fresh fence.
-/// `false` if there is none: the caller removes the entry. The waiter now
-/// at the head of the queue is nudged to learn the new expiry, which may
-/// come before the one it sleeps until.
+/// Give the lock in `entry` to its first live waiters, each with a fresh
+/// fence: the head of the queue, and after it every waiter that fits beside
+/// what is granted (consecutive shared waiters, permits while there is
+/// room). The entry's state says what is free: a group's holds are live
+/// (the caller pruned them); without a group, the exclusive holder is gone.
+/// Whether the entry is held afterwards; `false`: nobody holds it and
+/// nobody was waiting, the caller removes it. The waiter now at the head of
+/// the queue is nudged to learn the new expiry, which may come before the
+/// one it sleeps until.
 pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
-    let Some(extra) = entry.extra.as_mut() else {
-        return false;
+    let (mut held, mut holders) = match entry.group() {
+        Some(g) => (Some(g.kind), g.holds.len()),
+        None => (None, 0),
     };
-    while let Some(w) = extra.waiters.pop_front() {
+    let mut granted = false;
+    loop {
+        let Some(w) = entry.extra.as_mut().and_then(|e| e.waiters.pop_front()) else {
+            break;
+        };
+        if w.tx.is_closed() {
+            continue;
+        }
+        if held.is_some_and(|k| !w.kind.fits_beside(k, holders)) {
+            // Not its turn yet: it stays at the head.
+            entry.queue().push_front(w);
+            break;
+        }
         let wall = SystemTime::now();
+        let now = Instant::now();
         let fence = next_fence(fence);
         let lease = Lease::new(fence, wall, wall, w.ttl);
-        if w.tx.send(lease).is_ok() {
+        if w.tx.send(lease).is_err() {
+            continue;
+        }
+        granted = true;
+        if w.kind == LockKind::Exclusive {
             entry.owner = w.owner;
             entry.attempt = w.attempt;
             entry.fence = fence;
             entry.acquired_at = wall;
-            entry.expires = Instant::now() + w.ttl;
+            entry.expires = now + w.ttl;
             entry.set_metadata(w.metadata);
-            nudge_head(entry);
-            return true;
+            held = Some(LockKind::Exclusive);
+            break;
         }
+        entry.add_hold(
+            w.kind,
+            w.owner,
+            w.attempt,
+            (fence, wall),
+            w.ttl,
+            w.metadata,
+            now,
+        );
+        held = Some(w.kind);
+        holders += 1;
     }
-    false
+    if granted {
+        nudge_head(entry);
+    }
+    held.is_some()
 }
 
 /// The lock of `entry` now expires earlier than its waiters may think: the
@@ -93,11 +132,8 @@ impl Inner {
         let Some(mut occupied) = shard.find_entry(hash, key) else {
             return Recheck::Gone;
         };
-        if occupied.get().expires > now {
-            return Recheck::HeldUntil(occupied.get().expires);
-        }
-        if self.hand_off(occupied.get_mut()) {
-            let at = occupied.get().expires;
+        if settle(&self.fence, occupied.get_mut(), now) {
+            let at = occupied.get().earliest_expiry();
             shard.expires_at(at);
             Recheck::HeldUntil(at)
         } else {
@@ -151,6 +187,7 @@ impl Inner {
     pub(super) fn acquire_now(&self, req: &AcquireRequest) -> Option<Result<Lease, LockError>> {
         match self.try_acquire(req, false) {
             Attempt::Acquired(lease) => Some(Ok(lease)),
+            Attempt::Mismatch => Some(Err(LockError::KindMismatch)),
             Attempt::Busy {
                 holder_expires,
                 now,
@@ -177,6 +214,7 @@ pub(super) async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease
         let may_wait = deadline.is_some_and(|d| d > Instant::now());
         let (rx, holder_expires, now) = match inner.try_acquire(req, may_wait) {
             Attempt::Acquired(lease) => return Ok(lease),
+            Attempt::Mismatch => return Err(LockError::KindMismatch),
             Attempt::Busy {
                 rx,
                 holder_expires,

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 
 use tokio::time::Instant;
 
-use super::queue::hand_off;
+use super::group::settle;
 use super::table::{Entry, Shard};
 
 /// A shard sweeps at most once per this many operations (and at least once
@@ -30,9 +30,10 @@ impl Shard {
         let mut earliest = None::<Instant>;
         let mut live = |e: &mut Entry| {
             // An expired lock with waiters queued goes to the first of them.
-            let live = e.expires > now || hand_off(fence, e);
+            let live = settle(fence, e, now);
             if live {
-                earliest = Some(earliest.map_or(e.expires, |t| t.min(e.expires)));
+                let at = e.earliest_expiry();
+                earliest = Some(earliest.map_or(at, |t| t.min(at)));
             }
             live
         };

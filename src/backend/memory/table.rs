@@ -12,12 +12,13 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::flight::Flights;
+use super::group::{Group, settle};
 use super::queue::{Waiter, nudge_head};
 use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
-use crate::spec::{AcquireRequest, owners_match};
+use crate::spec::{AcquireRequest, LockKind, owners_match};
 
 /// Shards of the table: operations on different shards never contend.
 pub(super) const SHARDS: usize = 64;
@@ -128,6 +129,8 @@ pub(super) struct Entry {
 pub(super) struct Extra {
     pub(super) waiters: VecDeque<Waiter>,
     pub(super) metadata: Option<LockMetadata>,
+    // Held shared or under permits: the holds (see `group.rs`).
+    pub(super) group: Option<Group>,
 }
 
 impl Extra {
@@ -137,6 +140,7 @@ impl Extra {
             Box::new(Extra {
                 waiters: VecDeque::new(),
                 metadata: Some(m),
+                group: None,
             })
         })
     }
@@ -151,7 +155,13 @@ impl Entry {
     }
 
     /// What `status` answers for this entry, held at `now`.
-    pub(super) fn status(&self, now: Instant) -> LockStatus {
+    pub(super) fn status(&self, now: Instant) -> Option<LockStatus> {
+        if self.group().is_some() {
+            return self.group_status(now);
+        }
+        if self.expires <= now {
+            return None;
+        }
         let remaining = self.expires.saturating_duration_since(now);
         LockStatus::new(
             self.owner.to_string(),
@@ -162,6 +172,7 @@ impl Entry {
         )
         .with_waiters(self.live_waiters())
         .with_metadata(self.metadata().cloned())
+        .into()
     }
 
     /// Queued acquirers still waiting.
@@ -195,12 +206,23 @@ impl Entry {
     }
 }
 
+/// A group hold not found: `true` if others hold the key.
+fn mismatch_or_gone(held: bool) -> LockError {
+    if held {
+        LockError::OwnershipMismatch
+    } else {
+        LockError::NotFound
+    }
+}
+
 pub(super) fn next_fence(fence: &AtomicU64) -> u64 {
     fence.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 pub(super) enum Attempt {
     Acquired(Lease),
+    /// Held under another family of kinds: refused, never queued.
+    Mismatch,
     Busy {
         rx: Option<(oneshot::Receiver<Lease>, Arc<Notify>)>,
         holder_expires: Instant,
@@ -234,55 +256,28 @@ impl Inner {
         let (hash, mut shard) = self.shard(req.key(), now);
         let wall = SystemTime::now();
         if let Some(entry) = shard.find_mut(hash, req.key()) {
-            // Expired while waiters are queued: they come first, as after a
-            // release; a newcomer does not barge past them.
-            let expired = entry.expires <= now;
-            let handed = (expired && self.hand_off(entry)).then_some(entry.expires);
-            if entry.expires > now && !entry.held_by(req) {
-                let rx = may_wait.then(|| {
-                    let (tx, rx) = oneshot::channel();
-                    let nudge = Arc::new(Notify::new());
-                    let waiters = entry.queue();
-                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
-                        waiters.retain(|w| !w.tx.is_closed());
-                    }
-                    waiters.push_back(Waiter {
-                        owner: req.owner_arc().clone(),
-                        attempt: req.attempt(),
-                        ttl: req.ttl(),
-                        metadata: req.metadata().cloned(),
-                        tx,
-                        nudge: nudge.clone(),
-                    });
-                    (rx, nudge)
-                });
-                let busy = Attempt::Busy {
-                    rx,
-                    holder_expires: entry.expires,
-                    now,
-                };
-                if let Some(at) = handed {
-                    shard.expires_at(at);
-                }
-                return busy;
+            let (attempt, expiry) = self.try_entry(entry, req, now, wall, may_wait);
+            if let Some(at) = expiry {
+                shard.expires_at(at);
             }
-            // Free (expired, nobody queued), or already ours (a retry of
-            // this very attempt): take it. Taken anew after expiry, it gets a
-            // new fence.
-            if expired || !entry.held_by(req) {
-                entry.owner = req.owner_arc().clone();
-                entry.attempt = req.attempt();
-                entry.fence = self.next_fence();
-                entry.acquired_at = wall;
-                entry.set_metadata(req.metadata().cloned());
-            }
-            entry.expires = now + req.ttl();
-            let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
-            shard.expires_at(now + req.ttl());
+            return attempt;
+        }
+        shard.expires_at(now + req.ttl());
+        if req.kind() != LockKind::Exclusive {
+            let mut entry = Entry {
+                key: req.key().clone(),
+                owner: req.owner_arc().clone(),
+                attempt: req.attempt(),
+                fence: 0,
+                acquired_at: wall,
+                expires: now,
+                extra: None,
+            };
+            let lease = self.new_hold(&mut entry, req, now, wall);
+            shard.insert(entry);
             return Attempt::Acquired(lease);
         }
         let fence = self.next_fence();
-        shard.expires_at(now + req.ttl());
         shard.insert(Entry {
             key: req.key().clone(),
             owner: req.owner_arc().clone(),
@@ -295,21 +290,134 @@ impl Inner {
         Attempt::Acquired(Lease::new(fence, wall, wall, req.ttl()))
     }
 
+    /// [`try_acquire`](Inner::try_acquire) of a key that has an entry; also
+    /// the earliest expiry it set, for the shard's bound.
+    fn try_entry(
+        &self,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        now: Instant,
+        wall: SystemTime,
+        may_wait: bool,
+    ) -> (Attempt, Option<Instant>) {
+        // Ran out while waiters are queued: they come first, as after a
+        // release; a newcomer does not barge past them. Holds of a group
+        // that ran out make room for the queue in the same way.
+        let expired = entry.expires <= now;
+        let handed = ((expired || entry.group().is_some()) && settle(&self.fence, entry, now))
+            .then(|| entry.earliest_expiry());
+        let mine = now + req.ttl();
+        let either = Some(handed.map_or(mine, |at| at.min(mine)));
+        if entry.expires > now {
+            if let Some(lease) = entry.group_retry(req, now) {
+                return (Attempt::Acquired(lease), either);
+            }
+            if entry.group().is_some() || !entry.held_by(req) {
+                if !req.kind().same_family(entry.kind()) {
+                    return (Attempt::Mismatch, handed);
+                }
+                if !entry.room_for(req.kind()) {
+                    return (self.queue_up(entry, req, now, may_wait), handed);
+                }
+                let lease = self.new_hold(entry, req, now, wall);
+                return (Attempt::Acquired(lease), either);
+            }
+        } else if req.kind() != LockKind::Exclusive {
+            // Free: the first hold of a group.
+            let lease = self.new_hold(entry, req, now, wall);
+            return (Attempt::Acquired(lease), either);
+        }
+        // Free (expired, nobody queued), or already ours (a retry of this
+        // very attempt): take it. Taken anew after expiry, it gets a new
+        // fence.
+        if entry.expires <= now || !entry.held_by(req) {
+            entry.owner = req.owner_arc().clone();
+            entry.attempt = req.attempt();
+            entry.fence = self.next_fence();
+            entry.acquired_at = wall;
+            entry.set_metadata(req.metadata().cloned());
+        }
+        entry.expires = mine;
+        let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
+        (Attempt::Acquired(lease), either)
+    }
+
+    /// A hold of `req`'s shared or permit kind added to `entry`.
+    fn new_hold(
+        &self,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Lease {
+        entry.add_hold(
+            req.kind(),
+            req.owner_arc().clone(),
+            req.attempt(),
+            (self.next_fence(), wall),
+            req.ttl(),
+            req.metadata().cloned(),
+            now,
+        )
+    }
+
+    /// `req` finds the lock held by others: join the queue if it may wait.
+    fn queue_up(
+        &self,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        now: Instant,
+        may_wait: bool,
+    ) -> Attempt {
+        let rx = may_wait.then(|| {
+            let (tx, rx) = oneshot::channel();
+            let nudge = Arc::new(Notify::new());
+            let waiters = entry.queue();
+            if waiters.len() >= 64 && waiters.len().is_power_of_two() {
+                waiters.retain(|w| !w.tx.is_closed());
+            }
+            waiters.push_back(Waiter {
+                kind: req.kind(),
+                owner: req.owner_arc().clone(),
+                attempt: req.attempt(),
+                ttl: req.ttl(),
+                metadata: req.metadata().cloned(),
+                tx,
+                nudge: nudge.clone(),
+            });
+            (rx, nudge)
+        });
+        Attempt::Busy {
+            rx,
+            holder_expires: entry.earliest_expiry(),
+            now,
+        }
+    }
+
     /// Free the lock of `key` if `check` accepts its entry (given whether it
-    /// has expired): hand it to a waiter or remove it. `None` if no entry.
+    /// has expired), or the part of a group's holds that `check` removed:
+    /// hand it to waiters or remove the entry. `None` if no entry.
     pub(super) fn free_if<T>(
         &self,
         key: &LockKey,
-        check: impl FnOnce(&Entry, bool) -> Result<T, T>,
+        check: impl FnOnce(&mut Entry, bool, Instant) -> Result<T, T>,
     ) -> Option<T> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard(key, now);
         let mut occupied = shard.find_entry(hash, key)?;
-        let expired = occupied.get().expires <= now;
-        match check(occupied.get(), expired) {
+        let entry = occupied.get_mut();
+        let expired = entry.expires <= now;
+        let group = entry.group().is_some();
+        match check(entry, expired, now) {
             Ok(out) => {
-                if self.hand_off(occupied.get_mut()) {
-                    let at = occupied.get().expires;
+                // An exclusive holder is gone; a group keeps its other holds.
+                let held = if group {
+                    settle(&self.fence, entry, now)
+                } else {
+                    self.hand_off(entry)
+                };
+                if held {
+                    let at = occupied.get().earliest_expiry();
                     shard.expires_at(at);
                 } else {
                     occupied.remove();
@@ -322,17 +430,19 @@ impl Inner {
 
     /// Release on behalf of a waiter that was handed the lock but is gone.
     pub(super) fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
-        self.free_if(key, |e, _| {
-            if e.fence == fence && owners_match(&e.owner, owner) {
-                Ok(())
-            } else {
-                Err(())
-            }
-        });
+        let _ = self.release(key, Holder::new(owner, fence));
     }
 
     pub(super) fn release(&self, key: &LockKey, holder: Holder<'_>) -> Result<(), LockError> {
-        let result = self.free_if(key, |e, expired| {
+        let result = self.free_if(key, |e, expired, now| {
+            if e.group().is_some() {
+                return match e.remove_hold(holder, now) {
+                    Ok(()) => Ok(Ok(())),
+                    Err(true) => Err(Err(LockError::OwnershipMismatch)),
+                    // Every hold ran out: free it for waiters right away.
+                    Err(false) => Ok(Err(LockError::NotFound)),
+                };
+            }
             if expired {
                 // Not held by anyone: free it for waiters right away.
                 Ok(Err(LockError::NotFound))
@@ -355,6 +465,13 @@ impl Inner {
         let now = Instant::now();
         let (hash, mut shard) = self.shard(key, now);
         let entry = shard.find_mut(hash, key).ok_or(LockError::NotFound)?;
+        if entry.group().is_some() {
+            let lease = entry
+                .extend_hold(holder, ttl, now)
+                .map_err(mismatch_or_gone)?;
+            shard.expires_at(now + ttl);
+            return Ok(lease);
+        }
         if entry.expires <= now {
             return Err(LockError::NotFound);
         }
@@ -382,6 +499,11 @@ impl Inner {
         let now = Instant::now();
         let (hash, mut shard) = self.shard(key, now);
         let entry = shard.find_mut(hash, key).ok_or(LockError::NotFound)?;
+        if entry.group().is_some() {
+            return entry
+                .claim_hold(holder, attempt, || self.next_fence(), now)
+                .map_err(mismatch_or_gone);
+        }
         if entry.expires <= now {
             return Err(LockError::NotFound);
         }
@@ -404,15 +526,20 @@ impl Inner {
     }
 
     pub(super) fn force_release(&self, key: &LockKey) -> bool {
-        self.free_if(key, |_, expired| Ok(!expired))
-            .unwrap_or(false)
+        self.free_if(key, |e, expired, now| {
+            Ok(if e.group().is_some() {
+                e.clear_holds(now)
+            } else {
+                !expired
+            })
+        })
+        .unwrap_or(false)
     }
 
     pub(super) fn status(&self, key: &LockKey) -> Option<LockStatus> {
         let now = Instant::now();
         let (hash, shard) = self.shard(key, now);
-        let entry = shard.find(hash, key).filter(|e| e.expires > now)?;
-        Some(entry.status(now))
+        shard.find(hash, key)?.status(now)
     }
 
     /// The locks `owner` holds, at most `limit`, sorted by key: a walk over
@@ -424,8 +551,14 @@ impl Inner {
             let now = Instant::now();
             let shard = lock(shard);
             for entry in shard.young.iter().chain(shard.old.iter()) {
-                if entry.expires > now && owners_match(&entry.owner, owner) {
-                    found.push(HeldBy::new(entry.key.clone(), entry.status(now)));
+                if entry.group().is_some() {
+                    let holds = entry.group_held_by(owner, now).into_iter();
+                    found.extend(holds.map(|s| HeldBy::new(entry.key.clone(), s)));
+                } else if entry.expires > now
+                    && owners_match(&entry.owner, owner)
+                    && let Some(status) = entry.status(now)
+                {
+                    found.push(HeldBy::new(entry.key.clone(), status));
                 }
             }
         }

@@ -368,6 +368,9 @@ impl LockBackend for PostgresBackend {
     /// A lock with metadata costs one more statement, after the
     /// acquisition.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
+        if let Some(refused) = super::exclusive_only(req) {
+            return refused;
+        }
         Box::pin(async move {
             let lease = self.acquire_inner(req).await?;
             if let Some(metadata) = req.metadata()

@@ -1,0 +1,485 @@
+//! Shared holds and permits (`LockKind`), the same contract on every
+//! backend: who may hold together, who waits, in what order the queue is
+//! served, fences across kinds, kinds that cannot meet, and each holder's
+//! own TTL, release and extension.
+//!
+//! Asserted as state (the holders right after an event), not as timing.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Request, StatusCode};
+use tokio::task::JoinHandle;
+use tower_lock::backend::{AcquireRequest, Holder, Lease};
+use tower_lock::{LockError, LockKey, LockKind, LockLayer, LockSpec, SharedBackend};
+
+use super::harness::Harness;
+use super::support::*;
+
+const LONG: Duration = Duration::from_secs(30);
+const PATIENT: Duration = Duration::from_secs(10);
+
+fn kreq(
+    key: &LockKey,
+    owner: &str,
+    kind: LockKind,
+    ttl: Duration,
+    wait: Duration,
+) -> AcquireRequest {
+    areq(key, owner, ttl, wait)
+        .with_kind(kind)
+        .expect("valid kind")
+}
+
+fn spawn_acquire(b: &SharedBackend, req: AcquireRequest) -> JoinHandle<Result<Lease, LockError>> {
+    let b = b.clone();
+    tokio::spawn(async move { b.acquire(&req).await })
+}
+
+/// The owners holding `key` now, in grant order (one for an exclusive lock).
+async fn holders(h: &Harness, key: &LockKey) -> (LockKind, Vec<String>, usize) {
+    match status_of(&h.backend, key).await {
+        None => (LockKind::Exclusive, Vec::new(), 0),
+        Some(st) if st.holders.is_empty() => (st.kind, vec![st.owner], st.waiters),
+        Some(st) => (
+            st.kind,
+            st.holders.into_iter().map(|h| h.owner).collect(),
+            st.waiters,
+        ),
+    }
+}
+
+async fn release(h: &Harness, key: &LockKey, owner: &str) {
+    h.backend
+        .release(key, Holder::owner_only(owner))
+        .await
+        .unwrap_or_else(|e| panic!("release {owner}: {e:?}"));
+}
+
+/// Readers hold together; a writer is refused while any reader holds, and
+/// gets in once the last one leaves. Every acquisition, shared or not, gets
+/// a fence above all earlier ones.
+pub async fn shared_holds_run_together_and_keep_a_writer_out(h: Harness) {
+    let key = gkey("doc");
+    let shared = |o| kreq(&key, o, LockKind::Shared, LONG, Duration::ZERO);
+    let r1 = h.backend.acquire(&shared("r1")).await.unwrap();
+    let r2 = h.backend.acquire(&shared("r2")).await.unwrap();
+    assert!(r2.fence > r1.fence);
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Shared, vec!["r1".into(), "r2".into()], 0)
+    );
+    let writer = areq(&key, "w", LONG, Duration::ZERO);
+    let refused = h.backend.acquire(&writer).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::AcquisitionFailed {
+                retry_after: Some(_)
+            })
+        ),
+        "a writer beside readers: {refused:?}"
+    );
+    release(&h, &key, "r1").await;
+    assert_eq!(holders(&h, &key).await.1, vec!["r2".to_owned()]);
+    assert!(matches!(
+        h.backend.acquire(&writer).await,
+        Err(LockError::AcquisitionFailed { .. })
+    ));
+    release(&h, &key, "r2").await;
+    let w = h
+        .backend
+        .acquire(&writer)
+        .await
+        .expect("free for the writer");
+    assert!(w.fence > r2.fence);
+    assert_eq!(holders(&h, &key).await.1, vec!["w".to_owned()]);
+    // And a reader is kept out by the writer.
+    assert!(matches!(
+        h.backend.acquire(&shared("r3")).await,
+        Err(LockError::AcquisitionFailed { .. })
+    ));
+    release(&h, &key, "w").await;
+    assert_eq!(status_of(&h.backend, &key).await, None);
+}
+
+/// A writer queued behind readers blocks the readers that come after it
+/// (no writer starvation): right after the last early reader leaves, the
+/// writer holds, and the late reader is still queued; it gets in when the
+/// writer leaves.
+pub async fn a_queued_writer_blocks_later_readers(h: Harness) {
+    let key = gkey("doc");
+    let shared = |o, wait| kreq(&key, o, LockKind::Shared, LONG, wait);
+    h.backend
+        .acquire(&shared("r1", Duration::ZERO))
+        .await
+        .unwrap();
+    let writer = spawn_acquire(&h.backend, areq(&key, "w", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    let late = spawn_acquire(&h.backend, shared("r2", PATIENT));
+    h.until_queued(&key, 2).await;
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["r1".to_owned()],
+        "r2 barged past the writer"
+    );
+
+    release(&h, &key, "r1").await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Exclusive, vec!["w".into()], 1),
+        "handed to the writer at once; the late reader still waits"
+    );
+    let w = writer
+        .await
+        .unwrap()
+        .expect("the writer was handed the lock");
+    release(&h, &key, "w").await;
+    assert_eq!(holders(&h, &key).await.1, vec!["r2".to_owned()]);
+    assert!(late.await.unwrap().unwrap().fence > w.fence);
+    release(&h, &key, "r2").await;
+}
+
+/// Consecutive readers at the head of the queue are granted together, up to
+/// the next writer; the queue keeps its order across kinds.
+pub async fn consecutive_queued_readers_are_granted_together(h: Harness) {
+    let key = gkey("doc");
+    h.backend
+        .acquire(&areq(&key, "w1", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let mut queued = Vec::new();
+    for (i, (owner, kind)) in [
+        ("r1", LockKind::Shared),
+        ("r2", LockKind::Shared),
+        ("w2", LockKind::Exclusive),
+        ("r3", LockKind::Shared),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        queued.push(spawn_acquire(
+            &h.backend,
+            kreq(&key, owner, kind, LONG, PATIENT),
+        ));
+        h.until_queued(&key, i + 1).await;
+    }
+    release(&h, &key, "w1").await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Shared, vec!["r1".into(), "r2".into()], 2)
+    );
+    release(&h, &key, "r1").await;
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["r2".to_owned()],
+        "w2 waits for every reader"
+    );
+    release(&h, &key, "r2").await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Exclusive, vec!["w2".into()], 1)
+    );
+    release(&h, &key, "w2").await;
+    assert_eq!(holders(&h, &key).await.1, vec!["r3".to_owned()]);
+    release(&h, &key, "r3").await;
+    let mut fences = Vec::new();
+    for q in queued {
+        fences.push(q.await.unwrap().expect("every waiter was served").fence);
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences in grant order: {fences:?}"
+    );
+}
+
+/// `n` permits: `n` holders at once, the next ones queue and are served in
+/// order, each as soon as a permit is given back.
+pub async fn permits_admit_n_and_serve_the_rest_in_order(h: Harness) {
+    let key = gkey("exports");
+    let permit = |o, wait| kreq(&key, o, LockKind::Permits(2), LONG, wait);
+    let p1 = h
+        .backend
+        .acquire(&permit("p1", Duration::ZERO))
+        .await
+        .unwrap();
+    let p2 = h
+        .backend
+        .acquire(&permit("p2", Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(p2.fence > p1.fence);
+    let third = h.backend.acquire(&permit("p3", Duration::ZERO)).await;
+    assert!(
+        matches!(
+            third,
+            Err(LockError::AcquisitionFailed {
+                retry_after: Some(_)
+            })
+        ),
+        "a third permit of two: {third:?}"
+    );
+    let p3 = spawn_acquire(&h.backend, permit("p3", PATIENT));
+    h.until_queued(&key, 1).await;
+    let p4 = spawn_acquire(&h.backend, permit("p4", PATIENT));
+    h.until_queued(&key, 2).await;
+    let st = status_of(&h.backend, &key).await.unwrap();
+    assert_eq!(
+        (st.kind, st.holders.len(), st.waiters),
+        (LockKind::Permits(2), 2, 2)
+    );
+
+    release(&h, &key, "p1").await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Permits(2), vec!["p2".into(), "p3".into()], 1),
+        "the permit went to the oldest waiter at once"
+    );
+    release(&h, &key, "p2").await;
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["p3".to_owned(), "p4".to_owned()]
+    );
+    let (f3, f4) = (
+        p3.await.unwrap().unwrap().fence,
+        p4.await.unwrap().unwrap().fence,
+    );
+    assert!(p2.fence < f3 && f3 < f4);
+    release(&h, &key, "p3").await;
+    release(&h, &key, "p4").await;
+    assert_eq!(status_of(&h.backend, &key).await, None);
+}
+
+/// A newcomer never takes a free permit while earlier requests queue for
+/// one: a permit that ran out goes to the head of the queue.
+pub async fn an_expired_permit_goes_to_the_queue_not_to_a_newcomer(h: Harness) {
+    let key = gkey("exports");
+    let permit = |o, ttl, wait| kreq(&key, o, LockKind::Permits(2), ttl, wait);
+    h.backend
+        .acquire(&permit("p1", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    h.backend
+        .acquire(&permit("p2", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = h
+        .frozen_waiter(permit("waiter", h.units(10), h.units(30)))
+        .await;
+    // Only now does p2's hold get short: the waiter queued before it ran out.
+    h.backend
+        .extend(&key, Holder::owner_only("p2"), h.units(1))
+        .await
+        .unwrap();
+    h.advance(h.units(2)).await;
+    let newcomer = h
+        .backend
+        .acquire(&permit("newcomer", h.units(10), Duration::ZERO))
+        .await;
+    assert!(
+        matches!(newcomer, Err(LockError::AcquisitionFailed { .. })),
+        "a newcomer barged past the queue: {newcomer:?}"
+    );
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["p1".to_owned(), "waiter".to_owned()]
+    );
+    waiter.thaw().await.expect("the waiter holds a permit");
+    release(&h, &key, "waiter").await;
+    release(&h, &key, "p1").await;
+}
+
+/// Each holder has its own TTL: a holder that never gives its permit back
+/// frees only that permit, when its own TTL ends.
+pub async fn a_crashed_holder_frees_only_its_own_permit_at_its_ttl(h: Harness) {
+    let key = gkey("exports");
+    let permit = |o, ttl| kreq(&key, o, LockKind::Permits(2), ttl, Duration::ZERO);
+    h.backend
+        .acquire(&permit("crashed", h.units(2)))
+        .await
+        .unwrap();
+    h.backend
+        .acquire(&permit("alive", h.units(30)))
+        .await
+        .unwrap();
+    assert!(h.backend.acquire(&permit("p3", h.units(30))).await.is_err());
+    h.advance(h.units(3)).await;
+    h.backend
+        .acquire(&permit("p3", h.units(30)))
+        .await
+        .expect("the crashed holder's permit is free");
+    assert!(h.backend.acquire(&permit("p4", h.units(30))).await.is_err());
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["alive".to_owned(), "p3".to_owned()]
+    );
+    release(&h, &key, "alive").await;
+    release(&h, &key, "p3").await;
+}
+
+/// Release, extend and restore name one hold among several (owner and
+/// fence); a stale fence is refused; an extension changes only its hold.
+pub async fn each_hold_is_released_and_extended_on_its_own(h: Harness) {
+    let key = gkey("doc");
+    let shared = |o| kreq(&key, o, LockKind::Shared, LONG, Duration::ZERO);
+    let a = h.backend.acquire(&shared("a")).await.unwrap();
+    let b = h.backend.acquire(&shared("b")).await.unwrap();
+    assert_eq!(
+        h.backend.release(&key, Holder::new("a", b.fence)).await,
+        Err(LockError::OwnershipMismatch),
+        "a's owner with b's fence names no hold"
+    );
+    assert_eq!(
+        h.backend
+            .extend(&key, Holder::new("c", a.fence), LONG)
+            .await,
+        Err(LockError::OwnershipMismatch)
+    );
+    let extended = h
+        .backend
+        .extend(&key, Holder::new("b", b.fence), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(extended.fence, b.fence);
+    let st = status_of(&h.backend, &key).await.unwrap();
+    let left = |o: &str| {
+        st.holders
+            .iter()
+            .find(|h| h.owner == o)
+            .unwrap()
+            .ttl_remaining
+    };
+    assert!(left("b") > LONG && left("a") <= LONG, "{st:?}");
+    // The status's own fields describe the hold that ends first.
+    assert_eq!(st.owner, "a");
+    h.backend
+        .release(&key, Holder::new("a", a.fence))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.backend.release(&key, Holder::new("a", a.fence)).await,
+        Err(LockError::OwnershipMismatch),
+        "a released twice while b holds"
+    );
+    h.backend
+        .release(&key, Holder::new("b", b.fence))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.backend.release(&key, Holder::new("b", b.fence)).await,
+        Err(LockError::NotFound)
+    );
+}
+
+/// Kinds of another family are refused at once with `KindMismatch`, even
+/// with a max wait, and never queue.
+pub async fn kinds_that_cannot_meet_are_refused_and_never_queue(h: Harness) {
+    let key = gkey("k");
+    let get = |o, kind| kreq(&key, o, kind, LONG, PATIENT);
+    h.backend
+        .acquire(&get("p1", LockKind::Permits(2)))
+        .await
+        .unwrap();
+    for kind in [LockKind::Permits(3), LockKind::Exclusive, LockKind::Shared] {
+        assert_eq!(
+            h.backend.acquire(&get("x", kind)).await,
+            Err(LockError::KindMismatch),
+            "{kind} beside permits=2"
+        );
+    }
+    release(&h, &key, "p1").await;
+    h.backend
+        .acquire(&get("r", LockKind::Shared))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.backend.acquire(&get("x", LockKind::Permits(1))).await,
+        Err(LockError::KindMismatch)
+    );
+    assert_eq!(status_of(&h.backend, &key).await.unwrap().waiters, 0);
+    release(&h, &key, "r").await;
+    h.backend
+        .acquire(&get("w", LockKind::Exclusive))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.backend.acquire(&get("x", LockKind::Permits(4))).await,
+        Err(LockError::KindMismatch)
+    );
+    release(&h, &key, "w").await;
+    // Free again, the key takes any kind.
+    h.backend
+        .acquire(&get("p", LockKind::Permits(3)))
+        .await
+        .unwrap();
+    release(&h, &key, "p").await;
+}
+
+/// Through the layer: readers run together, a writer's request is `429`
+/// while they hold, permits admit `n`, and a kind that cannot meet the
+/// holders is `409 LOCK_KIND_MISMATCH`; bad permits are `400`.
+pub async fn the_layer_takes_shared_holds_and_permits(h: Harness) {
+    let ctl = Ctl::default();
+    let kind_of = |req: &Request<Body>| -> Option<LockKind> {
+        req.headers().get("x-kind")?.to_str().ok()?.parse().ok()
+    };
+    let hook = move |req: &Request<Body>| {
+        let kind = kind_of(req).unwrap_or_default();
+        Some(LockSpec::global("res", LONG).kind(kind))
+    };
+    let app = Router::new().route(
+        "/r",
+        gated(&ctl).layer(LockLayer::from_fn(h.backend.clone(), hook)),
+    );
+    let with_kind = |kind: &str, gate: bool| {
+        let req = if gate {
+            gated_req("/r")
+        } else {
+            post_req("/r")
+        };
+        with_header(req, "x-kind", kind.as_bytes())
+    };
+    let r1 = spawn_send(&app, with_kind("shared", true));
+    let r2 = spawn_send(&app, with_kind("shared", true));
+    ctl.entered().await;
+    ctl.entered().await;
+    let writer = send(&app, with_kind("exclusive", false)).await;
+    writer.assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    assert!(writer.retry_after().is_some());
+    send(&app, with_kind("permits=2", false))
+        .await
+        .assert_rejection(409, "LOCK_KIND_MISMATCH");
+    assert_eq!(ctl.runs(), 2, "refused requests never reach the handler");
+    ctl.open(2);
+    assert_eq!(r1.await.unwrap().status, StatusCode::OK);
+    assert_eq!(r2.await.unwrap().status, StatusCode::OK);
+    assert_comes_free(&h, &gkey("res")).await;
+
+    let ctl = Ctl::default();
+    let permits = move |_: &Request<Body>| LockSpec::global("exports", LONG).permits(2);
+    let app = Router::new().route(
+        "/e",
+        gated(&ctl).layer(LockLayer::from_fn(h.backend.clone(), permits)),
+    );
+    let e1 = spawn_send(&app, gated_req("/e"));
+    let e2 = spawn_send(&app, gated_req("/e"));
+    ctl.entered().await;
+    ctl.entered().await;
+    send(&app, post_req("/e"))
+        .await
+        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    ctl.open(2);
+    assert_eq!(e1.await.unwrap().status, StatusCode::OK);
+    assert_eq!(e2.await.unwrap().status, StatusCode::OK);
+    assert_comes_free(&h, &gkey("exports")).await;
+
+    let none = move |_: &Request<Body>| LockSpec::global("exports", LONG).permits(0);
+    let app = Router::new().route(
+        "/z",
+        axum::routing::post(|| async { "ran" }).layer(LockLayer::from_fn(h.backend.clone(), none)),
+    );
+    send(&app, post_req("/z"))
+        .await
+        .assert_rejection(400, "LOCK_INVALID_KIND");
+}

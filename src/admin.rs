@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on, + `"metadata"` when [`show_metadata`](Admin::show_metadata) is on); `{"key", "locked": false}` when free |
+//! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence", "kind"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on, + `"metadata"` when [`show_metadata`](Admin::show_metadata) is on); a lock held shared or under permits (`"kind": "shared"` or `"permits=N"`) also lists `"holders"`, each with the same fields, and the top-level fields describe the hold that ends first; `{"key", "locked": false}` when free |
 //! | `DELETE /locks/{key}` + header `lock-owner` (and optionally `lock-fence`) | release, checked against the owner token (and the fence: only that acquisition of a reused owner token): `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the owner header, `400 LOCK_INVALID_HEADER` for a fence that is not a number |
 //! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
 //!
@@ -194,6 +194,31 @@ async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: U
                 && let Some(metadata) = &s.metadata
             {
                 body["metadata"] = metadata.to_value();
+            }
+            if !s.holders.is_empty() {
+                // Shared or under permits: the fields above are the hold
+                // that ends first; every hold, in grant order.
+                body["kind"] = Value::from(s.kind.to_string());
+                let holders = s.holders.iter().map(|h| {
+                    let mut hold = json!({
+                        "acquired_at": rfc3339(h.acquired_at),
+                        "expires_at": rfc3339(h.expires_at),
+                        "ttl_remaining_ms": h.ttl_remaining.as_millis() as u64,
+                        "fence": h.fence,
+                    });
+                    if admin.show_owner {
+                        hold["owner"] = Value::from(h.owner.clone());
+                    }
+                    if admin.show_metadata
+                        && let Some(metadata) = &h.metadata
+                    {
+                        hold["metadata"] = metadata.to_value();
+                    }
+                    hold
+                });
+                body["holders"] = Value::Array(holders.collect());
+            } else {
+                body["kind"] = Value::from("exclusive");
             }
             json_response(StatusCode::OK, &body)
         }

@@ -10,11 +10,11 @@ use http::{HeaderName, Request};
 use crate::error::LockError;
 use crate::key::{Scope, normalise};
 use crate::layer::headers::{
-    LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL,
+    LOCK_AUTO_RELEASE, LOCK_BLOCK, LOCK_KEY, LOCK_MODE, LOCK_OWNER, LOCK_SCOPE, LOCK_TTL,
 };
 use crate::layer::request::LockRequest;
 use crate::percent;
-use crate::spec::LockSpec;
+use crate::spec::{LockKind, LockSpec};
 
 /// A [`LockRequest`] that lets the **client** ask for a lock with its
 /// request (Forrst's `atomicLock` extension), within limits the server sets.
@@ -29,19 +29,23 @@ use crate::spec::LockSpec;
 /// | `Lock-Owner` | `owner` | a custom owner token (1 to 128 bytes of visible ASCII) |
 /// | `Lock-Auto-Release` | `auto_release` | `true` (default) or `false`: keep the lock after the response |
 /// | `Lock-Scope` | `scope` | `function` (default; also `route`): the route's namespace, or `global` |
+/// | `Lock-Mode` | — | `exclusive` (default), `shared` (a read hold) or `permits=N` (one of N), see [`LockKind`](crate::LockKind) |
 ///
 /// Server-side limits: [`max_ttl`](ClientLocks::max_ttl) (default 60 s),
 /// [`max_block`](ClientLocks::max_block) (default 5 s), which keys are
 /// allowed ([`allow_keys`](ClientLocks::allow_keys), default any valid key),
-/// and whether `global` is allowed ([`allow_global`](ClientLocks::allow_global),
+/// whether `global` is allowed ([`allow_global`](ClientLocks::allow_global),
 /// default no: each route's locks live in its own namespace, so a client
-/// cannot lock what another route uses). A bad or over-limit header is
+/// cannot lock what another route uses), and the most permits a
+/// `Lock-Mode: permits=N` may name ([`max_permits`](ClientLocks::max_permits),
+/// default 16). A bad or over-limit header is
 /// answered `400` with the layer's JSON error and a code:
 ///
 /// | code | when |
 /// |---|---|
 /// | `LOCK_INVALID_HEADER` | a header cannot be read (not a number with a unit, not `true`/`false`, an unknown scope, a repeated header, `Lock-TTL` missing) |
-/// | `LOCK_NOT_ALLOWED` | over `max_ttl` or `max_block`, a key the server does not allow, `global` where it is not allowed |
+/// | `LOCK_NOT_ALLOWED` | over `max_ttl`, `max_block` or `max_permits`, a key the server does not allow, `global` where it is not allowed |
+/// | `LOCK_INVALID_KIND` | a `Lock-Mode` that is not `exclusive`, `shared` or `permits=N` (1 to 1024) |
 /// | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | as for any spec |
 ///
 /// Messages never echo the key or the owner. Add
@@ -95,6 +99,7 @@ pub struct ClientLocks {
     default_ttl: Option<Duration>,
     allow_global: bool,
     allow_keys: Option<KeyFilter>,
+    max_permits: u32,
 }
 
 /// The server's predicate over client-chosen keys.
@@ -114,6 +119,7 @@ impl fmt::Debug for ClientLocks {
             .field("default_ttl", &self.default_ttl)
             .field("allow_global", &self.allow_global)
             .field("allow_keys", &self.allow_keys.is_some())
+            .field("max_permits", &self.max_permits)
             .finish()
     }
 }
@@ -128,7 +134,16 @@ impl ClientLocks {
             default_ttl: None,
             allow_global: false,
             allow_keys: None,
+            max_permits: 16,
         }
+    }
+
+    /// The most permits a client may name with `Lock-Mode: permits=N`
+    /// (default 16; 0 refuses permits). Its `N` decides how many hold the
+    /// key at once, so a server keeps it in bounds as it does the TTL.
+    pub fn max_permits(mut self, max_permits: u32) -> Self {
+        self.max_permits = max_permits;
+        self
     }
 
     /// The longest TTL a client may ask for.
@@ -256,10 +271,22 @@ impl ClientLocks {
                 ));
             }
         };
+        let kind = match one(&LOCK_MODE)? {
+            None => LockKind::Exclusive,
+            Some(mode) => mode.parse::<LockKind>()?,
+        };
+        if let LockKind::Permits(n) = kind
+            && n > self.max_permits
+        {
+            return Err(LockError::NotAllowed(
+                "Lock-Mode asks for more permits than this server allows",
+            ));
+        }
         let mut spec = LockSpec::new(key.as_str(), ttl)
             .max_wait(block)
             .scope(scope)
-            .auto_release(auto_release);
+            .auto_release(auto_release)
+            .kind(kind);
         if let Some(owner) = one(&LOCK_OWNER)? {
             spec = spec.owner(owner);
         }
@@ -309,6 +336,38 @@ mod tests {
         for bad in ["", "s", "-1", "1.5s", "1d", "10 s", "9999999999999"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn lock_mode_names_the_kind_within_the_servers_bound() {
+        let req = |mode: Option<&str>| {
+            let mut b = Request::post("/x")
+                .header("lock-key", "k")
+                .header("lock-ttl", "5s");
+            if let Some(mode) = mode {
+                b = b.header("lock-mode", mode);
+            }
+            b.body(()).unwrap()
+        };
+        let locks = ClientLocks::new().max_permits(4);
+        let kind = |mode| locks.spec_for(&req(mode)).map(|s| s.unwrap().get_kind());
+        assert_eq!(kind(None), Ok(LockKind::Exclusive));
+        assert_eq!(kind(Some("shared")), Ok(LockKind::Shared));
+        assert_eq!(kind(Some("permits=4")), Ok(LockKind::Permits(4)));
+        assert!(matches!(
+            kind(Some("permits=5")),
+            Err(LockError::NotAllowed(_))
+        ));
+        assert!(matches!(kind(Some("read")), Err(LockError::InvalidKind(_))));
+        assert!(matches!(
+            kind(Some("permits=0")),
+            Err(LockError::InvalidKind(_))
+        ));
+        let none = ClientLocks::new().max_permits(0);
+        assert!(matches!(
+            none.spec_for(&req(Some("permits=1"))),
+            Err(LockError::NotAllowed(_))
+        ));
     }
 
     #[test]

@@ -108,6 +108,14 @@ impl Meter {
     #[inline(always)]
     pub(crate) fn acquisition(&self, _outcome: &'static str, _wait: Option<Duration>) {}
     #[inline(always)]
+    pub(crate) fn acquisition_of(
+        &self,
+        _kind: crate::spec::LockKind,
+        _outcome: &'static str,
+        _wait: Option<Duration>,
+    ) {
+    }
+    #[inline(always)]
     pub(crate) fn backend_error(&self, _op: &'static str, _e: &LockError) {}
     #[inline(always)]
     pub(crate) fn held(&self, _since: Since) {}
@@ -151,6 +159,7 @@ mod imp {
     use super::{Meter, Since};
     use crate::backend::SharedBackend;
     use crate::error::LockError;
+    use crate::spec::LockKind;
 
     pub(super) const ACQUISITIONS: &str = "tower_lock_acquisitions_total";
     pub(super) const WAIT: &str = "tower_lock_acquire_wait_seconds";
@@ -192,8 +201,12 @@ mod imp {
     pub(super) struct Keys {
         backend: &'static str,
         route: SharedString,
+        /// Exclusive acquisitions, by outcome.
         acquisitions: [Key; 6],
         wait: [Key; 6],
+        /// Shared and permit acquisitions (`[shared, permits]`), made the
+        /// first time a route takes one.
+        other_kinds: OnceLock<Box<[[[Key; 6]; 2]; 2]>>,
         held: Key,
         renewals: Key,
         lost: Key,
@@ -206,28 +219,58 @@ mod imp {
         }
 
         fn new(backend: &'static str, route: SharedString) -> Self {
-            let labels = |extra: Option<(&'static str, &'static str)>| {
-                let mut labels = vec![
-                    Label::new("backend", backend),
-                    Label::new("route", route.clone()),
-                ];
-                if let Some((k, v)) = extra {
-                    labels.push(Label::new(k, v));
-                }
-                labels
-            };
-            let by_outcome =
-                |name| OUTCOMES.map(|o| Key::from_parts(name, labels(Some(("outcome", o)))));
+            let labels = labels(backend, &route);
+            let by_outcome = |name| by_outcome(&labels, name, "exclusive");
             Keys {
                 acquisitions: by_outcome(ACQUISITIONS),
                 wait: by_outcome(WAIT),
-                held: Key::from_parts(HELD, labels(None)),
-                renewals: Key::from_parts(RENEWALS, labels(None)),
-                lost: Key::from_parts(LOST, labels(None)),
+                other_kinds: OnceLock::new(),
+                held: Key::from_parts(HELD, labels.clone()),
+                renewals: Key::from_parts(RENEWALS, labels.clone()),
+                lost: Key::from_parts(LOST, labels),
                 backend,
                 route,
             }
         }
+
+        /// The acquisition and wait keys of `kind`, by outcome.
+        fn of_kind(&self, kind: LockKind) -> (&[Key; 6], &[Key; 6]) {
+            let i = match kind {
+                LockKind::Shared => 0,
+                LockKind::Permits(_) => 1,
+                _ => return (&self.acquisitions, &self.wait),
+            };
+            let other = self.other_kinds.get_or_init(|| {
+                let labels = labels(self.backend, &self.route);
+                let of = |kind| {
+                    [
+                        by_outcome(&labels, ACQUISITIONS, kind),
+                        by_outcome(&labels, WAIT, kind),
+                    ]
+                };
+                Box::new([of("shared"), of("permits")])
+            });
+            (&other[i][0], &other[i][1])
+        }
+    }
+
+    fn labels(backend: &'static str, route: &SharedString) -> Vec<Label> {
+        vec![
+            Label::new("backend", backend),
+            Label::new("route", route.clone()),
+        ]
+    }
+
+    /// The keys of metric `name` by outcome, for acquisitions of `kind`
+    /// (`exclusive`, `shared` or `permits`: the number of permits is left
+    /// out, so the series stay few).
+    fn by_outcome(labels: &[Label], name: &'static str, kind: &'static str) -> [Key; 6] {
+        OUTCOMES.map(|o| {
+            let mut labels = labels.to_vec();
+            labels.push(Label::new("kind", kind));
+            labels.push(Label::new("outcome", o));
+            Key::from_parts(name, labels)
+        })
     }
 
     /// The keys of `backend` and the route pattern `route`: made the first
@@ -285,13 +328,23 @@ mod imp {
         /// One acquisition ended with `outcome`; `wait` is how long the
         /// backend took to answer (`None`: it was not asked).
         pub(crate) fn acquisition(&self, outcome: &'static str, wait: Option<Duration>) {
+            self.acquisition_of(LockKind::Exclusive, outcome, wait);
+        }
+
+        /// [`acquisition`](Meter::acquisition) of a lock of `kind`.
+        pub(crate) fn acquisition_of(
+            &self,
+            kind: LockKind,
+            outcome: &'static str,
+            wait: Option<Duration>,
+        ) {
             let Some(k) = &self.labels else { return };
             let i = outcome_index(outcome);
+            let (acquisitions, waits) = k.of_kind(kind);
             metrics::with_recorder(|r| {
-                r.register_counter(&k.acquisitions[i], &METADATA)
-                    .increment(1);
+                r.register_counter(&acquisitions[i], &METADATA).increment(1);
                 if let Some(wait) = wait {
-                    r.register_histogram(&k.wait[i], &METADATA)
+                    r.register_histogram(&waits[i], &METADATA)
                         .record(wait.as_secs_f64());
                 }
             });
@@ -370,12 +423,12 @@ mod imp {
         describe_counter!(
             ACQUISITIONS,
             Unit::Count,
-            "Lock acquisitions by outcome: acquired, busy, timeout, unavailable, invalid, error."
+            "Lock acquisitions by kind (exclusive, shared, permits) and outcome: acquired, busy, timeout, unavailable, invalid, error."
         );
         describe_histogram!(
             WAIT,
             Unit::Seconds,
-            "Time from asking the backend for a lock to its answer, by outcome."
+            "Time from asking the backend for a lock to its answer, by kind and outcome."
         );
         describe_histogram!(
             HELD,

@@ -423,3 +423,37 @@ fn backends_name_themselves_for_the_backend_label() {
     assert_eq!(MemoryBackend::new().name(), "memory");
     assert_eq!(SharedBackend::new(MemoryBackend::new()).name(), "memory");
 }
+
+/// Acquisitions are labelled with their kind: `exclusive`, `shared`, or
+/// `permits` (without the number, so the series stay few).
+#[tokio::test]
+async fn acquisitions_are_labelled_with_their_kind() {
+    snapshotter();
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let app = Router::new().route(
+        "/kinds/{kind}",
+        post(|| async { "done" }).layer(LockLayer::from_fn(backend, |req: &Request<Body>| {
+            let kind = path_params(req).get("kind")?.parse().ok()?;
+            Some(LockSpec::global("kinds", Duration::from_secs(30)).kind(kind))
+        })),
+    );
+    for kind in ["exclusive", "shared", "shared", "permits=3"] {
+        let status = post_status(&app, &format!("/kinds/{kind}")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let r = read();
+    let count = |kind| {
+        r.counter(
+            ACQ,
+            &[
+                ("route", "/kinds/{kind}"),
+                ("kind", kind),
+                ("outcome", "acquired"),
+            ],
+        )
+    };
+    assert_eq!(
+        (count("exclusive"), count("shared"), count("permits")),
+        (1, 2, 1)
+    );
+}

@@ -62,6 +62,36 @@ mod store {
                 .map_err(|e| format!("bad --etcd endpoints: {e}"))
         }
 
+        /// Exports of `id` running now, plus `delta`: a compare-and-swap on
+        /// the count's revision, again until it lands.
+        pub(crate) async fn add_running(&self, id: &str, delta: i64) -> Result<i64, ApiError> {
+            let key = format!("bank/exporting/{id}");
+            let deadline = tokio::time::Instant::now() + STORE_TIMEOUT;
+            loop {
+                let reply = bounded(self.0.kv_client().get(key.clone(), None)).await?;
+                let (count, rev) = match reply.kvs().first() {
+                    None => (0, 0),
+                    Some(kv) => {
+                        let count = std::str::from_utf8(kv.value())
+                            .ok()
+                            .and_then(|v| v.parse::<i64>().ok())
+                            .ok_or_else(|| ApiError::store("a stored count is not a number"))?;
+                        (count, kv.mod_revision())
+                    }
+                };
+                let next = count + delta;
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+                    .and_then([TxnOp::put(key.clone(), next.to_string(), None)]);
+                if bounded(self.0.kv_client().txn(txn)).await?.succeeded() {
+                    return Ok(next);
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(unavailable("the export count kept changing".into()));
+                }
+            }
+        }
+
         pub(crate) async fn get(&self, id: &str) -> Result<i64, ApiError> {
             let reply = bounded(self.0.kv_client().get(plain(id), None)).await?;
             match reply.kvs().first() {
@@ -159,5 +189,6 @@ pub(crate) async fn etcd_bank(endpoints: &str) -> Result<Bank, String> {
         balances: Balances::Etcd(balances),
         fenced: false,
         statements_computed: AtomicU64::new(0),
+        exports: Exports::default(),
     })
 }

@@ -19,8 +19,18 @@
 //!   `lock-expires-at` headers, and the lock is freed by its TTL or by
 //!   `DELETE /admin/locks/account:{id}` with the `lock-owner` header.
 //!   `watchdog=true` renews the lock every TTL/3 while the deposit runs.
-//! - `GET /accounts/{id}` answers `{"balance": n}` without locking
-//!   (`{"balance": n, "fence": f}` with `--fenced`).
+//! - `GET /accounts/{id}` answers `{"balance": n}` (`{"balance": n,
+//!   "fence": f}` with `--fenced`) under a **shared** hold on
+//!   `account:{id}`: reads run together, never beside a deposit (they wait
+//!   up to 5 s for a running one, then `429`), and a deposit finds the
+//!   account busy while reads hold it.
+//! - `POST /accounts/{id}/export?work_ms=M[&wait_ms=W]` holds one of the
+//!   account's **2 permits** (`export:{id}`, across every bank process
+//!   sharing the store; renewed by the watchdog while it works), counts
+//!   itself in the store's count of the account's running exports, works
+//!   `M` ms (at most 60 000) and answers `{"account": id, "running": n}`, `n`
+//!   the exports running when it started, itself included. A third export
+//!   waits up to `W` ms (default 0) for a permit, then gets `429`.
 //! - With `--fenced`, the balance store refuses stale holders: it remembers,
 //!   per account, the highest fence a deposit has read or written it with,
 //!   and a deposit reads and writes with its lock's fence, each atomically
@@ -47,8 +57,11 @@
 //!   (default 0: only those already waiting). `fail=true` makes the
 //!   computation answer `500` (code `STATEMENT_FAILED`), which is neither
 //!   shared nor stored: one waiting request computes in its place.
-//! - `GET /stats` answers `{"statements_computed": n}`: statement
-//!   computations run by this process.
+//! - `GET /stats` answers `{"statements_computed": n,
+//!   "max_concurrent_exports": {"<id>": m, ...}}`: statement computations
+//!   run by this process, and per account the most exports it saw running
+//!   at once (by the store's count, shared by every process: the highest
+//!   over all processes is the most that ever ran together; never above 2).
 //! - With `--metrics` (needs tower-lock's feature `metrics`), `GET /metrics`
 //!   answers tower-lock's metrics in the Prometheus text format (through
 //!   `metrics-exporter-prometheus`): acquisitions of the deposit route by
@@ -96,6 +109,7 @@ use tower_lock::{LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_
 
 mod deposit;
 mod etcd_balances;
+mod export;
 mod metrics;
 mod pg_balances;
 mod redis_balances;
@@ -104,6 +118,7 @@ mod store;
 
 use deposit::*;
 use etcd_balances::*;
+use export::*;
 use metrics::*;
 use pg_balances::*;
 use redis_balances::*;
@@ -281,6 +296,7 @@ async fn run(args: Args) -> Result<(), String> {
             balances: Balances::Memory(Mutex::default()),
             fenced: false,
             statements_computed: AtomicU64::new(0),
+            exports: Exports::default(),
         },
     };
     let bank = Bank {
@@ -339,6 +355,8 @@ struct Bank {
     fenced: bool,
     /// Statement computations run by this process.
     statements_computed: AtomicU64,
+    /// The most exports of each account seen running at once.
+    exports: Exports,
 }
 
 fn router(bank: Arc<Bank>, admin_token: Option<&str>, metrics: Option<Metrics>) -> Router {
@@ -350,7 +368,14 @@ fn router(bank: Arc<Bank>, admin_token: Option<&str>, metrics: Option<Metrics>) 
     let one_statement = SingleFlightLayer::new(flights, statement_flight);
     let mut app = Router::new()
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
-        .route("/accounts/{id}", get(balance))
+        .route(
+            "/accounts/{id}",
+            get(balance).layer(LockLayer::new(bank.locks.clone(), read_lock)),
+        )
+        .route(
+            "/accounts/{id}/export",
+            post(export).layer(LockLayer::new(bank.locks.clone(), export_lock)),
+        )
         .route(
             "/accounts/{id}/statement",
             get(statement).layer(one_statement),

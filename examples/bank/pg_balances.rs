@@ -31,6 +31,7 @@ pub(crate) async fn postgres_bank(url: &str) -> Result<Bank, String> {
         balances: Balances::Postgres(store),
         fenced: false,
         statements_computed: AtomicU64::new(0),
+        exports: Exports::default(),
     })
 }
 
@@ -88,12 +89,31 @@ pub(crate) mod postgres_store {
                     "CREATE TABLE IF NOT EXISTS bank_balances \
                      (id text PRIMARY KEY, balance bigint NOT NULL); \
                      ALTER TABLE bank_balances \
-                     ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0",
+                     ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0; \
+                     CREATE TABLE IF NOT EXISTS bank_exports \
+                     (id text PRIMARY KEY, running bigint NOT NULL)",
                 )
                 .await
             })
             .await
             .map_err(|e| e.message)
+        }
+
+        /// Exports of `id` running now, plus `delta` (one statement).
+        pub(crate) async fn add_running(&self, id: &str, delta: i64) -> Result<i64, ApiError> {
+            let row = self
+                .run(async |c: &tokio_postgres::Client| {
+                    c.query_one(
+                        "INSERT INTO bank_exports (id, running) VALUES ($1, $2) \
+                         ON CONFLICT (id) DO UPDATE \
+                         SET running = bank_exports.running + excluded.running \
+                         RETURNING running",
+                        &[&id, &delta],
+                    )
+                    .await
+                })
+                .await?;
+            Ok(row.get(0))
         }
 
         pub(crate) async fn get(&self, id: &str) -> Result<i64, ApiError> {

@@ -139,6 +139,7 @@ pub(crate) async fn redis_bank(url: &str) -> Result<Bank, String> {
         balances: Balances::Redis(balances),
         fenced: false,
         statements_computed: AtomicU64::new(0),
+        exports: Exports::default(),
     })
 }
 
@@ -237,6 +238,7 @@ pub(crate) async fn redis_cluster_bank(urls: &str) -> Result<Bank, String> {
         balances: Balances::Redis(store),
         fenced: false,
         statements_computed: AtomicU64::new(0),
+        exports: Exports::default(),
     })
 }
 

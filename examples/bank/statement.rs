@@ -82,5 +82,6 @@ pub(crate) async fn statement(
 pub(crate) async fn stats(State(bank): State<Arc<Bank>>) -> Json<serde_json::Value> {
     Json(json!({
         "statements_computed": bank.statements_computed.load(Ordering::Relaxed),
+        "max_concurrent_exports": bank.exports.to_json(),
     }))
 }

@@ -53,6 +53,8 @@ pub(crate) fn stale_fence() -> ApiError {
 pub(crate) struct Account {
     balance: i64,
     fence: u64,
+    /// Exports of the account running now.
+    running: i64,
 }
 
 /// Where balances are kept. Unknown accounts have balance 0 (and fence 0).
@@ -106,6 +108,29 @@ impl Balances {
 }
 
 impl Balances {
+    /// Add `delta` to the number of exports of `id` running now (in every
+    /// process sharing the store), atomically; the new number.
+    pub(crate) async fn add_running(&self, id: &str, delta: i64) -> Result<i64, ApiError> {
+        match self {
+            Balances::Memory(map) => {
+                let mut map = memory(map);
+                let account = map.entry(id.to_owned()).or_default();
+                account.running += delta;
+                Ok(account.running)
+            }
+            #[cfg(feature = "redis")]
+            Balances::Redis(store) => {
+                let mut cmd = deadpool_redis::redis::cmd("INCRBY");
+                cmd.arg(format!("bank:exporting:{id}")).arg(delta);
+                redis_query::<i64>(store, cmd).await
+            }
+            #[cfg(feature = "postgres")]
+            Balances::Postgres(store) => store.add_running(id, delta).await,
+            #[cfg(feature = "etcd")]
+            Balances::Etcd(store) => store.add_running(id, delta).await,
+        }
+    }
+
     /// The balance, for a deposit holding the lock with `fence`: refused if
     /// the account has seen a higher fence, else the fence is remembered (in
     /// one atomic step with the check).

@@ -46,6 +46,10 @@ pub const LOCK_BLOCK: HeaderName = HeaderName::from_static("lock-block");
 /// `lock-auto-release`: `true` (default) or `false`, to keep the lock after
 /// the response (request, [`ClientLocks`](crate::ClientLocks)).
 pub const LOCK_AUTO_RELEASE: HeaderName = HeaderName::from_static("lock-auto-release");
+/// `lock-mode`: `exclusive` (default), `shared` or `permits=N`: the kind of
+/// hold a client asks for (request, [`ClientLocks`](crate::ClientLocks);
+/// see [`LockKind`](crate::LockKind)).
+pub const LOCK_MODE: HeaderName = HeaderName::from_static("lock-mode");
 
 /// Append the headers describing `lock` to `headers`; the owner token only
 /// for a lock `kept` after the response.

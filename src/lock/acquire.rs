@@ -46,7 +46,7 @@ pub(crate) fn acquired(
     if cfg!(feature = "metrics") || !span.is_disabled() {
         let outcome = observe::outcome(&result);
         let wait = sent.elapsed();
-        meter.acquisition(outcome, Some(wait));
+        meter.acquisition_of(req.kind(), outcome, Some(wait));
         observe::close_span(span, outcome, wait);
     }
     span.in_scope(|| match &result {

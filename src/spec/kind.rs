@@ -98,14 +98,10 @@ impl LockKind {
             _ => false,
         }
     }
-
-    /// The wire form: `exclusive`, `shared` or `permits=N` (as in the
-    /// `Lock-Mode` header, the admin API and tokens).
-    pub fn to_wire(self) -> String {
-        self.to_string()
-    }
 }
 
+/// The wire form: `exclusive`, `shared` or `permits=N` (as in the
+/// `Lock-Mode` header and the admin API).
 impl fmt::Display for LockKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -152,7 +148,7 @@ mod tests {
             LockKind::Permits(1),
             LockKind::Permits(MAX_PERMITS),
         ] {
-            assert_eq!(kind.to_wire().parse::<LockKind>().unwrap(), kind);
+            assert_eq!(kind.to_string().parse::<LockKind>().unwrap(), kind);
         }
         assert_eq!("Shared".parse::<LockKind>().unwrap(), LockKind::Shared);
         for bad in [

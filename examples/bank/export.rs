@@ -93,16 +93,26 @@ impl Exports {
     }
 }
 
-/// Counts the export out of the store's running count when it ends, also
-/// when the client goes away and the handler is dropped.
+/// Counts the export out of the store's running count: before the answer
+/// (so before its permit is given back: the count never lags behind the
+/// permits), or, when the client went away and the handler was dropped,
+/// from a task of its own.
 struct Running {
     bank: Arc<Bank>,
-    id: String,
+    id: Option<String>,
+}
+
+impl Running {
+    async fn leave(mut self) -> Result<(), ApiError> {
+        let id = self.id.take().unwrap_or_default();
+        self.bank.balances.add_running(&id, -1).await.map(drop)
+    }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let (bank, id) = (self.bank.clone(), std::mem::take(&mut self.id));
+        let Some(id) = self.id.take() else { return };
+        let bank = self.bank.clone();
         tokio::spawn(async move {
             if let Err(e) = bank.balances.add_running(&id, -1).await {
                 tracing::warn!("an export's end was not counted: {}", e.message);
@@ -122,11 +132,12 @@ pub(crate) async fn export(
     let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let params = ExportParams::from_uri(&uri)?;
     let running = bank.balances.add_running(&id, 1).await?;
-    let _running = Running {
+    let counted = Running {
         bank: bank.clone(),
-        id: id.clone(),
+        id: Some(id.clone()),
     };
     bank.exports.saw(&id, running);
     tokio::time::sleep(params.work).await;
+    counted.leave().await?;
     Ok(Json(json!({ "account": id, "running": running })))
 }

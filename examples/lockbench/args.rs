@@ -21,6 +21,9 @@ pub(crate) enum Workload {
     RawSerial,
     RawParallel32,
     Flight64,
+    Readers64,
+    Permits4,
+    KindsSerial,
 }
 
 impl Workload {
@@ -34,6 +37,9 @@ impl Workload {
             "raw-serial" => Workload::RawSerial,
             "raw-parallel32" => Workload::RawParallel32,
             "flight64" => Workload::Flight64,
+            "readers64" => Workload::Readers64,
+            "permits4" => Workload::Permits4,
+            "kinds-serial" => Workload::KindsSerial,
             _ => return None,
         })
     }
@@ -48,6 +54,9 @@ impl Workload {
             Workload::RawSerial => "raw-serial",
             Workload::RawParallel32 => "raw-parallel32",
             Workload::Flight64 => "flight64",
+            Workload::Readers64 => "readers64",
+            Workload::Permits4 => "permits4",
+            Workload::KindsSerial => "kinds-serial",
         }
     }
 }

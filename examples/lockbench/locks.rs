@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tower_lock::backend::Holder;
 
 use tower_lock::backend::AcquireRequest;
-use tower_lock::{LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{LockError, LockKey, LockKind, LockSpec, OwnedLock, SharedBackend};
 
 use super::args::Api;
 use super::report::{Report, round, us};
@@ -31,16 +31,27 @@ pub(crate) fn err(e: impl std::fmt::Display) -> String {
 
 impl Locker {
     pub(crate) async fn acquire(&self, key: String, max_wait: Duration) -> Result<Held, LockError> {
+        self.acquire_kind(key, max_wait, LockKind::Exclusive).await
+    }
+
+    /// [`acquire`](Locker::acquire) a hold of `kind`.
+    pub(crate) async fn acquire_kind(
+        &self,
+        key: String,
+        max_wait: Duration,
+        kind: LockKind,
+    ) -> Result<Held, LockError> {
         match self.api {
             Api::Owned => {
-                let spec = LockSpec::global(key, TTL).max_wait(max_wait);
+                let spec = LockSpec::global(key, TTL).max_wait(max_wait).kind(kind);
                 OwnedLock::acquire(self.backend.clone(), &spec)
                     .await
                     .map(Held::Owned)
             }
             Api::Backend => {
                 let owner = uuid::Uuid::new_v4().to_string();
-                let req = AcquireRequest::new(LockKey::global(key)?, owner, TTL, max_wait)?;
+                let req = AcquireRequest::new(LockKey::global(key)?, owner, TTL, max_wait)?
+                    .with_kind(kind)?;
                 self.backend.acquire(&req).await?;
                 Ok(Held::Request(req))
             }

@@ -91,6 +91,17 @@
 //!   released; `held` also locks and releases 100,000 keys of their own
 //!   (`release_check_keys_after`); `rtt_*` from serializable reads.
 //!
+//! - `readers64`: 64 tasks on one key, shared holds of 1 ms (`kind`
+//!   shared), each waiting up to 10 s; `permits4`: 16 tasks on one key, 4
+//!   permits, holds of 1 ms. Both report `ops_per_s`, the waits
+//!   (`p50_us`, `p99_us`), `max_concurrent_holders` (never above the
+//!   kind's bound), `utilisation` (holders at once on average: total hold
+//!   time in the window / window) and `same_worker_reacquire_pct` (a grant
+//!   to the worker that gave a hold back last). `kinds-serial`: one task
+//!   cycling fresh keys, exclusive against shared, then against permits(4),
+//!   in alternating slices: `shared_ratio`/`permits_ratio` = the kind's
+//!   cycle time over the exclusive one's.
+//!
 //! `LOCKBENCH_ONLY=a|b` (profiling aid) runs one side of an alternating
 //! comparison only: `a` = unlocked route / empty backend, `b` = locked route
 //! / held backend, e.g. to `perf stat` one side alone.
@@ -98,6 +109,7 @@
 mod args;
 mod flight;
 mod http;
+mod kinds;
 mod locks;
 mod report;
 mod timing;
@@ -161,7 +173,7 @@ mod redis {
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tower_lock::{MemoryBackend, SharedBackend};
+use tower_lock::{LockKind, MemoryBackend, SharedBackend};
 
 use self::args::{Api, Args, BackendArg, Workload};
 use self::http::http;
@@ -172,7 +184,8 @@ pub(crate) const USAGE: &str = "\
 usage: lockbench --backend memory|redis://HOST:PORT|postgres://…|etcd://HOST:PORT[,HOST:PORT…] --workload W --seconds S [--api owned|backend]
        lockbench --backend redis-cluster://HOST:PORT[,HOST:PORT…] --workload W --seconds S [--single-node redis://HOST:PORT]
 
-  W: serial | parallel32 | contended16 | http | held | flight64 | raw-serial | raw-parallel32
+  W: serial | parallel32 | contended16 | http | held | flight64 | readers64 | permits4
+     | kinds-serial | raw-serial | raw-parallel32
      (raw-* need a redis://, postgres:// or etcd:// backend; a cluster runs serial, parallel32, contended16)
   S: length of the measured window, in seconds (> 0)
   --api: owned (default) = OwnedLock::acquire/release, backend = LockBackend::acquire/release
@@ -297,6 +310,18 @@ pub(crate) async fn run_locks(
         Workload::Flight64 => {
             r.put("api", "SingleFlightLayer");
             flight::bursts(locker.backend.clone(), args.seconds, r).await?;
+        }
+        Workload::Readers64 => {
+            r.put("api", api);
+            kinds::holders(locker, LockKind::Shared, 64, args.seconds, r).await?;
+        }
+        Workload::Permits4 => {
+            r.put("api", api);
+            kinds::holders(locker, LockKind::Permits(4), 16, args.seconds, r).await?;
+        }
+        Workload::KindsSerial => {
+            r.put("api", api);
+            kinds::serial(locker, args.seconds, r).await?;
         }
         Workload::RawSerial | Workload::RawParallel32 => {
             unreachable!("rejected by the argument parser")

@@ -45,6 +45,26 @@ TIMEOUT_S = 600
 
 # (name, file, text to find (exactly once), replacement)
 MUTANTS = [
+    # Shared holds and permits (issue 23): tests/behaviour/kinds.rs
+    # (MUTANTS_TESTS="behaviour" scripts/mutants.py kinds).
+    ("kinds-memory-permits-over-n", "src/spec/kind.rs",
+     "n == m && holders < n as usize",
+     "n == m && holders <= n as usize"),
+    ("kinds-memory-writer-beside-readers", "src/spec/kind.rs",
+     "(LockKind::Shared, LockKind::Shared) => true,",
+     "(_, LockKind::Shared) => true,"),
+    ("kinds-memory-newcomer-barges-past-the-queue", "src/backend/memory/group.rs",
+     "            && self.live_waiters() == 0",
+     "            && true"),
+    ("kinds-memory-hand-off-grants-one-reader", "src/backend/memory/queue.rs",
+     "        held = Some(w.kind);\n        holders += 1;",
+     "        held = Some(w.kind);\n        holders += 1;\n        break;"),
+    ("kinds-memory-mismatch-queues", "src/backend/memory/table.rs",
+     "if !req.kind().same_family(entry.kind()) {",
+     "if false {"),
+    ("kinds-memory-ran-out-holds-kept", "src/backend/memory/group.rs",
+     "group.holds.retain(|h| h.expires > now);",
+     "group.holds.retain(|_| true);"),
     # The API pass (issue 26): tests/api.rs and tests/retry_after.rs
     # (MUTANTS_TESTS="api retry_after" scripts/mutants.py api26).
     ("api26-retry-estimate-not-used", "src/layer/retry.rs",
@@ -189,11 +209,11 @@ MUTANTS = [
      "                if false {\n                    // Sent only"),
     # Memory backend
     ("memory-expired-lock-free-for-newcomer", "src/backend/memory/table.rs",
-     "let handed = (expired && self.hand_off(entry)).then_some(entry.expires);",
-     "let handed = (expired && false).then_some(entry.expires);"),
+     "let handed = ((expired || entry.group().is_some()) && settle(&self.fence, entry, now))",
+     "let handed = (false && settle(&self.fence, entry, now))"),
     ("memory-release-without-hand-off", "src/backend/memory/table.rs",
-     "            Ok(out) => {\n                if self.hand_off(occupied.get_mut()) {",
-     "            Ok(out) => {\n                if false && self.hand_off(occupied.get_mut()) {"),
+     "                } else {\n                    self.hand_off(entry)\n                };",
+     "                } else {\n                    false && self.hand_off(entry)\n                };"),
     ("memory-retry-by-owner-only", "src/backend/memory/table.rs",
      "self.attempt == req.attempt() && owners_match(&self.owner, req.owner())",
      "owners_match(&self.owner, req.owner())"),

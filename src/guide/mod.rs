@@ -12,6 +12,8 @@
 //!    `Retry-After` says, every error code.
 //! 3. [Keys, scopes, TTLs and owners](keys_scopes_ttls): what a lock is
 //!    made of; metadata, lookups, client-directed locks.
+//!    [Shared holds and permits](kinds): readers and writers, at most N at
+//!    once per key.
 //! 4. [Redis](redis), Redis Cluster, replicas and failover.
 //! 5. [PostgreSQL](postgres): locks in the database you already have;
 //!    [etcd] (feature `etcd`): locks decided by consensus.
@@ -37,6 +39,8 @@ pub mod locking_routes {}
 pub mod waiting {}
 #[doc = include_str!("keys_scopes_ttls.md")]
 pub mod keys_scopes_ttls {}
+#[doc = include_str!("kinds.md")]
+pub mod kinds {}
 #[doc = include_str!("redis.md")]
 pub mod redis {}
 #[doc = include_str!("postgres.md")]

@@ -47,6 +47,12 @@ TIMEOUT_S = 600
 MUTANTS = [
     # The API pass (issue 26): tests/api.rs and tests/retry_after.rs
     # (MUTANTS_TESTS="api retry_after" scripts/mutants.py api26).
+    ("api26-postgres-builder-skips-schema-check", "src/backend/postgres/build.rs",
+     "check_name(&self.schema, \"schema\")?;",
+     "let _ = &self.schema;"),
+    ("api26-postgres-builder-skips-table-check", "src/backend/postgres/build.rs",
+     "check_name(&self.table, \"table\")?;",
+     "let _ = &self.table;"),
     ("api26-retry-estimate-not-used", "src/layer/retry.rs",
      "(Some(e), Some(r)) => Some(e.min(r)),",
      "(Some(_), Some(r)) => Some(r),"),

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 use tower_lock::{
-    HeldLock, LockError, LockKey, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend,
-    default_rejection, path_params,
+    HeldLock, JobSpec, LockError, LockKey, LockLayer, LockSpec, Locks, MemoryBackend,
+    SharedBackend, default_rejection, path_params,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -35,7 +35,7 @@ async fn send(app: &Router, method: &str, path: &str) -> (StatusCode, http::Head
 
 /// Hold `key` (global) so that the next request for it is refused.
 async fn hold(backend: &SharedBackend, key: &str) -> tower_lock::OwnedLock {
-    tower_lock::OwnedLock::acquire(backend, &LockSpec::global(key, TTL))
+    tower_lock::OwnedLock::acquire(backend, &JobSpec::new(key, TTL))
         .await
         .unwrap()
 }
@@ -224,4 +224,43 @@ fn a_token_reads_and_writes_the_same_json() {
     let token: tower_lock::LockToken = serde_json::from_str(old).unwrap();
     assert_eq!((token.route(), token.ttl_ms()), (None, None));
     assert_eq!(serde_json::to_string(&token).unwrap(), old);
+}
+
+/// A job's spec is global by its type (issue 26, item 4): the lock a job
+/// takes with `JobSpec::new` is the one a route's `LockSpec::global` names,
+/// so a job and a route exclude each other; a route-scoped spec reaches a
+/// job API only through `TryFrom`, which refuses it. (That `LockSpec::new`
+/// passed to `OwnedLock::acquire` does not compile is the `compile_fail`
+/// doctest of `JobSpec`.)
+#[tokio::test]
+async fn a_job_spec_takes_the_global_lock_a_route_names() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let job = JobSpec::new("ledger", TTL).owner("nightly");
+    let lock = tower_lock::OwnedLock::acquire(&backend, &job)
+        .await
+        .unwrap();
+    let status = backend
+        .status(&LockKey::global("ledger").unwrap())
+        .await
+        .unwrap()
+        .expect("held under the bare global key");
+    assert_eq!(status.owner, "nightly");
+    assert_eq!(
+        job.to_lock_key().unwrap(),
+        LockKey::global("ledger").unwrap()
+    );
+
+    // A route locking the same global key is refused while the job holds it.
+    let layer = LockLayer::from_fn(backend.clone(), |_| LockSpec::global("ledger", TTL));
+    let app = Router::new().route("/ledger", post(|| async { "written" }).layer(layer));
+    let (status, _, body) = send(&app, "POST", "/ledger").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    lock.release().await.unwrap();
+
+    // The conversions: into a layer's spec, and back only when global.
+    let spec = LockSpec::from(job);
+    assert_eq!(spec.get_scope(), tower_lock::Scope::Global);
+    assert!(JobSpec::try_from(spec).is_ok());
+    let routed = JobSpec::try_from(LockSpec::new("ledger", TTL)).unwrap_err();
+    assert_eq!(routed.code(), "LOCK_INVALID_KEY");
 }

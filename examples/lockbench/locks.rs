@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tower_lock::backend::Holder;
 
 use tower_lock::backend::AcquireRequest;
-use tower_lock::{LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, LockError, LockKey, OwnedLock, SharedBackend};
 
 use super::args::Api;
 use super::report::{Report, round, us};
@@ -33,7 +33,7 @@ impl Locker {
     pub(crate) async fn acquire(&self, key: String, max_wait: Duration) -> Result<Held, LockError> {
         match self.api {
             Api::Owned => {
-                let spec = LockSpec::global(key, TTL).max_wait(max_wait);
+                let spec = JobSpec::new(key, TTL).max_wait(max_wait);
                 OwnedLock::acquire(self.backend.clone(), &spec)
                     .await
                     .map(Held::Owned)

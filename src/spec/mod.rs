@@ -16,6 +16,9 @@ pub use request::AcquireRequest;
 use request::RequestExtras;
 pub(crate) use request::owners_match;
 
+mod global;
+pub use global::JobSpec;
+
 /// The longest TTL accepted (one year): longer ones are almost surely a unit
 /// mistake, and keep every backend far from integer overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -113,14 +116,15 @@ impl LockSpec {
     ///
     /// Outside a request (a job, [`with_lock`](crate::with_lock),
     /// [`OwnedLock::acquire`](crate::OwnedLock::acquire)) there is no route:
-    /// use [`LockSpec::global`] there.
+    /// those take a [`JobSpec`], global by its type.
     pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
         Self::with_scope(key.into(), ttl, Scope::Route)
     }
 
     /// Lock `key` for at most `ttl`, shared by every route and job that
-    /// names it ([`Scope::Global`]): what a job takes. No waiting, a random
-    /// owner token, released after the response.
+    /// names it ([`Scope::Global`]). No waiting, a random owner token,
+    /// released after the response. A job's own lock is a [`JobSpec`] (the
+    /// same lock, global by its type).
     ///
     /// ```
     /// use std::time::Duration;

@@ -264,3 +264,33 @@ async fn a_job_spec_takes_the_global_lock_a_route_names() {
     let routed = JobSpec::try_from(LockSpec::new("ledger", TTL)).unwrap_err();
     assert_eq!(routed.code(), "LOCK_INVALID_KEY");
 }
+
+/// The layer's "no lock named" reaches extractors that run in a later poll
+/// (a middleware between layer and handler that waits first), and nothing
+/// of it is left for the next request on the thread.
+#[tokio::test]
+async fn not_requested_survives_a_pending_middleware_and_does_not_leak() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let none = LockLayer::from_fn(backend, |_| None::<LockSpec>);
+    let waits_first = axum::middleware::from_fn(
+        |req: Request<Body>, next: axum::middleware::Next| async move {
+            tokio::task::yield_now().await;
+            next.run(req).await
+        },
+    );
+    let app = Router::new()
+        .route(
+            "/later",
+            get(|lock: HeldLock| async move { lock.fence().to_string() })
+                .layer(ServiceBuilder::new().layer(none).layer(waits_first)),
+        )
+        .route(
+            "/bare",
+            get(|lock: HeldLock| async move { lock.fence().to_string() }),
+        );
+    let (status, _, body) = send(&app, "GET", "/later").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["code"], "LOCK_NOT_REQUESTED");
+    let (_, _, body) = send(&app, "GET", "/bare").await;
+    assert_eq!(body["error"]["code"], "LOCK_LAYER_MISSING");
+}

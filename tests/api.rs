@@ -196,6 +196,11 @@ fn a_bad_schema_name_is_a_configuration_error_when_the_backend_is_built() {
     let err = builder.build(url).unwrap_err();
     assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
     assert!(!err.is_retryable());
+    let bad_table = tower_lock::PostgresBackend::builder()
+        .table("job-locks")
+        .build(url)
+        .unwrap_err();
+    assert_eq!(bad_table.code(), "LOCK_INVALID_CONFIG", "{bad_table:?}");
     let good: Result<tower_lock::PostgresBackend, _> = tower_lock::PostgresBackend::builder()
         .schema("app")
         .table("job_locks")

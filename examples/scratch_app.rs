@@ -12,7 +12,7 @@
 //! - a handler returning `Result<_, LockError>`;
 //! - single-flight and a lock on one route, in one `ServiceBuilder`;
 //! - client-directed locks (`ClientLocks`), with a rejection of its own;
-//! - a job taking a global lock on the shared backend (`with_lock`), and a
+//! - a job taking a global lock (`JobSpec`) on the shared backend (`with_lock`), and a
 //!   worker releasing a job's lock when the job is done (`JobLockLayer`).
 
 use std::convert::Infallible;

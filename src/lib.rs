@@ -137,6 +137,7 @@ pub use metadata::{LockMetadata, MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
 pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
 pub use spec::{LockSpec, MAX_OWNER_BYTES, MAX_TTL};
-// A line of its own: what a job locks, global by its type (issue 26, item 4).
-pub use spec::JobSpec;
 pub use watchdog::LostSignal;
+
+// What a job locks, global by its type (issue 26, item 4).
+pub use spec::JobSpec;

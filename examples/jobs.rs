@@ -27,8 +27,8 @@ use tokio::sync::{mpsc, oneshot};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::job::{JobLockLayer, LockedJob};
 use tower_lock::{
-    HeldLock, LockLayer, LockSpec, LockToken, Locks, MemoryBackend, SharedBackend, path_params,
-    with_lock,
+    HeldLock, JobSpec, LockLayer, LockSpec, LockToken, Locks, MemoryBackend, SharedBackend,
+    path_params, with_lock,
 };
 
 /// What the queue carries: the report to build and the lock it runs under.
@@ -192,7 +192,7 @@ async fn main() {
     println!("worker: {}", done.recv().await.expect("the second job"));
 
     // --- 2. A singleton scheduled job: every instance fires, one runs.
-    let nightly = LockSpec::global("cron:nightly-report", Duration::from_secs(60))
+    let nightly = JobSpec::new("cron:nightly-report", Duration::from_secs(60))
         // Finished early or not, hold it 2 s: an instance whose clock fires
         // a little later finds it taken. 60 s at most if the winner crashes.
         .min_hold(Duration::from_secs(2));

@@ -28,7 +28,9 @@ use axum::routing::get;
 use http::Request;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
-use tower_lock::{LockLayer, LockSpec, MemoryBackend, OwnedLock, SharedBackend, path_params};
+use tower_lock::{
+    JobSpec, LockLayer, LockSpec, MemoryBackend, OwnedLock, SharedBackend, path_params,
+};
 
 async fn ok() -> &'static str {
     "ok"
@@ -56,7 +58,7 @@ fn main() {
         let route = match mode.as_str() {
             "serial" => {
                 for i in 0..n {
-                    let spec = LockSpec::global(format!("s:{i}"), Duration::from_secs(30));
+                    let spec = JobSpec::new(format!("s:{i}"), Duration::from_secs(30));
                     let lock = OwnedLock::acquire(backend.clone(), &spec)
                         .await
                         .expect("a fresh key is free");

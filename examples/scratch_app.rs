@@ -12,7 +12,7 @@
 //! - a handler returning `Result<_, LockError>`;
 //! - single-flight and a lock on one route, in one `ServiceBuilder`;
 //! - client-directed locks (`ClientLocks`), with a rejection of its own;
-//! - a job taking a global lock on the shared backend (`with_lock`), and a
+//! - a job taking a global lock (`JobSpec`) on the shared backend (`with_lock`), and a
 //!   worker releasing a job's lock when the job is done (`JobLockLayer`).
 
 use std::convert::Infallible;
@@ -27,8 +27,8 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 use tower_lock::job::{JobLockLayer, LockedJob};
 use tower_lock::{
-    ClientLocks, HeldLock, LockError, LockLayer, LockSpec, LockToken, Locks, MemoryBackend,
-    OwnedLock, SharedBackend, path_params, with_lock,
+    ClientLocks, HeldLock, JobSpec, LockError, LockLayer, LockSpec, LockToken, Locks,
+    MemoryBackend, OwnedLock, SharedBackend, path_params, with_lock,
 };
 
 async fn pay(lock: HeldLock) -> String {
@@ -119,12 +119,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // A job's own lock: global, on the shared backend.
-    let nightly = LockSpec::global("nightly-report", Duration::from_secs(60));
+    let nightly = JobSpec::new("nightly-report", Duration::from_secs(60));
     let rows = with_lock(&backend, &nightly, |lock| async move { lock.fence() }).await?;
     println!("nightly report under fence {rows}");
 
     // A lock handed to a job queue as a token, released when the job is done.
-    let export = LockSpec::global("export:7", Duration::from_secs(60));
+    let export = JobSpec::new("export:7", Duration::from_secs(60));
     let token = OwnedLock::acquire(&backend, &export).await?.into_token();
     let mut worker = ServiceBuilder::new()
         .layer(JobLockLayer::new(backend.clone()))

@@ -140,3 +140,6 @@ pub use observe::describe_metrics;
 pub use path::{PathParams, path_params};
 pub use spec::{LockKind, LockSpec, MAX_OWNER_BYTES, MAX_PERMITS, MAX_TTL};
 pub use watchdog::LostSignal;
+
+// What a job locks, global by its type (issue 26, item 4).
+pub use spec::JobSpec;

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 use tower_lock::{
-    HeldLock, LockError, LockKey, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend,
-    default_rejection, path_params,
+    HeldLock, JobSpec, LockError, LockKey, LockLayer, LockSpec, Locks, MemoryBackend,
+    SharedBackend, default_rejection, path_params,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -35,7 +35,7 @@ async fn send(app: &Router, method: &str, path: &str) -> (StatusCode, http::Head
 
 /// Hold `key` (global) so that the next request for it is refused.
 async fn hold(backend: &SharedBackend, key: &str) -> tower_lock::OwnedLock {
-    tower_lock::OwnedLock::acquire(backend, &LockSpec::global(key, TTL))
+    tower_lock::OwnedLock::acquire(backend, &JobSpec::new(key, TTL))
         .await
         .unwrap()
 }
@@ -183,12 +183,30 @@ fn a_bad_redis_url_is_a_configuration_error() {
     assert!(!err.is_retryable());
 }
 
+/// The builder's setters never fail (no `?` mid-chain, C-BUILDER); a bad
+/// name is reported by the step that makes the backend.
 #[cfg(feature = "postgres")]
 #[test]
-fn a_bad_schema_name_is_a_configuration_error() {
-    let backend = tower_lock::PostgresBackend::from_url("postgres://u@127.0.0.1:1/db").unwrap();
-    let err = backend.schema("Robert'); DROP").unwrap_err();
+fn a_bad_schema_name_is_a_configuration_error_when_the_backend_is_built() {
+    let url = "postgres://u@127.0.0.1:1/db";
+    let builder = tower_lock::PostgresBackend::builder()
+        .schema("Robert'); DROP")
+        .table("locks")
+        .connections(4);
+    let err = builder.build(url).unwrap_err();
     assert_eq!(err.code(), "LOCK_INVALID_CONFIG", "{err:?}");
+    assert!(!err.is_retryable());
+    let bad_table = tower_lock::PostgresBackend::builder()
+        .table("job-locks")
+        .build(url)
+        .unwrap_err();
+    assert_eq!(bad_table.code(), "LOCK_INVALID_CONFIG", "{bad_table:?}");
+    let good: Result<tower_lock::PostgresBackend, _> = tower_lock::PostgresBackend::builder()
+        .schema("app")
+        .table("job_locks")
+        .op_timeout(std::time::Duration::from_secs(1))
+        .build(url);
+    assert_eq!(good.unwrap().get_schema(), "app");
 }
 
 /// A token's accessors read what its serialised form says, and the form
@@ -211,4 +229,73 @@ fn a_token_reads_and_writes_the_same_json() {
     let token: tower_lock::LockToken = serde_json::from_str(old).unwrap();
     assert_eq!((token.route(), token.ttl_ms()), (None, None));
     assert_eq!(serde_json::to_string(&token).unwrap(), old);
+}
+
+/// A job's spec is global by its type (issue 26, item 4): the lock a job
+/// takes with `JobSpec::new` is the one a route's `LockSpec::global` names,
+/// so a job and a route exclude each other; a route-scoped spec reaches a
+/// job API only through `TryFrom`, which refuses it. (That `LockSpec::new`
+/// passed to `OwnedLock::acquire` does not compile is the `compile_fail`
+/// doctest of `JobSpec`.)
+#[tokio::test]
+async fn a_job_spec_takes_the_global_lock_a_route_names() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let job = JobSpec::new("ledger", TTL).owner("nightly");
+    let lock = tower_lock::OwnedLock::acquire(&backend, &job)
+        .await
+        .unwrap();
+    let status = backend
+        .status(&LockKey::global("ledger").unwrap())
+        .await
+        .unwrap()
+        .expect("held under the bare global key");
+    assert_eq!(status.owner, "nightly");
+    assert_eq!(
+        job.to_lock_key().unwrap(),
+        LockKey::global("ledger").unwrap()
+    );
+
+    // A route locking the same global key is refused while the job holds it.
+    let layer = LockLayer::from_fn(backend.clone(), |_| LockSpec::global("ledger", TTL));
+    let app = Router::new().route("/ledger", post(|| async { "written" }).layer(layer));
+    let (status, _, body) = send(&app, "POST", "/ledger").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    lock.release().await.unwrap();
+
+    // The conversions: into a layer's spec, and back only when global.
+    let spec = LockSpec::from(job);
+    assert_eq!(spec.get_scope(), tower_lock::Scope::Global);
+    assert!(JobSpec::try_from(spec).is_ok());
+    let routed = JobSpec::try_from(LockSpec::new("ledger", TTL)).unwrap_err();
+    assert_eq!(routed.code(), "LOCK_INVALID_KEY");
+}
+
+/// The layer's "no lock named" reaches extractors that run in a later poll
+/// (a middleware between layer and handler that waits first), and nothing
+/// of it is left for the next request on the thread.
+#[tokio::test]
+async fn not_requested_survives_a_pending_middleware_and_does_not_leak() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let none = LockLayer::from_fn(backend, |_| None::<LockSpec>);
+    let waits_first = axum::middleware::from_fn(
+        |req: Request<Body>, next: axum::middleware::Next| async move {
+            tokio::task::yield_now().await;
+            next.run(req).await
+        },
+    );
+    let app = Router::new()
+        .route(
+            "/later",
+            get(|lock: HeldLock| async move { lock.fence().to_string() })
+                .layer(ServiceBuilder::new().layer(none).layer(waits_first)),
+        )
+        .route(
+            "/bare",
+            get(|lock: HeldLock| async move { lock.fence().to_string() }),
+        );
+    let (status, _, body) = send(&app, "GET", "/later").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["code"], "LOCK_NOT_REQUESTED");
+    let (_, _, body) = send(&app, "GET", "/bare").await;
+    assert_eq!(body["error"]["code"], "LOCK_LAYER_MISSING");
 }

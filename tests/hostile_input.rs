@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_lock::admin::Admin;
 use tower_lock::{
-    LockLayer, LockSpec, LockToken, Locks, MemoryBackend, OwnedLock, Scope, SharedBackend,
+    JobSpec, LockLayer, LockSpec, LockToken, Locks, MemoryBackend, OwnedLock, Scope, SharedBackend,
     path_params,
 };
 
@@ -232,7 +232,7 @@ proptest! {
         rt.block_on(async {
             let backend = SharedBackend::new(MemoryBackend::new());
             // A lock under a known key, for tokens that name it.
-            let held = OwnedLock::acquire(&backend, &LockSpec::global("k", Duration::from_secs(30)))
+            let held = OwnedLock::acquire(&backend, &JobSpec::new("k", Duration::from_secs(30)))
                 .await
                 .unwrap();
             if let Ok(token) = serde_json::from_str::<LockToken>(&json) {

@@ -161,11 +161,10 @@ async fn schema_sql_is_what_teams_run_in_their_own_migrations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_schema_and_table_names() {
     let server = PgServer::start();
-    let custom = PostgresBackend::from_url(&server.url())
-        .unwrap()
+    let custom = PostgresBackend::builder()
         .schema("app")
-        .unwrap()
         .table("job_locks")
+        .build(&server.url())
         .unwrap();
     custom.migrate().await.unwrap();
     let default = backend(&server).await;
@@ -196,9 +195,9 @@ async fn custom_schema_and_table_names() {
         13
     );
     assert!(
-        PostgresBackend::from_url(&server.url())
-            .unwrap()
+        PostgresBackend::builder()
             .table("drop table x;")
+            .build(&server.url())
             .is_err()
     );
 }
@@ -405,9 +404,10 @@ async fn extend_replaces_ttl_on_the_server_and_never_revives() {
 async fn fences_increase_across_release_expiry_instances_and_restarts() {
     let mut server = PgServer::start();
     let b1 = backend(&server).await;
-    let b2 = PostgresBackend::from_url(&server.url())
-        .unwrap()
-        .op_timeout(SEC);
+    let b2 = PostgresBackend::builder()
+        .op_timeout(SEC)
+        .build(&server.url())
+        .unwrap();
     let mut fences = Vec::new();
     let mut take = async |b: &PostgresBackend, owner: &str, ttl: Duration| {
         let f = b
@@ -794,9 +794,10 @@ async fn silent_server_is_unavailable_within_the_op_timeout() {
         }
     });
     let op_timeout = ms(300);
-    let b = PostgresBackend::from_url(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
-        .unwrap()
-        .op_timeout(op_timeout);
+    let b = PostgresBackend::builder()
+        .op_timeout(op_timeout)
+        .build(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .unwrap();
     for wait in [Duration::ZERO, ms(500)] {
         let start = Instant::now();
         let r = b.acquire(&req("s", "o", SEC, wait)).await;
@@ -819,7 +820,11 @@ async fn silent_server_is_unavailable_within_the_op_timeout() {
 async fn a_stuck_statement_is_unavailable_within_the_op_timeout() {
     let server = PgServer::start();
     let op_timeout = ms(300);
-    let b = backend(&server).await.op_timeout(op_timeout);
+    backend(&server).await; // migrated
+    let b = PostgresBackend::builder()
+        .op_timeout(op_timeout)
+        .build(&server.url())
+        .unwrap();
     b.acquire(&req("stuck", "o", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();

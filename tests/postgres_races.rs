@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 use tower_lock::backend::postgres::PostgresBackend;
 use tower_lock::backend::{AcquireRequest, FlightStart, Holder, Lease};
-use tower_lock::{LockBackend, LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, LockBackend, LockError, LockKey, OwnedLock, SharedBackend};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -349,7 +349,7 @@ async fn a_stalled_acquire_never_holds_with_an_older_fence() {
 async fn callers_that_give_up_never_keep_the_lock() {
     let server = PgServer::start();
     let b = SharedBackend::new(backend(&server.url()).await);
-    let spec = LockSpec::global("hot", 30 * SEC).max_wait(10 * SEC);
+    let spec = JobSpec::new("hot", 30 * SEC).max_wait(10 * SEC);
     let gave_up = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..32u64)
         .map(|t| {
@@ -411,7 +411,7 @@ async fn a_cleanup_never_overtakes_the_call_it_cleans_up() {
         }
     };
     let shared = SharedBackend::new(b.clone());
-    let spec = LockSpec::global("cleanup-order", 30 * SEC);
+    let spec = JobSpec::new("cleanup-order", 30 * SEC);
     proxy.hold_carrying(b"g:cleanup-order");
 
     let acquire = tokio::spawn({

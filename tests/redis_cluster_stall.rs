@@ -17,7 +17,7 @@ use common::redis_cluster::RedisCluster;
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
 use tower_lock::backend::{AcquireRequest, Holder};
-use tower_lock::{LockBackend, LockError, LockKey, LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, LockBackend, LockError, LockKey, OwnedLock, SharedBackend};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -72,16 +72,16 @@ async fn a_stalled_shard_holds_back_only_its_own_renewals() {
     let shared = SharedBackend::new(backend(&cluster));
     let primaries = cluster.primaries();
     let (stalled, healthy) = (primaries[0], primaries[1]);
-    let spec = |name: &str, ttl_ms| LockSpec::global(name, Duration::from_millis(ttl_ms));
+    let job = |name: &str, ttl_ms| JobSpec::new(name, Duration::from_millis(ttl_ms));
     let mut slow = OwnedLock::acquire(
         shared.clone(),
-        &spec(&cluster.lock_name_on(stalled, "s"), 6_000),
+        &job(&cluster.lock_name_on(stalled, "s"), 6_000),
     )
     .await
     .unwrap();
     let mut fast = OwnedLock::acquire(
         shared.clone(),
-        &spec(&cluster.lock_name_on(healthy, "f"), 1_200),
+        &job(&cluster.lock_name_on(healthy, "f"), 1_200),
     )
     .await
     .unwrap();

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tower_lock::{LockError, LockKey, LockSpec, LockToken, OwnedLock, RedisBackend, SharedBackend};
+use tower_lock::{JobSpec, LockError, LockKey, LockToken, OwnedLock, RedisBackend, SharedBackend};
 
 const CHILD_TOKEN: &str = "TOWER_LOCK_TEST_CHILD_TOKEN";
 const CHILD_URL: &str = "TOWER_LOCK_TEST_CHILD_URL";
@@ -44,7 +44,7 @@ async fn token_is_restored_in_a_second_process() {
     }
     let server = RedisServer::start();
     let backend = SharedBackend::new(RedisBackend::from_url(&server.url()).unwrap());
-    let spec = LockSpec::global("job:42", Duration::from_secs(5));
+    let spec = JobSpec::new("job:42", Duration::from_secs(5));
     let lock = OwnedLock::acquire(backend.clone(), &spec).await.unwrap();
     let fence = lock.fence();
     let token = serde_json::to_string(&lock.into_token()).unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use tower_lock::backend::redis::RedisBackend;
-use tower_lock::{LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, OwnedLock, SharedBackend};
 
 const LOCKS: usize = 200;
 const TTL: Duration = Duration::from_millis(900);
@@ -56,7 +56,7 @@ async fn measure(name: &str, backend: RedisBackend, nodes: usize, count: impl Fn
     let shared = SharedBackend::new(backend);
     let mut locks = Vec::with_capacity(LOCKS);
     for i in 0..LOCKS {
-        let spec = LockSpec::global(format!("renew-{i}"), TTL);
+        let spec = JobSpec::new(format!("renew-{i}"), TTL);
         let mut lock = OwnedLock::acquire(shared.clone(), &spec).await.unwrap();
         lock.start_watchdog();
         locks.push(lock);

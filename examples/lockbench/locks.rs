@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tower_lock::backend::Holder;
 
 use tower_lock::backend::AcquireRequest;
-use tower_lock::{LockError, LockKey, LockKind, LockSpec, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, LockError, LockKey, LockKind, OwnedLock, SharedBackend};
 
 use super::args::Api;
 use super::report::{Report, round, us};
@@ -43,7 +43,7 @@ impl Locker {
     ) -> Result<Held, LockError> {
         match self.api {
             Api::Owned => {
-                let spec = LockSpec::global(key, TTL).max_wait(max_wait).kind(kind);
+                let spec = JobSpec::new(key, TTL).max_wait(max_wait).kind(kind);
                 OwnedLock::acquire(self.backend.clone(), &spec)
                     .await
                     .map(Held::Owned)

@@ -133,13 +133,13 @@ pub(crate) async fn run(url: &str, args: &Args, mut r: Report) -> Result<Report,
 
 /// The tower-lock backend on `url`, its schema migrated and emptied.
 async fn backend(url: &str, table: Option<&str>) -> Result<SharedBackend, String> {
-    let mut backend = PostgresBackend::from_url(url)
-        .map_err(|e| format!("PostgresBackend::from_url: {e}"))?
-        .schema(SCHEMA)
-        .map_err(err)?;
+    let mut builder = PostgresBackend::builder().schema(SCHEMA);
     if let Some(table) = table {
-        backend = backend.table(table).map_err(err)?;
+        builder = builder.table(table);
     }
+    let backend = builder
+        .build(url)
+        .map_err(|e| format!("PostgresBackend::builder().build: {e}"))?;
     backend.migrate().await.map_err(err)?;
     let admin = connect(url).await?;
     let table = table.unwrap_or(PostgresBackend::DEFAULT_TABLE);

@@ -34,7 +34,7 @@
 //! use serde::{Deserialize, Serialize};
 //! use tower_lock::job::LockedJob;
 //! use tower_lock::job::apalis::TaskLockLayer;
-//! use tower_lock::{HeldLock, LockSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
+//! use tower_lock::{HeldLock, JobSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
 //!
 //! /// The task's arguments: what to export, and the lock it runs under.
 //! #[derive(Serialize, Deserialize)]
@@ -58,7 +58,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let locks = SharedBackend::new(MemoryBackend::new());
 //! // Where the HTTP handler took the lock and queued the task:
-//! let spec = LockSpec::global("export:7", Duration::from_secs(60));
+//! let spec = JobSpec::new("export:7", Duration::from_secs(60));
 //! let token = OwnedLock::acquire(&locks, &spec).await?.into_token();
 //! let mut storage = MemoryStorage::new();
 //! storage.push(Export { id: 7, token }).await?;

@@ -26,7 +26,7 @@
 //! use std::time::Duration;
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //! use tower_lock::job::{JobLockLayer, LockedJob};
-//! use tower_lock::{HeldLock, LockSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
+//! use tower_lock::{HeldLock, JobSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
 //!
 //! struct Export {
 //!     id: u32,
@@ -47,7 +47,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = SharedBackend::new(MemoryBackend::new());
 //! // Where the HTTP handler took the lock and queued the job:
-//! let spec = LockSpec::global("export:7", Duration::from_secs(60));
+//! let spec = JobSpec::new("export:7", Duration::from_secs(60));
 //! let token = OwnedLock::acquire(&backend, &spec).await?.into_token();
 //! let job = Export { id: 7, token, lock: None };
 //!

@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::layer::body::LockBody;
 use crate::layer::rejection::SharedRejection;
 use crate::lock::Locks;
+use crate::lock::extract::NoLockNamed;
 use crate::lock::release::{Finish, ReleaseGuard};
 
 pin_project! {
@@ -132,7 +133,11 @@ where
             let mut state = self.as_mut().project().state;
             match state.as_mut().project() {
                 StateProj::Passthrough { future } => {
+                    // The handler's extractors run in this poll: they learn
+                    // that the layer named no lock (`LOCK_NOT_REQUESTED`).
+                    let named = NoLockNamed::enter();
                     let res = ready!(future.poll(cx));
+                    drop(named);
                     state.set(State::Done);
                     return Poll::Ready(res.map(|r| r.map(LockBody::new)));
                 }

@@ -15,7 +15,6 @@ use crate::layer::body::LockBody;
 use crate::layer::future::ResponseFuture;
 use crate::layer::request::LockRequest;
 use crate::lock::acquire::{acquire_all, acquire_now, acquire_one, holding};
-use crate::lock::extract::NoLockNamed;
 use crate::observe::{self, Meter};
 use crate::spec::LockSpec;
 
@@ -88,7 +87,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let ((first, rest), unrouted) = crate::path::reading_unrouted(|| {
             let mut specs = self.layer.locker.lock_request(&req).into_iter();
             let first = specs.next();
@@ -108,9 +107,8 @@ where
             self.layer.warn_unrouted();
         }
         let Some(first) = first else {
-            // The extractors then say the layer named no lock, not that it
-            // is missing.
-            req.extensions_mut().insert(NoLockNamed);
+            // The extractors, run as the future is polled, then say the
+            // layer named no lock, not that it is missing (`future.rs`).
             return ResponseFuture::passthrough(self.inner.call(req));
         };
         let matched = req.extensions().get::<MatchedPath>();

@@ -1,6 +1,7 @@
 //! The extractors of a request's locks: [`Locks`] (all of them) and
 //! [`HeldLock`] (the one a route takes), and why they reject.
 
+use std::cell::Cell;
 use std::fmt;
 
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
@@ -9,11 +10,45 @@ use http::request::Parts;
 
 use super::{HeldLock, Locks};
 
-/// Put by the layer on a request its [`LockRequest`](crate::LockRequest)
-/// named no lock for: the extractors then say so, not that the layer is
-/// missing.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct NoLockNamed;
+thread_local! {
+    /// Whether the future being polled on this thread is a service's behind
+    /// a layer that named no lock for its request.
+    static NO_LOCK_NAMED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Held by the layer while it polls the future of the service behind it for
+/// a request its [`LockRequest`](crate::LockRequest) named no lock for: the
+/// extractors, which run inside that poll, then say so
+/// (`LOCK_NOT_REQUESTED`), not that the layer is missing.
+///
+/// A flag of the thread for the length of a poll rather than a marker in
+/// the request's extensions: inserting one more extension (after axum's
+/// own) grows the request's extension map, which cost every request the
+/// layer lets through untouched about 500 instructions (4 % of it); setting
+/// and restoring the flag costs a few. What it cannot see: a handler run on
+/// another task than the layer's (a `tower::buffer::Buffer` between them)
+/// is told `LOCK_LAYER_MISSING` instead; either answer is a `500` for a
+/// handler that should extract `Option<..>`.
+pub(crate) struct NoLockNamed {
+    /// The flag before this one (a layer behind a layer), put back on drop,
+    /// also when the call panics.
+    previous: bool,
+}
+
+impl NoLockNamed {
+    /// Set the flag until the returned guard is dropped.
+    pub(crate) fn enter() -> Self {
+        NoLockNamed {
+            previous: NO_LOCK_NAMED.replace(true),
+        }
+    }
+}
+
+impl Drop for NoLockNamed {
+    fn drop(&mut self) {
+        NO_LOCK_NAMED.set(self.previous);
+    }
+}
 
 /// Rejection of the [`Locks`] and [`HeldLock`] extractors when the request
 /// carries no locks: `500` with a JSON body, one code per cause. A handler
@@ -39,8 +74,8 @@ impl MissingLocks {
         }
     }
 
-    fn of(parts: &Parts) -> Self {
-        if parts.extensions.get::<NoLockNamed>().is_some() {
+    fn current() -> Self {
+        if NO_LOCK_NAMED.get() {
             MissingLocks::NotRequested
         } else {
             MissingLocks::LayerMissing
@@ -82,7 +117,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Locks {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         match parts.extensions.get::<Locks>() {
             Some(locks) => Ok(locks.clone()),
-            None => Err(MissingLocks::of(parts)),
+            None => Err(MissingLocks::current()),
         }
     }
 }
@@ -124,7 +159,7 @@ impl<S: Send + Sync> FromRequestParts<S> for HeldLock {
             .extensions
             .get::<Locks>()
             .and_then(Locks::first)
-            .ok_or_else(|| MissingLocks::of(parts))
+            .ok_or_else(MissingLocks::current)
     }
 }
 

@@ -12,9 +12,8 @@ use super::release::{release_detached, release_one};
 use super::{HeldLock, LockToken};
 use crate::backend::{AsSharedBackend, Holder, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
-use crate::key::Scope;
 use crate::observe::{self, Meter};
-use crate::spec::{LockSpec, new_attempt_id};
+use crate::spec::{JobSpec, LockSpec, new_attempt_id};
 use crate::watchdog::WatchHandle;
 
 /// A lock owned outside any request: from
@@ -74,20 +73,20 @@ impl OwnedLock {
     /// up to the spec's max wait. The spec's watchdog setting applies
     /// (default off).
     ///
-    /// A job names a global lock ([`LockSpec::global`]); a route-scoped spec
-    /// ([`LockSpec::new`]) has no route to be scoped by here and is refused
-    /// ([`LockError::InvalidKey`]): to take the lock a route's layer takes,
-    /// use [`acquire_in_route`](OwnedLock::acquire_in_route). `backend` is
-    /// a [`SharedBackend`] or a reference to one ([`AsSharedBackend`]).
+    /// A job names a global lock: a [`JobSpec`], global by its type (a
+    /// route-scoped [`LockSpec`] has no route to be scoped by here, and does
+    /// not compile). To take the lock a route's layer takes, use
+    /// [`acquire_in_route`](OwnedLock::acquire_in_route). `backend` is a
+    /// [`SharedBackend`] or a reference to one ([`AsSharedBackend`]).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_lock::{LockSpec, MemoryBackend, OwnedLock, SharedBackend};
+    /// use tower_lock::{JobSpec, MemoryBackend, OwnedLock, SharedBackend};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_lock::LockError> {
     /// let backend = SharedBackend::new(MemoryBackend::new());
-    /// let spec = LockSpec::global("nightly-report", Duration::from_secs(60));
+    /// let spec = JobSpec::new("nightly-report", Duration::from_secs(60));
     /// let lock = OwnedLock::acquire(&backend, &spec).await?;
     /// // ... the job's work, fenced by lock.fence() ...
     /// lock.release().await?;
@@ -96,14 +95,10 @@ impl OwnedLock {
     /// ```
     pub async fn acquire(
         backend: impl AsSharedBackend,
-        spec: &LockSpec,
+        spec: &JobSpec,
     ) -> Result<OwnedLock, LockError> {
-        if spec.get_scope() == Scope::Route {
-            return Err(LockError::InvalidKey(
-                "a route-scoped lock needs its route: use OwnedLock::acquire_in_route, \
-                 or LockSpec::global for a job's own lock",
-            ));
-        }
+        // Global by its type: no route to check for.
+        let spec = spec.as_lock_spec();
         // Not through `acquire_in_route`: one future less to move per call.
         let backend = backend.as_shared().clone();
         let meter = Meter::new(&backend, "");

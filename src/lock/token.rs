@@ -30,12 +30,12 @@ use crate::time::unix_ms;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::{LockSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
+/// use tower_lock::{JobSpec, LockToken, MemoryBackend, OwnedLock, SharedBackend};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let spec = LockSpec::global("export:7", Duration::from_secs(60));
+/// let spec = JobSpec::new("export:7", Duration::from_secs(60));
 /// let lock = OwnedLock::acquire(&backend, &spec).await?;
 /// let fence = lock.fence();
 ///

@@ -5,7 +5,7 @@ use std::future::Future;
 use super::{HeldLock, OwnedLock};
 use crate::backend::AsSharedBackend;
 use crate::error::LockError;
-use crate::spec::LockSpec;
+use crate::spec::JobSpec;
 
 /// Acquire the lock `spec` names (waiting up to its max wait), run `work`
 /// with it, release it: when `work` completes, whatever it returns, and also
@@ -19,20 +19,19 @@ use crate::spec::LockSpec;
 /// (then `work` never ran). A failed release is traced, not returned: the
 /// work is done, and the TTL frees the lock.
 ///
-/// Outside a request there is no route: make the spec with
-/// [`LockSpec::global`] (a route-scoped one is refused with
-/// [`LockError::InvalidKey`]). `backend` is a
-/// [`SharedBackend`](crate::SharedBackend) or a reference to one. The spec's
-/// watchdog setting and [minimum hold](LockSpec::min_hold) apply.
+/// Outside a request there is no route: the spec is a [`JobSpec`], global
+/// by its type. `backend` is a [`SharedBackend`](crate::SharedBackend) or a
+/// reference to one. The spec's watchdog setting and
+/// [minimum hold](JobSpec::min_hold) apply.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::{LockSpec, MemoryBackend, SharedBackend, with_lock};
+/// use tower_lock::{JobSpec, MemoryBackend, SharedBackend, with_lock};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_lock::LockError> {
 /// let backend = SharedBackend::new(MemoryBackend::new());
-/// let spec = LockSpec::global("report:monthly", Duration::from_secs(30))
+/// let spec = JobSpec::new("report:monthly", Duration::from_secs(30))
 ///     .max_wait(Duration::from_secs(5));
 /// let rows = with_lock(&backend, &spec, |lock| async move {
 ///     // ... exclusive work, writes fenced by lock.fence() ...
@@ -46,7 +45,7 @@ use crate::spec::LockSpec;
 /// ```
 pub async fn with_lock<F, Fut>(
     backend: impl AsSharedBackend,
-    spec: &LockSpec,
+    spec: &JobSpec,
     work: F,
 ) -> Result<Fut::Output, LockError>
 where

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::LockSpec;
 use crate::error::LockError;
 
 /// The most permits a key can have: a bound that keeps every backend's
@@ -133,6 +134,53 @@ impl std::str::FromStr for LockKind {
         };
         kind.validate()?;
         Ok(kind)
+    }
+}
+
+/// The kind on the spec's builder (here beside the kinds themselves).
+impl LockSpec {
+    /// Take a shared (read) hold: held together with other shared holds of
+    /// the key, never beside an exclusive one (see [`LockKind`]). The
+    /// default is exclusive.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockKind, LockSpec};
+    ///
+    /// // GETs of one document run together; a PUT (exclusive) waits for them.
+    /// let read = LockSpec::new("doc:7", Duration::from_secs(10)).shared();
+    /// assert_eq!(read.get_kind(), LockKind::Shared);
+    /// ```
+    pub fn shared(self) -> Self {
+        self.kind(LockKind::Shared)
+    }
+
+    /// Take one of `n` permits of the key: at most `n` holders at once,
+    /// across every instance (see [`LockKind::Permits`]). `n` is 1 to
+    /// [`MAX_PERMITS`]; every holder of the key must ask for the same `n`.
+    /// Checked where the spec is used: [`LockError::InvalidKind`] (`400`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockKind, LockSpec};
+    ///
+    /// // At most two report exports per tenant at once.
+    /// let spec = LockSpec::global("exports:acme", Duration::from_secs(120)).permits(2);
+    /// assert_eq!(spec.get_kind(), LockKind::Permits(2));
+    /// ```
+    pub fn permits(self, n: u32) -> Self {
+        self.kind(LockKind::Permits(n))
+    }
+
+    /// Set the kind of hold (default [`LockKind::Exclusive`]).
+    pub fn kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The kind of hold.
+    pub fn get_kind(&self) -> LockKind {
+        self.kind
     }
 }
 

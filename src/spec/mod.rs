@@ -18,6 +18,9 @@ pub use request::AcquireRequest;
 use request::RequestExtras;
 pub(crate) use request::owners_match;
 
+mod global;
+pub use global::JobSpec;
+
 /// The longest TTL accepted (one year): longer ones are almost surely a unit
 /// mistake, and keep every backend far from integer overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -117,14 +120,15 @@ impl LockSpec {
     ///
     /// Outside a request (a job, [`with_lock`](crate::with_lock),
     /// [`OwnedLock::acquire`](crate::OwnedLock::acquire)) there is no route:
-    /// use [`LockSpec::global`] there.
+    /// those take a [`JobSpec`], global by its type.
     pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
         Self::with_scope(key.into(), ttl, Scope::Route)
     }
 
     /// Lock `key` for at most `ttl`, shared by every route and job that
-    /// names it ([`Scope::Global`]): what a job takes. No waiting, a random
-    /// owner token, released after the response.
+    /// names it ([`Scope::Global`]). No waiting, a random owner token,
+    /// released after the response. A job's own lock is a [`JobSpec`] (the
+    /// same lock, global by its type).
     ///
     /// ```
     /// use std::time::Duration;
@@ -220,50 +224,6 @@ impl LockSpec {
     /// The minimum hold, if any.
     pub fn get_min_hold(&self) -> Option<Duration> {
         self.extras.as_ref()?.min_hold
-    }
-
-    /// Take a shared (read) hold: held together with other shared holds of
-    /// the key, never beside an exclusive one (see [`LockKind`]). The
-    /// default is exclusive.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_lock::{LockKind, LockSpec};
-    ///
-    /// // GETs of one document run together; a PUT (exclusive) waits for them.
-    /// let read = LockSpec::new("doc:7", Duration::from_secs(10)).shared();
-    /// assert_eq!(read.get_kind(), LockKind::Shared);
-    /// ```
-    pub fn shared(self) -> Self {
-        self.kind(LockKind::Shared)
-    }
-
-    /// Take one of `n` permits of the key: at most `n` holders at once,
-    /// across every instance (see [`LockKind::Permits`]). `n` is 1 to
-    /// [`MAX_PERMITS`]; every holder of the key must ask for the same `n`.
-    /// Checked where the spec is used: [`LockError::InvalidKind`] (`400`).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_lock::{LockKind, LockSpec};
-    ///
-    /// // At most two report exports per tenant at once.
-    /// let spec = LockSpec::global("exports:acme", Duration::from_secs(120)).permits(2);
-    /// assert_eq!(spec.get_kind(), LockKind::Permits(2));
-    /// ```
-    pub fn permits(self, n: u32) -> Self {
-        self.kind(LockKind::Permits(n))
-    }
-
-    /// Set the kind of hold (default [`LockKind::Exclusive`]).
-    pub fn kind(mut self, kind: LockKind) -> Self {
-        self.kind = kind;
-        self
-    }
-
-    /// The kind of hold.
-    pub fn get_kind(&self) -> LockKind {
-        self.kind
     }
 
     /// Wait up to `max_wait` for a busy lock (default zero: one attempt).

@@ -13,7 +13,7 @@ use apalis_core::task::task_fn::task_fn;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_lock::job::LockedJob;
 use tower_lock::job::apalis::TaskLockLayer;
-use tower_lock::{HeldLock, LockError, LockSpec, LockToken, OwnedLock};
+use tower_lock::{HeldLock, JobSpec, LockError, LockToken, OwnedLock};
 
 use super::harness::Harness;
 use super::support::{Probe, assert_comes_free, gkey, status_of};
@@ -63,7 +63,7 @@ async fn build(report: Report, lock: Data<HeldLock>) -> Result<u64, BoxDynError>
 /// A lock taken and turned into a token, as a web handler queues it, and
 /// the fence it was taken under.
 async fn handed_off(h: &Harness, key: &str) -> (LockToken, u64) {
-    let spec = LockSpec::global(key, Duration::from_secs(30));
+    let spec = JobSpec::new(key, Duration::from_secs(30));
     let lock = OwnedLock::acquire(&h.backend, &spec).await.unwrap();
     let fence = lock.fence();
     (lock.into_token(), fence)

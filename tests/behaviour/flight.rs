@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_lock::flight::{FlightError, FlightSpec, SingleFlight, SingleFlightLayer};
-use tower_lock::{LockError, LockLayer, LockSpec, Locks};
+use tower_lock::{JobSpec, LockError, LockLayer, LockSpec, Locks};
 
 use super::harness::Harness;
 use super::support::*;
@@ -439,7 +439,7 @@ pub async fn an_oversized_result_is_not_shared(h: Harness) {
 
 /// A flight and a lock with the same name are different things.
 pub async fn a_flight_and_a_lock_of_one_name_never_meet(h: Harness) {
-    let lock = tower_lock::OwnedLock::acquire(&h.backend, &LockSpec::global("same-name", LONG))
+    let lock = tower_lock::OwnedLock::acquire(&h.backend, &JobSpec::new("same-name", LONG))
         .await
         .unwrap();
     let flights = flights(&h).max_wait(Duration::ZERO);

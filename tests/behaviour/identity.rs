@@ -12,14 +12,14 @@ use tower::ServiceExt;
 use tower_lock::admin::Admin;
 use tower_lock::backend::Holder;
 use tower_lock::headers::{LOCK_FENCE, LOCK_OWNER};
-use tower_lock::{LockError, LockSpec, OwnedLock};
+use tower_lock::{JobSpec, LockError, OwnedLock};
 
 use super::harness::Harness;
 use super::support::{areq, gkey, status_of};
 
 /// A job's spec under the custom owner token every run of it shares.
-fn nightly(ttl: Duration) -> LockSpec {
-    LockSpec::global("nightly", ttl).owner("nightly-job")
+fn nightly(ttl: Duration) -> JobSpec {
+    JobSpec::new("nightly", ttl).owner("nightly-job")
 }
 
 /// Holder A (custom owner) pauses past its TTL; B, with the same owner,
@@ -128,7 +128,7 @@ pub async fn a_stale_watchdog_never_renews_a_later_acquisition(h: Harness) {
 pub async fn a_token_restores_once(h: Harness) {
     let lock = OwnedLock::acquire(
         h.backend.clone(),
-        &LockSpec::global("export", Duration::from_secs(30)),
+        &JobSpec::new("export", Duration::from_secs(30)),
     )
     .await
     .unwrap();
@@ -165,7 +165,7 @@ pub async fn a_token_restores_once(h: Harness) {
 /// the hold ends, and a redelivered token must not run the job again then.
 pub async fn a_finished_job_never_restores_within_its_minimum_hold(h: Harness) {
     let u = h.unit();
-    let spec = LockSpec::global("singleton", u * 30).min_hold(u * 10);
+    let spec = JobSpec::new("singleton", u * 30).min_hold(u * 10);
     let token = OwnedLock::acquire(h.backend.clone(), &spec)
         .await
         .unwrap()

@@ -17,8 +17,8 @@ use proptest::test_runner::TestRunner;
 use serde_json::{Map, Value, json};
 use tower_lock::backend::Holder;
 use tower_lock::{
-    ClientLocks, LockError, LockKey, LockLayer, LockMetadata, LockSpec, Locks, MAX_METADATA_BYTES,
-    MAX_METADATA_DEPTH, OwnedLock,
+    ClientLocks, JobSpec, LockError, LockKey, LockLayer, LockMetadata, LockSpec, Locks,
+    MAX_METADATA_BYTES, MAX_METADATA_DEPTH, OwnedLock,
 };
 
 use super::harness::Harness;
@@ -153,7 +153,7 @@ async fn assert_refused(h: &Harness, name: &str, value: Value) {
         );
     }
     let key = format!("meta:refused:{name}");
-    let spec = LockSpec::global(&key, Duration::from_secs(5)).metadata(value.clone());
+    let spec = JobSpec::new(&key, Duration::from_secs(5)).metadata(value.clone());
     assert!(
         matches!(
             OwnedLock::acquire(&h.backend, &spec).await,
@@ -162,7 +162,7 @@ async fn assert_refused(h: &Harness, name: &str, value: Value) {
         "{name}: OwnedLock::acquire"
     );
     let layer = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
-        Some(spec.clone())
+        Some(LockSpec::from(spec.clone()))
     });
     let app = Router::new().route("/run", post(|| async { "ran" }).layer(layer));
     send(&app, post_req("/run"))

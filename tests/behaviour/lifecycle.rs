@@ -14,7 +14,7 @@ use tower::ServiceExt;
 use tower_lock::admin::Admin;
 use tower_lock::headers::{LOCK_EXPIRES_AT, LOCK_FENCE, LOCK_KEY, LOCK_OWNER};
 use tower_lock::{
-    LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
+    JobSpec, LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
 };
 
 use super::harness::Harness;
@@ -41,6 +41,10 @@ async fn run(app: Router) -> bytes::Bytes {
 
 fn spec(key: &str, ttl_ms: u64) -> LockSpec {
     LockSpec::global(key, Duration::from_millis(ttl_ms))
+}
+
+fn job(key: &str, ttl_ms: u64) -> JobSpec {
+    JobSpec::new(key, Duration::from_millis(ttl_ms))
 }
 
 pub async fn watchdog_keeps_a_short_ttl_lock_through_a_long_handler(h: Harness) {
@@ -119,7 +123,7 @@ pub async fn lost_signal_fires_when_force_released_under_a_handler(h: Harness) {
 }
 
 pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
-    let lock = OwnedLock::acquire(h.backend.clone(), &spec("short", 300))
+    let lock = OwnedLock::acquire(h.backend.clone(), &job("short", 300))
         .await
         .unwrap();
     assert!(!lock.is_lost());
@@ -136,7 +140,7 @@ pub async fn lost_signal_fires_at_ttl_without_watchdog(h: Harness) {
 /// run out.
 pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
     let u = h.unit();
-    let spec = LockSpec::global("victim", u * 30).watchdog(true);
+    let spec = JobSpec::new("victim", u * 30).watchdog(true);
     let lock = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     let start = tokio::time::Instant::now();
     h.advance(u).await;
@@ -161,7 +165,7 @@ pub async fn a_renewal_that_finds_the_lock_gone_signals_the_loss(h: Harness) {
 /// before the extension, after it, or never.
 pub async fn lost_signal_follows_extensions(h: Harness) {
     // An owned lock nobody has asked for its signal yet.
-    let mut owned = OwnedLock::acquire(h.backend.clone(), &spec("ext-owned", 300))
+    let mut owned = OwnedLock::acquire(h.backend.clone(), &job("ext-owned", 300))
         .await
         .unwrap();
     owned.extend(Duration::from_millis(1_500)).await.unwrap();
@@ -216,7 +220,7 @@ pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
     for i in 0..50 {
         let shared = shared.clone();
         taking.spawn(async move {
-            OwnedLock::acquire(shared, &spec(&format!("many{i}"), 900))
+            OwnedLock::acquire(shared, &job(&format!("many{i}"), 900))
                 .await
                 .unwrap()
         });
@@ -247,7 +251,7 @@ pub async fn watchdog_renews_many_locks_in_one_call_per_tick(h: Harness) {
 
 pub async fn token_hand_off_across_handles(h: Harness) {
     let backend = h.backend.clone();
-    let lock = OwnedLock::acquire(backend.clone(), &spec("report", 5_000))
+    let lock = OwnedLock::acquire(backend.clone(), &job("report", 5_000))
         .await
         .unwrap();
     let fence = lock.fence();
@@ -284,7 +288,7 @@ pub async fn token_hand_off_across_handles(h: Harness) {
 
 pub async fn stale_tokens_are_refused(h: Harness) {
     let backend = h.backend.clone();
-    let lock = OwnedLock::acquire(backend.clone(), &spec("stale", 300))
+    let lock = OwnedLock::acquire(backend.clone(), &job("stale", 300))
         .await
         .unwrap();
     let token = lock.into_token();
@@ -297,7 +301,7 @@ pub async fn stale_tokens_are_refused(h: Harness) {
         LockError::NotFound
     );
     // Someone else took it: ownership mismatch, for restore and release.
-    let other = OwnedLock::acquire(backend.clone(), &spec("stale", 5_000))
+    let other = OwnedLock::acquire(backend.clone(), &job("stale", 5_000))
         .await
         .unwrap();
     assert_eq!(
@@ -479,7 +483,7 @@ pub async fn admin_force_release_and_bad_keys(h: Harness) {
 pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
     let backend = h.backend.clone();
     let u = h.unit();
-    let job = |ttl| LockSpec::global("job", ttl).owner("worker-1");
+    let job = |ttl| JobSpec::new("job", ttl).owner("worker-1");
     let first = OwnedLock::acquire(backend.clone(), &job(u * 10))
         .await
         .unwrap();
@@ -538,7 +542,7 @@ pub async fn a_token_restores_only_its_own_acquisition(h: Harness) {
 pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness) {
     let probe = Probe::new(&h.backend);
     let u = h.unit();
-    let spec = LockSpec::global("job", u * 3).watchdog(true);
+    let spec = JobSpec::new("job", u * 3).watchdog(true);
     let mut lock = OwnedLock::acquire(probe.backend(), &spec).await.unwrap();
     probe.hold_renewals();
     // The renewal (by 3 units) falls due after one unit.

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_lock::{LockError, LockKey, LockLayer, LockSpec, Locks, OwnedLock, path_params};
+use tower_lock::{JobSpec, LockError, LockKey, LockLayer, LockSpec, Locks, OwnedLock, path_params};
 
 use super::harness::Harness;
 use super::support::*;
@@ -797,7 +797,7 @@ pub async fn opposite_lock_orders_do_not_deadlock(h: Harness) {
     let probe = Probe::new(&h.backend);
     let ctl = Ctl::default();
     let app = multi_app(&probe.backend(), Duration::from_secs(10), &ctl);
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::global("a", TTL))
+    let outside = OwnedLock::acquire(probe.backend(), &JobSpec::new("a", TTL))
         .await
         .unwrap();
 
@@ -828,7 +828,7 @@ pub async fn dropped_acquisition_releases_every_lock(h: Harness) {
         ]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(probe.backend(), &LockSpec::global("b", TTL))
+    let outside = OwnedLock::acquire(probe.backend(), &JobSpec::new("b", TTL))
         .await
         .unwrap();
     let request = tokio::spawn(app.oneshot(post_req("/k")));
@@ -851,7 +851,7 @@ pub async fn failed_acquisition_dropped_mid_cleanup_still_releases(h: Harness) {
         [LockSpec::global("a", TTL), LockSpec::global("b", TTL)]
     });
     let app = Router::new().route("/k", post(|| async { "ran" }).layer(both));
-    let outside = OwnedLock::acquire(h.backend.clone(), &LockSpec::global("b", TTL))
+    let outside = OwnedLock::acquire(h.backend.clone(), &JobSpec::new("b", TTL))
         .await
         .unwrap();
     probe.hold_releases();
@@ -879,7 +879,7 @@ pub async fn release_calls_dropped_mid_flight_still_release(h: Harness) {
             Some(LockSpec::global("h", TTL))
         })),
     );
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::global("j", TTL))
+    let job = OwnedLock::acquire(probe.backend(), &JobSpec::new("j", TTL))
         .await
         .unwrap();
     probe.hold_releases();
@@ -913,7 +913,7 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
     probe.lose_acquire_replies(true);
     let res = app.oneshot(post_req("/l")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let job = OwnedLock::acquire(probe.backend(), &LockSpec::global("m", TTL)).await;
+    let job = OwnedLock::acquire(probe.backend(), &JobSpec::new("m", TTL)).await;
     assert!(
         matches!(job, Err(LockError::BackendUnavailable(_))),
         "{job:?}"
@@ -921,7 +921,7 @@ pub async fn acquisition_with_lost_reply_is_released(h: Harness) {
 
     // A caller's own token is left alone: it may hold the lock already
     // (acquire is idempotent for it), and a release would free that.
-    let mine = LockSpec::global("n", TTL).owner("me");
+    let mine = JobSpec::new("n", TTL).owner("me");
     let held = OwnedLock::acquire(h.backend.clone(), &mine).await.unwrap();
     let again = OwnedLock::acquire(probe.backend(), &mine).await;
     assert!(

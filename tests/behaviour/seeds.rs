@@ -16,7 +16,7 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::admin::Admin;
 use tower_lock::job::{JobError, JobLockLayer, LockedJob};
 use tower_lock::{
-    ClientLocks, LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks,
+    ClientLocks, JobSpec, LockError, LockKey, LockLayer, LockMetadata, LockSpec, LockToken, Locks,
     OwnedLock, SharedBackend, with_lock,
 };
 
@@ -25,6 +25,10 @@ use super::support::{areq, assert_comes_free, gkey, post_req, send, status_of, w
 
 fn spec(key: &str, ttl: Duration) -> LockSpec {
     LockSpec::global(key, ttl)
+}
+
+fn job_spec(key: &str, ttl: Duration) -> JobSpec {
+    JobSpec::new(key, ttl)
 }
 
 fn who() -> serde_json::Value {
@@ -39,7 +43,7 @@ pub async fn metadata_round_trips_through_every_lookup(h: Harness) {
     let meta = LockMetadata::new(who()).unwrap();
     let lock = OwnedLock::acquire(
         &h.backend,
-        &spec("billing:report", Duration::from_secs(30)).metadata(who()),
+        &job_spec("billing:report", Duration::from_secs(30)).metadata(who()),
     )
     .await
     .unwrap();
@@ -79,7 +83,7 @@ pub async fn metadata_round_trips_through_every_lookup(h: Harness) {
     assert_eq!(status_of(&h.backend, &key).await, None);
 
     // A lock without metadata has none.
-    let plain = OwnedLock::acquire(&h.backend, &spec("plain", Duration::from_secs(30)))
+    let plain = OwnedLock::acquire(&h.backend, &job_spec("plain", Duration::from_secs(30)))
         .await
         .unwrap();
     assert_eq!(
@@ -159,7 +163,7 @@ pub async fn bad_metadata_is_refused_before_anything_is_locked(h: Harness) {
     send(&app, post_req("/run"))
         .await
         .assert_rejection(400, "LOCK_INVALID_METADATA");
-    let not_object = spec("meta:array", Duration::from_secs(5)).metadata(json!([1, 2]));
+    let not_object = job_spec("meta:array", Duration::from_secs(5)).metadata(json!([1, 2]));
     assert!(matches!(
         OwnedLock::acquire(&h.backend, &not_object).await,
         Err(LockError::InvalidMetadata(_))
@@ -173,7 +177,7 @@ pub async fn bad_metadata_is_refused_before_anything_is_locked(h: Harness) {
 
 pub async fn min_hold_keeps_an_early_release_until_it_ends(h: Harness) {
     let key = gkey("cron:nightly");
-    let nightly = spec("cron:nightly", h.units(10)).min_hold(h.units(3));
+    let nightly = job_spec("cron:nightly", h.units(10)).min_hold(h.units(3));
 
     // The job finishes at once; the lock stays until 3 units have passed.
     let ran = with_lock(&h.backend, &nightly, |_| async { "ran" })
@@ -217,7 +221,7 @@ pub async fn min_hold_keeps_an_early_release_until_it_ends(h: Harness) {
 // with_lock, release_all
 
 pub async fn with_lock_releases_on_ok_err_and_panic(h: Harness) {
-    let s = spec("with", Duration::from_secs(30));
+    let s = job_spec("with", Duration::from_secs(30));
     let key = gkey("with");
 
     let fence = with_lock(&h.backend, &s, |lock| async move { lock.fence() })
@@ -281,7 +285,7 @@ pub async fn release_all_frees_every_lock_of_a_request_and_a_job(h: Harness) {
     let mut job = Vec::new();
     for k in ["job:1", "job:2", "job:3"] {
         job.push(
-            OwnedLock::acquire(&h.backend, &spec(k, Duration::from_secs(30)))
+            OwnedLock::acquire(&h.backend, &job_spec(k, Duration::from_secs(30)))
                 .await
                 .unwrap(),
         );
@@ -299,11 +303,11 @@ pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
     let b = h.indexed();
     let owner = "worker-7";
     for k in ["look:c", "look:a", "look:b"] {
-        let s = spec(k, Duration::from_secs(30)).owner(owner);
+        let s = job_spec(k, Duration::from_secs(30)).owner(owner);
         let s = if k == "look:a" { s.metadata(who()) } else { s };
         OwnedLock::acquire(&b, &s).await.unwrap().keep();
     }
-    let other = OwnedLock::acquire(&b, &spec("look:other", Duration::from_secs(30)))
+    let other = OwnedLock::acquire(&b, &job_spec("look:other", Duration::from_secs(30)))
         .await
         .unwrap();
     let keys = |found: &[tower_lock::backend::HeldBy]| {
@@ -396,7 +400,7 @@ pub async fn lookups_jobs_and_client_locks_never_log_keys_or_owners(h: Harness) 
     let (logs, _guard) = crate::common::logs::Logs::capture(tracing::Level::TRACE);
     let (key, owner) = ("user:secret-key-4711", "secret-owner-4711");
     let b = h.indexed();
-    let lock = OwnedLock::acquire(&b, &spec(key, Duration::from_secs(30)).owner(owner))
+    let lock = OwnedLock::acquire(&b, &job_spec(key, Duration::from_secs(30)).owner(owner))
         .await
         .unwrap();
     assert_eq!(b.held_by(owner, 10).await.unwrap().len(), 1);
@@ -463,7 +467,7 @@ async fn handle(job: Job) -> Result<u64, &'static str> {
 }
 
 async fn queued(h: &Harness, key: &str) -> LockToken {
-    OwnedLock::acquire(&h.backend, &spec(key, Duration::from_secs(30)))
+    OwnedLock::acquire(&h.backend, &job_spec(key, Duration::from_secs(30)))
         .await
         .unwrap()
         .into_token()
@@ -513,7 +517,7 @@ pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Har
 pub async fn job_layer_watchdog_keeps_a_long_job_locked(h: Harness) {
     let key = gkey("job:long");
     for watchdog in [true, false] {
-        let token = OwnedLock::acquire(&h.backend, &spec("job:long", h.units(1)))
+        let token = OwnedLock::acquire(&h.backend, &job_spec("job:long", h.units(1)))
             .await
             .unwrap()
             .into_token();

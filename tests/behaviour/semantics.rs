@@ -6,7 +6,7 @@ use tower_lock::backend::Holder;
 use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_lock::{LockError, LockLayer, LockSpec, OwnedLock};
+use tower_lock::{JobSpec, LockError, LockLayer, LockSpec, OwnedLock};
 
 use super::harness::Harness;
 use super::support::*;
@@ -128,7 +128,7 @@ pub async fn extend_never_revives_and_checks_owner(h: Harness) {
     }
 
     // The same through an owned handle.
-    let spec = LockSpec::global("job", h.units(2));
+    let spec = JobSpec::new("job", h.units(2));
     let mut job = OwnedLock::acquire(h.backend.clone(), &spec).await.unwrap();
     job.extend(h.units(10)).await.unwrap();
     assert_eq!(job.info().ttl(), h.units(10));

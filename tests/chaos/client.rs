@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
 use tower_lock::flight::SingleFlight;
 use tower_lock::{
-    LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
+    JobSpec, LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
 };
 
 use super::clock::{MS, now_ns};
@@ -132,9 +132,9 @@ impl Task {
         Duration::from_millis(self.rng.range(150, 600))
     }
 
-    fn spec(&mut self) -> LockSpec {
+    fn spec(&mut self) -> JobSpec {
         let key = self.rng.pick(&self.cfg.keys).clone();
-        let mut spec = LockSpec::global(key, self.ttl());
+        let mut spec = JobSpec::new(key, self.ttl());
         if self.rng.chance(50) {
             spec = spec.max_wait(Duration::from_millis(self.rng.range(50, 1_500)));
         }
@@ -142,7 +142,7 @@ impl Task {
         // by every client that runs it: the case where only the fence tells
         // two acquisitions apart.
         if self.rng.chance(30) {
-            let job = format!("job-{}", spec.get_key());
+            let job = format!("job-{}", spec.as_lock_spec().get_key());
             spec = spec.owner(job);
         } else if self.rng.chance(10) {
             spec = spec.owner(self.rng.pick(&self.cfg.owners).clone());
@@ -201,10 +201,10 @@ impl Task {
             self.idle().await;
             return;
         };
-        let watched = spec.get_watchdog() == Some(true);
+        let watched = spec.as_lock_spec().get_watchdog() == Some(true);
         let hold = if watched {
             // Across several TTLs: the watchdog must keep it.
-            spec.get_ttl() * self.rng.range(1, 3) as u32
+            spec.as_lock_spec().get_ttl() * self.rng.range(1, 3) as u32
         } else {
             Duration::from_millis(self.rng.range(0, 20))
         };

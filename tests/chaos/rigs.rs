@@ -323,9 +323,10 @@ mod postgres {
         }
         fn checker_backend(&self, op_timeout: Duration) -> SharedBackend {
             SharedBackend::new(
-                tower_lock::PostgresBackend::from_url(&self.url)
-                    .expect("url")
-                    .op_timeout(op_timeout),
+                tower_lock::PostgresBackend::builder()
+                    .op_timeout(op_timeout)
+                    .build(&self.url)
+                    .expect("url"),
             )
         }
         fn inject<'a>(

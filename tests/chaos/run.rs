@@ -114,9 +114,10 @@ pub fn backend(spec: &BackendSpec, op_timeout: Duration, log: Log) -> SharedBack
         }),
         #[cfg(feature = "postgres")]
         BackendSpec::Postgres(url) => SharedBackend::new(Recorder {
-            inner: tower_lock::PostgresBackend::from_url(url)
-                .expect("postgres URL")
-                .op_timeout(op_timeout),
+            inner: tower_lock::PostgresBackend::builder()
+                .op_timeout(op_timeout)
+                .build(url)
+                .expect("postgres URL"),
             log,
         }),
         #[cfg(feature = "etcd")]

@@ -125,18 +125,11 @@ impl Entry {
             && self.live_waiters() == 0
     }
 
-    /// Add a hold of `kind` (to a group, made if the entry is free), with
-    /// its own fence and TTL.
-    pub(super) fn add_hold(
-        &mut self,
-        kind: LockKind,
-        owner: Arc<str>,
-        attempt: u64,
-        (fence, wall): (u64, SystemTime),
-        ttl: Duration,
-        metadata: Option<LockMetadata>,
-        now: Instant,
-    ) -> Lease {
+    /// Add `hold` of `kind` (to a group, made if the entry is free); its
+    /// lease.
+    pub(super) fn add_hold(&mut self, kind: LockKind, hold: Holding, now: Instant) -> Lease {
+        let ttl = hold.expires.saturating_duration_since(now);
+        let lease = Lease::new(hold.fence, hold.acquired_at, hold.acquired_at, ttl);
         let extra = self.extra.get_or_insert_default();
         if extra.group.is_none() {
             // The exclusive holder's metadata, if any, left with it.
@@ -146,16 +139,9 @@ impl Entry {
             kind,
             holds: Vec::new(),
         });
-        group.holds.push(Holding {
-            owner,
-            attempt,
-            fence,
-            acquired_at: wall,
-            expires: now + ttl,
-            metadata,
-        });
+        group.holds.push(hold);
         self.regroup(now);
-        Lease::new(fence, wall, wall, ttl)
+        lease
     }
 
     /// The index of the live group hold `holder` names. `Err(true)`: the

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::group::settle;
+use super::group::{Holding, settle};
 use super::table::{Attempt, Entry, Inner, next_fence};
 use crate::backend::Lease;
 use crate::error::LockError;
@@ -74,15 +74,15 @@ pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
             held = Some(LockKind::Exclusive);
             break;
         }
-        entry.add_hold(
-            w.kind,
-            w.owner,
-            w.attempt,
-            (fence, wall),
-            w.ttl,
-            w.metadata,
-            now,
-        );
+        let hold = Holding {
+            owner: w.owner,
+            attempt: w.attempt,
+            fence,
+            acquired_at: wall,
+            expires: now + w.ttl,
+            metadata: w.metadata,
+        };
+        entry.add_hold(w.kind, hold, now);
         held = Some(w.kind);
         holders += 1;
     }

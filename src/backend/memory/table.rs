@@ -12,7 +12,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::flight::Flights;
-use super::group::{Group, settle};
+use super::group::{Group, Holding, settle};
 use super::queue::{Waiter, nudge_head};
 use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
@@ -350,15 +350,15 @@ impl Inner {
         now: Instant,
         wall: SystemTime,
     ) -> Lease {
-        entry.add_hold(
-            req.kind(),
-            req.owner_arc().clone(),
-            req.attempt(),
-            (self.next_fence(), wall),
-            req.ttl(),
-            req.metadata().cloned(),
-            now,
-        )
+        let hold = Holding {
+            owner: req.owner_arc().clone(),
+            attempt: req.attempt(),
+            fence: self.next_fence(),
+            acquired_at: wall,
+            expires: now + req.ttl(),
+            metadata: req.metadata().cloned(),
+        };
+        entry.add_hold(req.kind(), hold, now)
     }
 
     /// `req` finds the lock held by others: join the queue if it may wait.

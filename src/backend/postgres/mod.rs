@@ -47,7 +47,7 @@
 //! # Schema
 //!
 //! [`PostgresBackend::migrate`] creates (idempotently, in one transaction)
-//! the schema `tower_lock` (see [`schema`](PostgresBackend::schema))
+//! the schema `tower_lock` (see [`schema`](PostgresBuilder::schema))
 //! with:
 //!
 //! | object | what |
@@ -59,14 +59,14 @@
 //! | sequences `locks_fence`, `locks_queue` | fencing tokens; queue order |
 //! | functions `locks_acquire`, `locks_release`, `locks_extend`, `locks_claim`, `locks_force_release`, `locks_leave`, `locks_pass_on`, `locks_hand_off`, `locks_sweep`, `locks_us`, `locks_flight_begin`, `locks_flight_publish` | the operations |
 //!
-//! (`locks` is the table name, see [`table`](PostgresBackend::table).)
+//! (`locks` is the table name, see [`table`](PostgresBuilder::table).)
 //! [`PostgresBackend::schema_sql`] returns the same SQL for teams that run
 //! their own migrations.
 //!
 //! # Connections
 //!
 //! Operations run on a few connections taken out of the pool for good (two
-//! by default, see [`connections`](PostgresBackend::connections)): each
+//! by default, see [`connections`](PostgresBuilder::connections)): each
 //! pipelines concurrent operations and has the statements prepared; an
 //! operation goes to the least busy, unless its caller is pinned (above).
 //! Each is set up for the SQL, whatever the database's or the pool's
@@ -138,6 +138,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
+pub use self::build::PostgresBuilder;
 use self::conn::Conns;
 use self::listen::Listener;
 use self::schema::Names;
@@ -180,8 +181,9 @@ pub(super) enum Tls {
 /// use tower_lock::backend::{AcquireRequest, Holder, LockBackend};
 ///
 /// # async fn demo() -> Result<(), tower_lock::LockError> {
-/// let backend = PostgresBackend::from_url("postgres://app:secret@127.0.0.1/app")?
-///     .op_timeout(Duration::from_secs(1));
+/// let backend = PostgresBackend::builder()
+///     .op_timeout(Duration::from_secs(1))
+///     .build("postgres://app:secret@127.0.0.1/app")?;
 /// backend.migrate().await?; // idempotent: creates tower_lock.locks & co.
 ///
 /// let key = LockKey::global("nightly-report")?;
@@ -203,9 +205,6 @@ struct Shared {
     listener: Listener,
     /// The backend's op timeout (for calls made on its own: passing on).
     op_timeout: Duration,
-    /// The `LISTEN` connection's settings, kept to rebuild with new names.
-    listen_config: tokio_postgres::Config,
-    tls: Tls,
     ops: AtomicU64,
     next_block: AtomicI64,
     sweeping: AtomicBool,
@@ -225,10 +224,8 @@ impl Shared {
             let on_orphan = Box::new(move |orphan| pass_on_later(&shared, orphan));
             Shared {
                 conns: Conns::new(pool, names, connections),
-                listener: Listener::new(listen_config.clone(), tls.clone(), on_orphan),
+                listener: Listener::new(listen_config, tls, on_orphan),
                 op_timeout,
-                listen_config,
-                tls,
                 ops: AtomicU64::new(0),
                 next_block: AtomicI64::new(0),
                 sweeping: AtomicBool::new(false),

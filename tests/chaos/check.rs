@@ -12,15 +12,20 @@
 //!    was asked for has the smaller fence, and no fence is granted twice
 //!    (within an epoch: a restart without data starts fences over, as
 //!    documented).
-//! 3. **No lost wake-up.** A waiter that timed out must not have waited
-//!    through a stretch of at least `wake_bound` in which nobody could have
-//!    held the key (every possible holder's lease ended: its release
-//!    answered, or its TTL ran out by the server's clock at the latest), and
-//!    no faults ran. A waiter must not be granted the lock later than its
-//!    max wait plus the op timeout (and some slack for this machine).
+//! 3. **No lost wake-up.** A waiter must not have slept, before it timed
+//!    out or before the grant its lease dates from, through a stretch of at
+//!    least `wake_bound` in which nobody else could have held the key
+//!    (every possible holder's lease ended: its release answered, or its
+//!    TTL ran out by the server's clock at the latest), and no faults ran: a
+//!    grant that came only at a re-check, at the max wait or with a
+//!    newcomer's call was a wake-up lost. A waiter must not be granted the
+//!    lock later than its max wait plus the op timeout (and some slack for
+//!    this machine).
 //! 4. **No lost update.** The fenced store's final value of every key is
 //!    the number of writes it accepted (each client writes value + 1 of what
-//!    it read under the same fence).
+//!    it read under the same fence), unless a write under a fence drawn
+//!    before a restart without data landed after it (the server may have
+//!    drawn that number again: the README's limit).
 //! 5. **The lost signal tells the truth.** A store call made while the
 //!    client's handle said its lock was held (or the layer ran the handler)
 //!    must fall inside the lease, up to `belief_slack` (the gap between the
@@ -36,10 +41,12 @@
 //!    queue's order is the server's: a waiter's place dates from when its
 //!    entry was known written (the backend said so, see `queued.rs`), not
 //!    from its call (a request held back in the network, or queued only on
-//!    a later attempt, came later); a waiter whose entry was made again (the
-//!    first was lost: a hand-off taken back, an entry swept) had lost its
-//!    place at a time the history cannot tell, and claims none before its
-//!    last entry.
+//!    a later attempt, came later). A waiter whose entry was made again
+//!    after something that takes a live waiter's entry away (a fault, a
+//!    force release, its TTL's worth of time for a hand-off it did not see
+//!    to run out) lost its place at a time the history cannot tell, and
+//!    claims none before the later entry; made again with none of those
+//!    between, the backend dropped it, and its first place stands.
 //! 8. **Liveness.** After the faults ended and every client stopped, every
 //!    key comes free within its TTL, and no client process hangs.
 
@@ -124,8 +131,9 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
+    let reused = reused_fences(&ops, &leases, &h.faults);
     for (key, value, writes) in &h.store {
-        if value != writes {
+        if value != writes && !reused.contains(key.as_str()) {
             out.push(Violation {
                 kind: "lost-update",
                 detail: format!(
@@ -156,6 +164,30 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// The store keys written under a fence granted before a fault that starts
+/// fences over, after it struck: the server may have granted that number
+/// again, and the store cannot tell the two holders apart (the README's
+/// limit of a server restarted without its data). A lost update on such a
+/// key is that limit, not a violation.
+fn reused_fences<'a>(
+    ops: &[&'a Op],
+    leases: &[Lease],
+    faults: &[Fault],
+) -> std::collections::BTreeSet<&'a str> {
+    let index = LeaseIndex::new(leases);
+    let resets: Vec<&Fault> = faults.iter().filter(|f| f.resets_fences).collect();
+    ops.iter()
+        .filter(|o| o.kind == Kind::Write && o.outcome == Outcome::Ok)
+        .filter(|o| {
+            index.find(leases, o).is_some_and(|i| {
+                let asked = leases[i].asked;
+                resets.iter().any(|f| asked < f.until && f.at < o.ret)
+            })
+        })
+        .map(|o| o.key.as_str())
+        .collect()
 }
 
 /// Every grant's lease, with what the history says of its end.
@@ -456,6 +488,35 @@ fn fifo(ops: &[&Op], h: &History, t0: u64, op_timeout: u64, out: &mut Vec<Violat
             (server || ours) && f.at < to && f.until + op_timeout > from
         })
     };
+    let forced: Vec<&&Op> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::ForceRelease)
+        .collect();
+    // A waiter's place dates from its first entry. An entry made again
+    // means the earlier one went; by the backends' rules only a fault (the
+    // server's, or one that stopped the waiter), a force release taking
+    // back a hand-off, or a hand-off it did not see running out (its TTL
+    // fits between the two entries) takes a live waiter's entry away. With
+    // one of those between two entries, it lost its place at a time the
+    // history cannot tell and claims none before the later one; without,
+    // the backend dropped a live waiter's entry and its first place stands.
+    let place = |w: &Op| -> u64 {
+        let mut entries = w.queued.clone();
+        entries.sort_unstable();
+        let mut place = entries[0];
+        for pair in entries.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let lost = disturbed(a, b, [w.p, w.p])
+                || forced
+                    .iter()
+                    .any(|f| f.key == w.key && f.inv < b && a < f.ret)
+                || b - a >= w.ttl_ms * MS;
+            if lost {
+                place = b;
+            }
+        }
+        place
+    };
     for n in ops
         .iter()
         .filter(|o| matches!(o.kind, Kind::Acquire | Kind::FlightBegin) && o.outcome == Outcome::Ok)
@@ -464,8 +525,7 @@ fn fifo(ops: &[&Op], h: &History, t0: u64, op_timeout: u64, out: &mut Vec<Violat
             .iter()
             .filter(|w| w.key == n.key && (w.p, w.id) != (n.p, n.id))
         {
-            // Its last entry: one made before it was lost somewhere between.
-            let queued = *w.queued.iter().max().expect("a waiter that queued");
+            let queued = place(w);
             // A waiter granted the lock waited until the hand-off (a grant
             // after its lease ran out, before it woke, is no overtaking).
             let waited_until = match w.outcome {
@@ -540,6 +600,9 @@ fn stopped_hold(
         .fold(until, u64::max)
 }
 
+/// A stretch in which a call (process, operation) might have held a key.
+type Hold = (u64, u64, (u32, u64));
+
 fn wakeups(
     ops: &[&Op],
     leases: &[Lease],
@@ -551,8 +614,9 @@ fn wakeups(
 ) {
     // Who might have held each key, and when: every grant until the server
     // may still have held it, and every acquisition whose answer is
-    // unknown until its wait and TTL could have ended.
-    let mut holds: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    // unknown until its wait and TTL could have ended; and which call it
+    // was, so a waiter's own grant does not count against it.
+    let mut holds: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
     let stopped = |p: u32, asked: u64, until: u64| {
         stopped_hold(
             &h.faults,
@@ -564,10 +628,11 @@ fn wakeups(
         )
     };
     for l in leases {
-        holds
-            .entry(&l.key)
-            .or_default()
-            .push((l.asked, stopped(l.p, l.asked, l.held_until)));
+        holds.entry(&l.key).or_default().push((
+            l.asked,
+            stopped(l.p, l.asked, l.held_until),
+            (l.p, l.id),
+        ));
     }
     for op in ops {
         let indeterminate = matches!(op.outcome, Outcome::Cancelled | Outcome::Unavailable)
@@ -575,9 +640,28 @@ fn wakeups(
         if indeterminate {
             let until = op.ret.max(op.inv + op.wait_ms * MS) + op.ttl_ms * MS + op_timeout;
             let until = stopped(op.p, op.inv, until);
-            holds.entry(&op.key).or_default().push((op.inv, until));
+            holds
+                .entry(&op.key)
+                .or_default()
+                .push((op.inv, until, (op.p, op.id)));
         }
     }
+    // A stretch of at least the bound in `[from, to)` in which nobody but
+    // `op` itself could hold its key and no server or network fault ran
+    // (those may hold a wake-up back; a stopped client process only delays
+    // its own calls).
+    let free_stretch = |op: &Op, from: u64, to: u64| -> Option<(u64, u64)> {
+        let mut free = vec![(from, to)];
+        for &(a, b, who) in holds.get(op.key.as_str()).into_iter().flatten() {
+            if who != (op.p, op.id) {
+                free = cut(free, a, b);
+            }
+        }
+        for f in h.faults.iter().filter(|f| f.process.is_none()) {
+            free = cut(free, f.at, f.until + op_timeout);
+        }
+        free.into_iter().find(|(a, b)| b - a >= bounds.wake_ns)
+    };
     for op in ops
         .iter()
         .filter(|o| o.kind == Kind::Acquire && o.wait_ms > 0)
@@ -587,7 +671,8 @@ fn wakeups(
             .faults
             .iter()
             .any(|f| f.process == Some(op.p) && f.at < op.ret && f.until > op.inv);
-        match &op.outcome {
+        // How the wait ended, and until when it slept.
+        let (ended, slept_until) = match &op.outcome {
             Outcome::Ok => {
                 let late = op
                     .ret
@@ -606,36 +691,36 @@ fn wakeups(
                         ),
                     });
                 }
+                // Granted: it slept until the grant the lease dates from
+                // (the hand-off, or the attempt that found the lock free).
+                // A grant that came late, however it came (the waiter's own
+                // re-check, its max wait, a newcomer's call that handed the
+                // lock on), was a wake-up lost meanwhile.
+                ("was granted at", op.start.unwrap_or(op.ret))
             }
-            Outcome::Timeout if !own_pause => {
-                let mut free = vec![(op.inv, deadline.min(op.ret))];
-                for &(a, b) in holds.get(op.key.as_str()).into_iter().flatten() {
-                    free = cut(free, a, b);
-                }
-                // Server and network faults may hold a wake-up back; a
-                // stopped client process only delays its own calls.
-                for f in h.faults.iter().filter(|f| f.process.is_none()) {
-                    free = cut(free, f.at, f.until + op_timeout);
-                }
-                if let Some(&(a, b)) = free.iter().find(|(a, b)| b - a >= bounds.wake_ns) {
-                    out.push(Violation {
-                        kind: "lost-wake-up",
-                        detail: format!(
-                            "{}: p{} #{} waited {}..{} and timed out, but nobody could hold the \
-                             key from {} to {}; last fault before: {}",
-                            op.key,
-                            op.p,
-                            op.id,
-                            ms(op.inv, t0),
-                            ms(deadline, t0),
-                            ms(a, t0),
-                            ms(b, t0),
-                            last_fault_before(&h.faults, a, t0)
-                        ),
-                    });
-                }
-            }
-            _ => {}
+            Outcome::Timeout => ("timed out at", op.ret),
+            _ => continue,
+        };
+        if own_pause {
+            continue;
+        }
+        if let Some((a, b)) = free_stretch(op, op.inv, slept_until.min(deadline)) {
+            out.push(Violation {
+                kind: "lost-wake-up",
+                detail: format!(
+                    "{}: p{} #{} waited {}..{} and {ended} {}, but nobody could hold the key from \
+                     {} to {}; last fault before: {}",
+                    op.key,
+                    op.p,
+                    op.id,
+                    ms(op.inv, t0),
+                    ms(deadline, t0),
+                    ms(slept_until, t0),
+                    ms(a, t0),
+                    ms(b, t0),
+                    last_fault_before(&h.faults, a, t0)
+                ),
+            });
         }
     }
 }
@@ -759,6 +844,33 @@ mod tests {
         assert_eq!(kinds(&h), ["lost-wake-up"]);
     }
 
+    /// A holder until its release at 10..11 ms, and a waiter (asked at 2 ms,
+    /// max wait 1 s) granted at `granted` ms (the hand-off its lease dates
+    /// from), told 2 ms later.
+    fn granted_waiter(granted: u64) -> History {
+        let mut waiter = grant(2, 0, 2, granted + 2, 2, 300);
+        waiter.wait_ms = 1_000;
+        waiter.start = Some(granted * MS);
+        waiter.queued = vec![3 * MS];
+        history(vec![
+            grant(1, 0, 0, 1, 1, 5_000),
+            release(1, 1, 10, 11, 1),
+            waiter,
+        ])
+    }
+
+    #[test]
+    fn a_waiter_granted_long_after_the_lock_came_free_is_a_lost_wake_up() {
+        // redis-release-without-hand-off: the release freed the lock and
+        // told nobody; the waiter found it free only at its re-check, 500
+        // ms later. Its own grant does not count as a holder before it.
+        assert_eq!(kinds(&granted_waiter(511)), ["lost-wake-up"]);
+        // Handed the lock at the release: woken in time.
+        assert!(kinds(&granted_waiter(11)).is_empty());
+        // Within the bound (250 ms).
+        assert!(kinds(&granted_waiter(200)).is_empty());
+    }
+
     #[test]
     fn a_release_ends_the_lease_whatever_a_renewal_beside_it_did() {
         // The watchdog's renewal was invoked after the release and answered
@@ -861,11 +973,54 @@ mod tests {
 
     #[test]
     fn a_waiter_that_queued_again_lost_its_first_place() {
-        // Its first entry went (a hand-off it did not see was taken back,
-        // an entry swept) at a time the history cannot tell, so it comes
-        // from its last entry: after the newcomer's call, no overtaking.
+        // Its first entry went at a time the history cannot tell (its TTL
+        // of 100 ms fits between the entries: a hand-off it did not see
+        // could have run out), so it comes from its last entry: after the
+        // newcomer's call, no overtaking.
         assert!(!kinds(&overtaken(vec![3, 700])).contains(&"barging"));
         assert!(kinds(&overtaken(vec![3, 400])).contains(&"barging"));
+    }
+
+    /// `overtaken` with a waiter whose TTL (1 s) does not fit between its
+    /// entries at 3 and 600 ms, and `extra` calls.
+    fn overtaken_again(extra: Vec<Op>) -> History {
+        let mut h = overtaken(vec![3, 600]);
+        h.ops.iter_mut().find(|o| o.p == 2).unwrap().ttl_ms = 1_000;
+        h.ops.extend(extra);
+        h
+    }
+
+    #[test]
+    fn a_waiter_queued_again_for_no_cause_keeps_its_first_place() {
+        // memory-release-without-hand-off: the release dropped the queue,
+        // the newcomer took the lock, the waiter queued again behind it.
+        // Nothing a backend loses a live waiter's entry for (a fault, a
+        // force release, a hand-off running out unseen) came between its
+        // entries: it was first from 3 ms, and was overtaken.
+        assert!(kinds(&overtaken_again(vec![])).contains(&"barging"));
+        // A force release may take back a hand-off it had not seen yet.
+        let mut force = op(3, 2, Kind::ForceRelease, 290, 291, Outcome::Ok);
+        force.key = "k".into();
+        assert!(!kinds(&overtaken_again(vec![force])).contains(&"barging"));
+    }
+
+    #[test]
+    fn a_waiter_queued_again_after_a_fault_lost_its_first_place() {
+        // A fault stopping the waiter's process between its entries (long
+        // over by the newcomer's call): its entry may have gone with it.
+        let mut h = overtaken_again(vec![]);
+        h.faults.push(Fault {
+            what: "sigstop".into(),
+            at: 50 * MS,
+            until: 60 * MS,
+            process: Some(2),
+            loses_locks: false,
+            resets_fences: false,
+        });
+        assert!(!kinds(&h).contains(&"barging"));
+        // The same fault in another process says nothing of the waiter.
+        h.faults[0].process = Some(4);
+        assert!(kinds(&h).contains(&"barging"));
     }
 
     #[test]
@@ -886,5 +1041,38 @@ mod tests {
         let mut h = history(vec![]);
         h.store = vec![("k".into(), 3, 4)];
         assert_eq!(kinds(&h), ["lost-update"]);
+    }
+
+    #[test]
+    fn a_write_under_a_fence_from_before_fences_started_over_may_lose_an_update() {
+        // Seed 1008 on Redis: p2 read under fence 2 and stalled; Redis
+        // restarted without its data and granted fence 2 again to p1, which
+        // read and wrote; p2's write under its old fence 2 was accepted too
+        // (not lower than the key's): one update lost, as documented.
+        let write = |p: u32, id: u64, at: u64, fence: u64| {
+            let mut o = op(p, id, Kind::Write, at, at + 1, Outcome::Ok);
+            o.fence_in = Some(fence);
+            o
+        };
+        let reset = Fault {
+            what: "restart without data".into(),
+            at: 400 * MS,
+            until: 450 * MS,
+            process: None,
+            loses_locks: true,
+            resets_fences: true,
+        };
+        let mut h = history(vec![
+            grant(2, 0, 0, 1, 2, 300),
+            grant(1, 0, 500, 501, 2, 300),
+            write(1, 1, 510, 2),
+            write(2, 1, 600, 2),
+        ]);
+        h.store = vec![("k".into(), 1, 2)];
+        h.faults.push(reset);
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // The same writes with no restart between: a lost update.
+        h.faults.clear();
+        assert!(kinds(&h).contains(&"lost-update"));
     }
 }

@@ -64,7 +64,7 @@ pub(crate) fn acquired(
         let expiry = started + lease.ttl;
         // The minimum hold counts from when the TTL started.
         let hold_until = req.min_hold().map(|d| started + d);
-        let extras = HeldExtras::new(req.metadata().cloned(), hold_until);
+        let extras = HeldExtras::new(req.metadata().cloned(), hold_until, req.kind());
         HeldLock::new(
             req.key().clone(),
             req.owner_arc().clone(),

@@ -8,6 +8,7 @@ use crate::backend::{Holder, Lease, SharedBackend};
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
 use crate::observe::{Meter, Since};
+use crate::spec::LockKind;
 use crate::watchdog::{LostSignal, WatchHandle};
 
 /// A lock that is held: its key, owner token, fencing token and expiry, and
@@ -51,6 +52,8 @@ pub(crate) struct HeldExtras {
     metadata: Option<LockMetadata>,
     // Released before then, the lock is kept until then (`LockSpec::min_hold`).
     hold_until: Option<tokio::time::Instant>,
+    // A shared hold or a permit (an exclusive lock has no extras for it).
+    kind: LockKind,
 }
 
 impl HeldExtras {
@@ -61,11 +64,12 @@ impl HeldExtras {
     pub(crate) fn new(
         metadata: Option<LockMetadata>,
         hold_until: Option<tokio::time::Instant>,
+        kind: LockKind,
     ) -> Option<Box<HeldExtras>> {
-        if metadata.is_none() && hold_until.is_none() {
+        if metadata.is_none() && hold_until.is_none() && kind == LockKind::Exclusive {
             None
         } else {
-            HeldExtras::boxed(metadata, hold_until)
+            HeldExtras::boxed(metadata, hold_until, kind)
         }
     }
 
@@ -75,10 +79,12 @@ impl HeldExtras {
     fn boxed(
         metadata: Option<LockMetadata>,
         hold_until: Option<tokio::time::Instant>,
+        kind: LockKind,
     ) -> Option<Box<HeldExtras>> {
         Some(Box::new(HeldExtras {
             metadata,
             hold_until,
+            kind,
         }))
     }
 }
@@ -128,6 +134,12 @@ impl HeldLock {
             meter,
             since: Since::now(),
         }
+    }
+
+    /// The kind of hold: exclusive, shared, or one of a key's permits (see
+    /// [`LockKind`]).
+    pub fn kind(&self) -> LockKind {
+        self.extras.as_ref().map_or(LockKind::Exclusive, |e| e.kind)
     }
 
     /// How much longer the lock must be held after a release now (see

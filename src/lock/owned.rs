@@ -188,7 +188,11 @@ impl OwnedLock {
             Arc::from(token.owner()),
             lease,
             sent + left,
-            HeldExtras::new(metadata, token.hold_left().map(|left| sent + left)),
+            HeldExtras::new(
+                metadata,
+                token.hold_left().map(|left| sent + left),
+                token.kind(),
+            ),
             Meter::new(&backend, ""),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))

@@ -6,6 +6,7 @@ use super::HeldLock;
 use crate::error::LockError;
 use crate::key::{LockKey, Scope};
 use crate::metadata::LockMetadata;
+use crate::spec::LockKind;
 use crate::time::unix_ms;
 
 /// A held lock as data, to move it between processes (serde).
@@ -85,6 +86,10 @@ pub struct LockToken {
     // then is kept until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold_until_ms: Option<u64>,
+    // The kind of hold (`shared`, `permits=N`), absent for an exclusive lock
+    // (and in tokens from before kinds existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<String>,
 }
 
 impl LockToken {
@@ -101,7 +106,17 @@ impl LockToken {
                 unix_ms(std::time::SystemTime::now())
                     .saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
             }),
+            mode: (lock.kind() != LockKind::Exclusive).then(|| lock.kind().to_string()),
         }
+    }
+
+    /// The kind of hold the token carries (exclusive when it names none,
+    /// or one this version cannot read: the backend's claim decides).
+    pub fn kind(&self) -> LockKind {
+        self.mode
+            .as_deref()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_default()
     }
 
     /// The minimum hold left, by the wall clock (see `hold_until_ms`).

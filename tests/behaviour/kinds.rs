@@ -12,7 +12,9 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use tokio::task::JoinHandle;
 use tower_lock::backend::{AcquireRequest, Holder, Lease};
-use tower_lock::{LockError, LockKey, LockKind, LockLayer, LockSpec, SharedBackend};
+use tower_lock::{
+    JobSpec, LockError, LockKey, LockKind, LockLayer, LockSpec, OwnedLock, SharedBackend,
+};
 
 use super::harness::Harness;
 use super::support::*;
@@ -482,4 +484,37 @@ pub async fn the_layer_takes_shared_holds_and_permits(h: Harness) {
     send(&app, post_req("/z"))
         .await
         .assert_rejection(400, "LOCK_INVALID_KIND");
+}
+
+/// A shared hold and a permit go to a job as tokens and come back with
+/// their kind; the restored hold is the same acquisition under a new fence,
+/// and releasing it frees only that hold.
+pub async fn shared_holds_and_permits_travel_by_token(h: Harness) {
+    let ttl = Duration::from_secs(30);
+    for (key, spec) in [
+        ("doc", JobSpec::new("doc", ttl).shared()),
+        ("exports", JobSpec::new("exports", ttl).permits(2)),
+    ] {
+        let kind = spec.as_lock_spec().get_kind();
+        let stays = OwnedLock::acquire(&h.backend, &spec).await.unwrap();
+        let handed = OwnedLock::acquire(&h.backend, &spec).await.unwrap();
+        assert_eq!(handed.info().kind(), kind);
+        let token = handed.into_token();
+        let other = h.another();
+        let restored = OwnedLock::restore(&other, &token).await.expect("restore");
+        assert_eq!(restored.info().kind(), kind);
+        assert!(
+            restored.fence() > token.fence(),
+            "a restore is a claim: a new fence"
+        );
+        assert_eq!(holders(&h, &gkey(key)).await.1.len(), 2);
+        restored.release().await.unwrap();
+        let (_, left, _) = holders(&h, &gkey(key)).await;
+        assert_eq!(
+            left,
+            vec![stays.info().owner().to_owned()],
+            "only the restored hold left"
+        );
+        stays.release().await.unwrap();
+    }
 }

@@ -288,6 +288,7 @@ mod kinds_suite {
                 each_hold_is_released_and_extended_on_its_own,
                 kinds_that_cannot_meet_are_refused_and_never_queue,
                 the_layer_takes_shared_holds_and_permits,
+                shared_holds_and_permits_travel_by_token,
             ],
             virtual_time: [
                 an_expired_permit_goes_to_the_queue_not_to_a_newcomer,

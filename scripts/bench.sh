@@ -184,21 +184,21 @@ run() { # backend-arg workload
 for b in $BACKENDS; do
   case $b in
     memory)
-      for w in serial parallel32 contended16 http held flight64; do run memory "$w"; done
+      for w in serial parallel32 contended16 http held flight64 ${KINDS_WORKLOADS-readers64 permits4 kinds-serial}; do run memory "$w"; done
       ;;
     redis)
-      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64; do
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64 ${KINDS_WORKLOADS-readers64 permits4 kinds-serial}; do
         run "$REDIS_URL" "$w"
       done
       ;;
     postgres)
-      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64; do
+      for w in raw-serial raw-parallel32 serial parallel32 contended16 http held flight64 ${KINDS_WORKLOADS-readers64 permits4 kinds-serial}; do
         run "$PG_URL" "$w"
       done
       ;;
     etcd)
       # ETCD_WORKLOADS: a subset (e.g. "contended16 flight64").
-      for w in ${ETCD_WORKLOADS:-raw-serial raw-parallel32 serial parallel32 contended16 http held flight64}; do
+      for w in ${ETCD_WORKLOADS:-raw-serial raw-parallel32 serial parallel32 contended16 http held flight64 readers64 permits4 kinds-serial}; do
         run "$ETCD_URL" "$w"
       done
       ;;
@@ -321,6 +321,29 @@ for b in ("memory", "redis", "postgres", "etcd"):
           c["same_worker_reacquire_pct"] <= 20, f"{c['same_worker_reacquire_pct']:.1f} %")
     check(f"{b} contended16 max concurrent holders == 1",
           c["max_concurrent_holders"] == 1, f"{c['max_concurrent_holders']}")
+
+# Shared holds and permits (issue 23): never over the kind's bound; permits
+# kept busy and fair; a shared or permit cycle within 1.3 x an exclusive one.
+for b in ("memory", "redis", "postgres", "etcd"):
+    rd = get(b, "readers64")
+    if rd:
+        check(f"{b} readers64 max concurrent holders <= 64", rd["max_concurrent_holders"] <= 64,
+              f"{rd['max_concurrent_holders']} (utilisation {rd['utilisation']:.1f}, "
+              f"p99 wait {rd['p99_us']:,.0f} µs)")
+    p4 = get(b, "permits4")
+    if p4:
+        check(f"{b} permits4 max concurrent holders <= 4", p4["max_concurrent_holders"] <= 4,
+              f"{p4['max_concurrent_holders']}")
+        check(f"{b} permits4 utilisation >= 0.9 x 4", p4["utilisation"] >= 3.6,
+              f"{p4['utilisation']:.2f} (p99 wait {p4['p99_us']:,.0f} µs)")
+        check(f"{b} permits4 same-worker <= 20 %", p4["same_worker_reacquire_pct"] <= 20,
+              f"{p4['same_worker_reacquire_pct']:.1f} %")
+    ks = get(b, "kinds-serial")
+    if ks:
+        for kind in ("shared", "permits"):
+            check(f"{b} {kind} cycle <= 1.3 x exclusive", ks[f"{kind}_ratio"] <= 1.3,
+                  f"{ks[f'{kind}_ratio']:.3f} ({ks[f'{kind}_cycle_us']:,.1f} µs vs "
+                  f"{ks['exclusive_cycle_us']:,.1f} µs)")
 
 s = get("memory", "serial")
 if s:

@@ -517,14 +517,17 @@ pub async fn job_layer_releases_when_the_job_is_processed_fails_or_panics(h: Har
 pub async fn job_layer_watchdog_keeps_a_long_job_locked(h: Harness) {
     let key = gkey("job:long");
     for watchdog in [true, false] {
-        let token = OwnedLock::acquire(&h.backend, &job_spec("job:long", h.units(1)))
+        // A TTL of three units, renewed every unit: on a loaded machine a
+        // renewal late by a unit or so still lands in time (with a TTL of
+        // one unit, a 100 ms stall between renewals read as a loss).
+        let token = OwnedLock::acquire(&h.backend, &job_spec("job:long", h.units(3)))
             .await
             .unwrap()
             .into_token();
         let unit = h.unit();
         let long_job = service_fn(move |job: Job| async move {
             let lock = job.lock.expect("set");
-            // Four TTLs of work.
+            // Four units of work: past the TTL.
             // (On the paused clock, sleeping lets it advance when every
             // task is idle, so the watchdog's renewals run in order.)
             for _ in 0..8 {

@@ -12,10 +12,19 @@ const EXPORT_TTL: Duration = Duration::from_secs(10);
 /// How long a balance read waits for a deposit to finish.
 const READ_MAX_WAIT: Duration = Duration::from_secs(5);
 
+/// The lock of `GET /accounts/{id}`: [`read_lock`] where the backend holds
+/// shared locks; none (reads as before kinds) where it does not.
+pub(crate) fn read_locks(
+    locks: &SharedBackend,
+) -> impl Fn(&Request<Body>) -> Option<LockSpec> + Clone + Send + Sync + 'static {
+    let shared = locks.supports(tower_lock::LockKind::Shared);
+    move |req: &Request<Body>| if shared { read_lock(req) } else { None }
+}
+
 /// `GET /accounts/{id}`: a shared hold on the deposit's lock. Reads run
 /// together; a read waits (up to [`READ_MAX_WAIT`]) for a running deposit,
 /// and a deposit finds the account busy while reads hold it.
-pub(crate) fn read_lock(req: &Request<Body>) -> Option<LockSpec> {
+fn read_lock(req: &Request<Body>) -> Option<LockSpec> {
     let id = path_params(req).get("id")?.to_owned();
     Some(
         LockSpec::global(format!("account:{id}"), DEFAULT_TTL)

@@ -23,14 +23,17 @@
 //!   "fence": f}` with `--fenced`) under a **shared** hold on
 //!   `account:{id}`: reads run together, never beside a deposit (they wait
 //!   up to 5 s for a running one, then `429`), and a deposit finds the
-//!   account busy while reads hold it.
+//!   account busy while reads hold it. On a backend without shared holds
+//!   (PostgreSQL and etcd in this version) reads take no lock, as before.
 //! - `POST /accounts/{id}/export?work_ms=M[&wait_ms=W]` holds one of the
 //!   account's **2 permits** (`export:{id}`, across every bank process
 //!   sharing the store; renewed by the watchdog while it works), counts
 //!   itself in the store's count of the account's running exports, works
 //!   `M` ms (at most 60 000) and answers `{"account": id, "running": n}`, `n`
 //!   the exports running when it started, itself included. A third export
-//!   waits up to `W` ms (default 0) for a permit, then gets `429`.
+//!   waits up to `W` ms (default 0) for a permit, then gets `429`. On a
+//!   backend without permits (PostgreSQL and etcd in this version): `501`
+//!   `LOCK_UNSUPPORTED`.
 //! - With `--fenced`, the balance store refuses stale holders: it remembers,
 //!   per account, the highest fence a deposit has read or written it with,
 //!   and a deposit reads and writes with its lock's fence, each atomically
@@ -370,7 +373,7 @@ fn router(bank: Arc<Bank>, admin_token: Option<&str>, metrics: Option<Metrics>) 
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
         .route(
             "/accounts/{id}",
-            get(balance).layer(LockLayer::new(bank.locks.clone(), read_lock)),
+            get(balance).layer(LockLayer::new(bank.locks.clone(), read_locks(&bank.locks))),
         )
         .route(
             "/accounts/{id}/export",

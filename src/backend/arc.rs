@@ -25,6 +25,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
+    fn supports(&self, kind: crate::spec::LockKind) -> bool {
+        (**self).supports(kind)
+    }
     fn extend<'a>(
         &'a self,
         key: &'a LockKey,

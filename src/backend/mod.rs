@@ -178,6 +178,21 @@ pub trait LockBackend: Send + Sync + 'static {
         "custom"
     }
 
+    /// Whether this backend holds locks of `kind` (see
+    /// [`LockKind`](crate::LockKind)). The default, for a backend written
+    /// before kinds existed, is exclusive locks only: `acquire` must then
+    /// answer [`LockError::Unsupported`] for any other kind. Apps can ask
+    /// before they offer a route that needs shared holds or permits.
+    ///
+    /// ```
+    /// use tower_lock::{LockBackend, LockKind, MemoryBackend};
+    ///
+    /// assert!(MemoryBackend::new().supports(LockKind::Shared));
+    /// ```
+    fn supports(&self, kind: crate::spec::LockKind) -> bool {
+        kind == crate::spec::LockKind::Exclusive
+    }
+
     /// Take the lock described by `req`, waiting up to its max wait.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>>;
 

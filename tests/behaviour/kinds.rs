@@ -518,3 +518,31 @@ pub async fn shared_holds_and_permits_travel_by_token(h: Harness) {
         stays.release().await.unwrap();
     }
 }
+
+/// Every backend says which kinds it holds (`supports`), and one that does
+/// not hold a kind refuses it with `Unsupported`, taking nothing (never an
+/// exclusive lock in its place).
+pub async fn a_kind_the_backend_does_not_hold_is_refused_and_takes_nothing(h: Harness) {
+    let key = gkey("k");
+    assert!(h.backend.supports(LockKind::Exclusive));
+    for kind in [LockKind::Shared, LockKind::Permits(2)] {
+        let got = h
+            .backend
+            .acquire(&kreq(&key, "x", kind, LONG, Duration::ZERO))
+            .await;
+        if h.backend.supports(kind) {
+            got.unwrap_or_else(|e| panic!("{kind} is supported: {e:?}"));
+            release(&h, &key, "x").await;
+        } else {
+            assert!(
+                matches!(got, Err(LockError::Unsupported(_))),
+                "{kind}: {got:?}"
+            );
+            assert_eq!(
+                status_of(&h.backend, &key).await,
+                None,
+                "{kind} took a lock"
+            );
+        }
+    }
+}

@@ -228,6 +228,8 @@ for_each_backend! {
             a_requests_locks_are_found_by_any_spelling_of_their_key,
             metadata_deeper_than_the_limit_or_with_nul_is_refused,
             metadata_reads_back_as_it_was_stored,
+            // Kinds: held, or refused cleanly where the backend has none.
+            a_kind_the_backend_does_not_hold_is_refused_and_takes_nothing,
         ],
         virtual_time: [
             max_wait_succeeds_when_holder_releases,

@@ -94,6 +94,11 @@ impl LockBackend for MemoryBackend {
         "memory"
     }
 
+    /// Every kind.
+    fn supports(&self, _kind: crate::spec::LockKind) -> bool {
+        true
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(acquire(&self.inner, req))
     }

@@ -13,11 +13,13 @@ const EXPORT_TTL: Duration = Duration::from_secs(10);
 const READ_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The lock of `GET /accounts/{id}`: [`read_lock`] where the backend holds
-/// shared locks; none (reads as before kinds) where it does not.
+/// shared locks; none (reads as before kinds) where it does not, or with
+/// `--fenced` (reads there show the store's own view while a holder may be
+/// frozen mid-deposit).
 pub(crate) fn read_locks(
-    locks: &SharedBackend,
+    bank: &Bank,
 ) -> impl Fn(&Request<Body>) -> Option<LockSpec> + Clone + Send + Sync + 'static {
-    let shared = locks.supports(tower_lock::LockKind::Shared);
+    let shared = bank.locks.supports(tower_lock::LockKind::Shared) && !bank.fenced;
     move |req: &Request<Body>| if shared { read_lock(req) } else { None }
 }
 

@@ -24,7 +24,10 @@
 //!   `account:{id}`: reads run together, never beside a deposit (they wait
 //!   up to 5 s for a running one, then `429`), and a deposit finds the
 //!   account busy while reads hold it. On a backend without shared holds
-//!   (PostgreSQL and etcd in this version) reads take no lock, as before.
+//!   (PostgreSQL and etcd in this version), and with `--fenced` (whose reads
+//!   report the store's own view, balance and highest fence, which the
+//!   fencing demonstrations watch while a holder is frozen mid-deposit),
+//!   reads take no lock, as before.
 //! - `POST /accounts/{id}/export?work_ms=M[&wait_ms=W]` holds one of the
 //!   account's **2 permits** (`export:{id}`, across every bank process
 //!   sharing the store; renewed by the watchdog while it works), counts
@@ -373,7 +376,7 @@ fn router(bank: Arc<Bank>, admin_token: Option<&str>, metrics: Option<Metrics>) 
         .route("/accounts/{id}/deposit", post(deposit).layer(lock_account))
         .route(
             "/accounts/{id}",
-            get(balance).layer(LockLayer::new(bank.locks.clone(), read_locks(&bank.locks))),
+            get(balance).layer(LockLayer::new(bank.locks.clone(), read_locks(&bank))),
         )
         .route(
             "/accounts/{id}/export",

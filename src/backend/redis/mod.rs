@@ -322,9 +322,6 @@ impl LockBackend for RedisBackend {
     }
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        if let Some(refused) = super::exclusive_only(req) {
-            return refused;
-        }
         match self.min_replicas {
             None => Box::pin(self.acquire_full(req)),
             Some(min) => Box::pin(self.acquire_replicated(req, min)),

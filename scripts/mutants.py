@@ -64,7 +64,7 @@ MUTANTS = [
      "        held = Some(w.kind);\n        holders += 1;",
      "        held = Some(w.kind);\n        holders += 1;\n        break;"),
     # The same mechanisms in Redis' scripts (MUTANTS_TESTS="behaviour redis_kinds"
-    # MUTANTS_FILTER=redis scripts/mutants.py kinds-redis).
+    # MUTANTS_FILTER=kinds_suite::redis scripts/mutants.py kinds-redis).
     ("kinds-redis-fast-path-ignores-holds", "src/backend/redis/acquire.lua",
      "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then",
      "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then"),

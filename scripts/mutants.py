@@ -41,6 +41,10 @@ TEST_CMD = [
 if os.environ.get("MUTANTS_TESTS"):
     TEST_CMD = TEST_CMD[:TEST_CMD.index("--lib")] + [
         arg for t in os.environ["MUTANTS_TESTS"].split() for arg in ("--test", t)]
+# MUTANTS_FILTER narrows it further to the tests whose name has this text
+# ("kinds_suite::redis"), for mutants whose tests are known.
+if os.environ.get("MUTANTS_FILTER"):
+    TEST_CMD = TEST_CMD + ["--", os.environ["MUTANTS_FILTER"]]
 TIMEOUT_S = 600
 
 # (name, file, text to find (exactly once), replacement)
@@ -59,6 +63,35 @@ MUTANTS = [
     ("kinds-memory-hand-off-grants-one-reader", "src/backend/memory/queue.rs",
      "        held = Some(w.kind);\n        holders += 1;",
      "        held = Some(w.kind);\n        holders += 1;\n        break;"),
+    # The same mechanisms in Redis' scripts (MUTANTS_TESTS="behaviour redis_kinds"
+    # MUTANTS_FILTER=kinds_suite::redis scripts/mutants.py kinds-redis).
+    ("kinds-redis-fast-path-ignores-holds", "src/backend/redis/acquire.lua",
+     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then",
+     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then"),
+    ("kinds-redis-writer-beside-readers", "src/backend/redis/common.lua",
+     "    return kind == held and n < tonumber(string.sub(kind, 2))\n  end\n  return false",
+     "    return kind == held and n < tonumber(string.sub(kind, 2))\n  end\n  return true"),
+    ("kinds-redis-permits-over-n", "src/backend/redis/common.lua",
+     "n < tonumber(string.sub(kind, 2))",
+     "n <= tonumber(string.sub(kind, 2))"),
+    ("kinds-redis-newcomer-barges-past-the-queue", "src/backend/redis/acquire.lua",
+     "if redis.call('LLEN', queue) == 0 and fits(kind, held, n) then",
+     "if fits(kind, held, n) then"),
+    ("kinds-redis-hand-off-grants-one-reader", "src/backend/redis/common.lua",
+     "      if kind == '' then\n        break\n      end\n      held, n = kind, n + 1",
+     "      break"),
+    ("kinds-redis-mismatch-queues", "src/backend/redis/common.lua",
+     "    return kind == held\n",
+     "    return true\n"),
+    ("kinds-redis-ran-out-holds-kept", "src/backend/redis/common.lua",
+     "      if expiry > now then\n        n = n + 1",
+     "      if true then\n        n = n + 1"),
+    ("kinds-redis-hold-release-without-hand-off", "src/backend/redis/release.lua",
+     "hand_off(now, nil)\nif found then",
+     "if found then"),
+    ("kinds-redis-release-ignores-the-fence", "src/backend/redis/common.lua",
+     "if who == owner and (f == '' or live[i] == f) then",
+     "if who == owner then"),
     ("kinds-memory-mismatch-queues", "src/backend/memory/table.rs",
      "if !req.kind().same_family(entry.kind()) {",
      "if false {"),
@@ -99,11 +132,11 @@ MUTANTS = [
      'LockError::BackendUnavailable(format!("Redis: {e}").into())'),
     # Redis scripts
     ("redis-acquire-fast-path-ignores-queue", "src/backend/redis/acquire.lua",
-     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then",
-     "if redis.call('EXISTS', KEYS[1], KEYS[5]) == 0 then"),
+     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then",
+     "if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[6]) == 0 then"),
     ("redis-acquire-fast-path-ignores-legacy-fence", "src/backend/redis/acquire.lua",
-     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then",
-     "if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then"),
+     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then",
+     "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then"),
     ("redis-legacy-fence-not-migrated", "src/backend/redis/common.lua",
      "  local legacy = redis.call('GET', KEYS[5])",
      "  local legacy = nil"),
@@ -111,8 +144,8 @@ MUTANTS = [
      "        inv.key(self.counter_key(slot).as_str());",
      "        inv.key(format!(\"{buf}:fence\").as_str());"),
     ("redis-release-without-hand-off", "src/backend/redis/release.lua",
-     "if not hand_off(nil, nil) and current then",
-     "if current then"),
+     "  redis.call('DEL', lock)\n  hand_off(nil, nil)\n  return 1",
+     "  redis.call('DEL', lock)\n  return 1"),
     ("redis-retry-by-owner-only", "src/backend/redis/acquire.lua",
      "if holder == owner and held_attempt == attempt then",
      "if holder == owner then"),
@@ -120,8 +153,8 @@ MUTANTS = [
      "  if nonce == ARGV[1] then",
      "  if false then"),
     ("redis-hand-off-to-dead-waiters", "src/backend/redis/common.lua",
-     "if deadline and tonumber(deadline) > now then",
-     "if deadline then"),
+     "if not deadline or tonumber(deadline) <= now then",
+     "if not deadline then"),
     ("redis-release-ignores-owner", "src/backend/redis/release.lua",
      "if string.sub(current, -n) ~= owner or string.byte(current, -n - 1) ~= 32 then",
      "if false then"),
@@ -136,8 +169,8 @@ MUTANTS = [
      "if holder ~= ARGV[1] or (ARGV[3] ~= '' and f ~= ARGV[3]) then",
      "if holder ~= ARGV[1] then"),
     ("redis-claim-keeps-the-fence", "src/backend/redis/claim.lua",
-     "  f = string.format('%d', next_fence())",
-     "  f = old"),
+     "\n  f = string.format('%d', next_fence())",
+     "\n  f = old"),
     ("redis-fence-not-incremented-on-hand-off", "src/backend/redis/common.lua",
      "  local f = next_fence()\n  redis.call('SET', lock,",
      "  local f = tonumber(redis.call('GET', fence) or '0')\n  redis.call('SET', lock,"),

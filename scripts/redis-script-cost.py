@@ -108,7 +108,9 @@ def lock_keys(per_slot, k):
     """KEYS of a version's scripts: per-slot counters (and the legacy
     per-key counter last) since the per-slot change, per-key before."""
     if per_slot:
-        return [k, counter_key("lockbench:", k), k + ":q", k + ":w", k + ":fence"]
+        # The holds (shared holds and permits) last: versions before them
+        # ignore an extra key.
+        return [k, counter_key("lockbench:", k), k + ":q", k + ":w", k + ":fence", k + ":h"]
     return [k, k + ":fence", k + ":q", k + ":w"]
 
 
@@ -203,7 +205,9 @@ def main():
 
             def release():
                 for keys, owner in cycles:
-                    assert c.cmd("EVALSHA", v["release"], len(keys), *keys, owner) == 1
+                    # '' = any fence of the owner (release.lua's ARGV[2]; older
+                    # versions ignore it).
+                    assert c.cmd("EVALSHA", v["release"], len(keys), *keys, owner, "") == 1
                 return len(cycles)
 
             for name, calls in (("acq", acquire), ("rel", release)):

@@ -280,6 +280,16 @@ mod kinds_suite {
                 crate::harness::memory_backend(),
                 crate::harness::memory_backend_paused(),
                 (start_paused = true),
+            #[cfg(feature = "redis")]
+            redis =>
+                crate::harness::redis_backend(),
+                crate::harness::redis_backend(),
+                (),
+            #[cfg(feature = "redis-cluster")]
+            redis_cluster =>
+                crate::harness::redis_cluster_backend(),
+                crate::harness::redis_cluster_backend(),
+                (),
         }
         tests {
             real_time: [

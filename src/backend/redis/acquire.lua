@@ -1,14 +1,17 @@
 -- acquire: KEYS = lock, fence (the slot's counter), queue, waiters, legacy
--- fence (the lock's own counter of versions before per-slot counters)
+-- fence (the lock's own counter of versions before per-slot counters),
+-- holds (shared holds and permits)
 -- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
 -- value the fast path stores: one argument less than sending them apart,
 -- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
--- id, channel.
+-- id, channel ('' for none); in the variant for shared holds and permits
+-- (scripts.rs), then the kind ('s' or 'p<n>').
 -- Returns the fence (an integer) when taken on the fast path (free, nobody
--- waiting), else {1, fence, acquired ms, now ms} or
--- {0, holder's remaining ms, 1 if this call created a queue entry else 0}.
+-- waiting), else {1, fence, acquired ms, now ms},
+-- {0, holder's remaining ms, 1 if this call created a queue entry else 0},
+-- or {2, 0, 0}: held by a kind that cannot meet this one (never queued).
 
-if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
   -- Free, nobody waiting and no legacy counter to migrate: the fast path.
   -- No `TIME` and a bare integer
   -- reply: together they were a third of this script's server time. The
@@ -26,19 +29,29 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then
   return f
 end
 
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 local ttl = ARGV[1]
 local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
+-- '' exclusive; the variant for other kinds reads it from ARGV[6].
+local kind = ''
 -- This caller's queue ticket, if it is a waiter.
 local ticket = nil
-if ARGV[4] then
+if ARGV[5] and ARGV[5] ~= '' then
   ticket = ARGV[4] .. '@' .. ARGV[5]
 end
 
 -- @helpers
 
+-- Out of the queue: this caller was handed the lock, or takes it.
+local function dequeue()
+  if ticket and redis.call('HDEL', waiters, ticket) == 1 then
+    redis.call('LREM', queue, 1, ticket)
+  end
+end
+
 local now = now_ms()
 local current = redis.call('GET', lock)
+local first = nil
 if current then
   local _, f, a, _, held_attempt, holder = parse(current)
   if holder == owner and held_attempt == attempt then
@@ -46,20 +59,56 @@ if current then
     -- lock: same fence, TTL refreshed. The same owner token with another
     -- attempt is someone else (below).
     redis.call('PEXPIRE', lock, ttl)
-    if ticket and redis.call('HDEL', waiters, ticket) == 1 then
-      redis.call('LREM', queue, 1, ticket)
-    end
+    dequeue()
     return {1, f, a, now}
   end
-else
-  -- Free (released or expired) but waiters are queued: they come first.
-  local f, who = hand_off(now, ticket)
-  if not f then
-    f = take(owner, attempt, ttl, now, '0', '-')
-    return {1, f, now, now}
+  if not same_family(kind, '') then
+    return {2, 0, 0}
   end
-  if who == ticket then
-    return {1, f, now, now}
+else
+  -- A retry of one of the holds (or a waiter handed one): same fence, TTL
+  -- refreshed.
+  local _, _, _, live = prune(now)
+  for i = 1, #live, 2 do
+    local _, a, held_attempt, grant, who = parse_hold(live[i + 1])
+    if who == owner and held_attempt == attempt then
+      redis.call('HSET', holds, live[i],
+        string.format('%d %s %s %s %s', now + tonumber(ttl), a, held_attempt, grant, who))
+      if redis.call('PTTL', holds) < tonumber(ttl) then
+        redis.call('PEXPIRE', holds, ttl)
+      end
+      dequeue()
+      return {1, live[i], a, now}
+    end
+  end
+  -- Free (released or expired) or with room, but waiters are queued: they
+  -- come first.
+  local mine = hand_off(now, ticket)
+  if mine then
+    return {1, mine, now, now}
+  end
+  current = redis.call('GET', lock)
+  if current then
+    if not same_family(kind, '') then
+      return {2, 0, 0}
+    end
+  else
+    local held, n, earliest = prune(now)
+    if n > 0 and not same_family(kind, held) then
+      return {2, 0, 0}
+    end
+    -- Nobody live is queued (the hand-off left a live head otherwise).
+    if redis.call('LLEN', queue) == 0 and fits(kind, held, n) then
+      local f
+      if kind == '' then
+        f = take(owner, attempt, ttl, now, '0', '-')
+      else
+        f = add_hold(kind, owner, attempt, ttl, now, '-')
+      end
+      dequeue()
+      return {1, f, now, now}
+    end
+    first = earliest
   end
 end
 
@@ -68,6 +117,9 @@ local wait = tonumber(ARGV[3] or '0')
 if wait > 0 and ticket then
   -- Join the queue (or refresh our entry, keeping its place).
   local data = string.format('%d %s %s %s', now + wait, ttl, attempt, owner)
+  if kind ~= '' then
+    data = data .. ' ' .. kind
+  end
   if redis.call('HSET', waiters, ticket, data) == 1 then
     redis.call('RPUSH', queue, ticket)
     created = 1
@@ -78,7 +130,13 @@ if wait > 0 and ticket then
     redis.call('PEXPIRE', queue, keep)
     redis.call('PEXPIRE', waiters, keep)
   end
-  -- Tell the holder's release to hand off (the TTL is kept).
-  redis.call('SETRANGE', lock, 0, '1')
+  if current then
+    -- Tell the holder's release to hand off (the TTL is kept).
+    redis.call('SETRANGE', lock, 0, '1')
+  end
 end
-return {0, redis.call('PTTL', lock), created}
+if current then
+  return {0, redis.call('PTTL', lock), created}
+end
+-- Held by shared holds or permits: the first of them to end.
+return {0, (first or now) - now, created}

@@ -162,6 +162,19 @@ impl RedisBackend {
         let mut found = Vec::new();
         for (key, status) in keys.into_iter().zip(statuses) {
             match status? {
+                // Held shared or under permits: one entry per hold of the
+                // owner.
+                Some(s) if !s.holders.is_empty() => {
+                    let before = found.len();
+                    for hold in s.holders.iter().filter(|h| owners_match(&h.owner, owner)) {
+                        if let Some(one) = LockStatus::of_holders(s.kind, vec![hold.clone()]) {
+                            found.push(HeldBy::new(key.clone(), one));
+                        }
+                    }
+                    if found.len() == before {
+                        stale.push(key.encoded(usize::MAX));
+                    }
+                }
                 Some(s) if owners_match(&s.owner, owner) => found.push(HeldBy::new(key, s)),
                 _ => stale.push(key.encoded(usize::MAX)),
             }

@@ -1,5 +1,5 @@
 -- flight publish: KEYS = the flight's lock, fence, queue, waiters, legacy
--- fence, result, fresh, watchers (as flight_begin).
+-- fence, holds, result, fresh, watchers (as flight_begin).
 -- ARGV = owner, fence (the leader's), value, result TTL ms (0: none), keep
 -- ms (used only while callers wait: watchers, or queued for the lock; with
 -- nobody waiting the result is kept for its result TTL alone, and not
@@ -8,8 +8,8 @@
 -- or handed on; also for a repeated run of a publish that did all that), 0
 -- (not held: expired), -1 (held by another owner or under another fence).
 
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local result, fresh, watchers = KEYS[6], KEYS[7], KEYS[8]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+local result, fresh, watchers = KEYS[7], KEYS[8], KEYS[9]
 local owner, seq, value = ARGV[1], ARGV[2], ARGV[3]
 
 local current = redis.call('GET', lock)
@@ -77,7 +77,6 @@ end
 
 -- Released as release.lua does: the next live waiter gets the lock (it then
 -- reads the result stored above), else it goes.
-if not hand_off(nil, nil) then
-  redis.call('DEL', lock)
-end
+redis.call('DEL', lock)
+hand_off(nil, nil)
 return 1

@@ -30,11 +30,12 @@ const COUNTER_TAG: &str = "fence:";
 #[derive(Clone, Copy)]
 pub(super) enum Keys {
     /// lock, fence counter (the slot's), queue, waiters, the lock's own
-    /// legacy fence counter (`{E}:fence`, migrated on first use).
+    /// legacy fence counter (`{E}:fence`, migrated on first use), holds
+    /// (`{E}:h`, shared holds and permits).
     All,
     /// [`Keys::All`], then `{E}:forced` (force release's nonce).
     AllAndForced,
-    /// The lock, then `{E}:m` (its metadata).
+    /// The lock, then `{E}:m` (its metadata), then `{E}:h` (holds).
     LockAndMeta,
     /// [`Keys::All`], then `{E}:m` (its metadata).
     AllAndMeta,
@@ -85,14 +86,17 @@ impl RedisBackend {
         if let Keys::LockAndMeta = which {
             buf.push_str(":m");
             inv.key(buf.as_str());
+            buf.truncate(base);
+            buf.push_str(":h");
+            inv.key(buf.as_str());
             return slot;
         }
         inv.key(self.counter_key(slot).as_str());
         let suffixes: &[&str] = match which {
-            Keys::AllAndForced => &[":q", ":w", ":fence", ":forced"],
-            Keys::AllAndMeta => &[":q", ":w", ":fence", ":m"],
-            Keys::Flight => &[":q", ":w", ":fence", ":r", ":rf", ":fw"],
-            _ => &[":q", ":w", ":fence"],
+            Keys::AllAndForced => &[":q", ":w", ":fence", ":h", ":forced"],
+            Keys::AllAndMeta => &[":q", ":w", ":fence", ":h", ":m"],
+            Keys::Flight => &[":q", ":w", ":fence", ":h", ":r", ":rf", ":fw"],
+            _ => &[":q", ":w", ":fence", ":h"],
         };
         for suffix in suffixes {
             buf.truncate(base);

@@ -1,9 +1,10 @@
--- leave: a waiter gives up. KEYS = lock, fence, queue, waiters, legacy fence
+-- leave: a waiter gives up. KEYS = lock, fence, queue, waiters, legacy fence,
+-- holds
 -- ARGV = owner, waiter id, channel, mode ('claim' or 'drop')
 -- Leaves the queue; if the lock was handed to this waiter meanwhile, mode
 -- 'claim' keeps it ({1, fence, acquired ms}) and 'drop' releases it to the
 -- next waiter ({2}). Otherwise {0, holder's remaining ms}.
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 
 -- @helpers
 
@@ -24,4 +25,28 @@ if current then
     return {2}
   end
 end
-return {0, redis.call('PTTL', lock)}
+if current or redis.call('EXISTS', holds) == 0 then
+  return {0, redis.call('PTTL', lock)}
+end
+-- Shared holds or permits: one of them handed to this waiter, or none.
+local now = now_ms()
+local _, _, _, live = prune(now)
+for i = 1, #live, 2 do
+  local _, a, _, grant, who = parse_hold(live[i + 1])
+  if who == owner and grant == ticket then
+    if ARGV[4] == 'claim' then
+      return {1, live[i], a}
+    end
+    redis.call('HDEL', holds, live[i], 'm' .. live[i])
+    hand_off(now, nil)
+    return {2}
+  end
+end
+-- Leaving may let the waiters behind this one in (readers behind a writer
+-- that gave up).
+hand_off(now, nil)
+local _, n, first = prune(now)
+if n == 0 then
+  return {0, redis.call('PTTL', lock)}
+end
+return {0, first - now}

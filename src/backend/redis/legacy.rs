@@ -25,7 +25,8 @@
 //! [`RedisBackend::keep_legacy_fence_counters`]: super::RedisBackend::keep_legacy_fence_counters
 
 /// The acquire fast path's test: free, nobody queued, no old counter.
-const FAST_PATH: &str = "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0 then";
+pub(super) const FAST_PATH: &str =
+    "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then";
 /// Where `next_fence` (common.lua) deletes the old counter it moved.
 const DROP_OLD: &str = "    redis.call('DEL', KEYS[5])\n  end\n  return f\n";
 const KEEP_OLD: &str = "  end\n  -- Kept in step for versions that still draw from it (legacy.rs).\n  redis.call('SET', KEYS[5], string.format('%d', f))\n  return f\n";

@@ -45,12 +45,24 @@
 //! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use; kept in step while [`keep_legacy_fence_counters`](RedisBackend::keep_legacy_fence_counters) is on |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
+//! | `lock:{E}:h` | hash, TTL = its latest hold's | shared holds and permits ([`LockKind`](crate::LockKind)): `k` → the kind (`s`, or `p<n>`), `<fence>` → `"<expiry ms> <acquired ms> <attempt> <grant> <owner>"` per hold, `m<fence>` → that hold's metadata JSON |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
 //! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → the owner's acquisitions of the lock granted or under way, for each lock the owner holds; a hint, checked on every lookup |
 //! | `lock:{E}:r` | hash, TTL = kept for waiters | a single-flight's latest result (`E` = `f:<name>`): `seq`, `value` |
 //! | `lock:{E}:rf` | string, TTL = the result TTL | that result's `seq` while it answers new callers |
 //! | `lock:{E}:fw` | set, TTL | tickets of the callers waiting for the flight's result |
+//!
+//! A key is held either exclusively (`lock:{E}`) or by the holds of
+//! `lock:{E}:h`, never both: each hold has its own expiry on the server's
+//! clock, and every script that reads the hash skips (and, when it writes,
+//! drops) the holds that ran out. The queue is one FIFO across kinds: a
+//! waiter's entry ends with its kind (`s`/`p<n>`; none for exclusive), and a
+//! hand-off grants the head and every following waiter that fits beside what
+//! is held, waking each through its channel. The exclusive fast path reads
+//! one more key (`EXISTS` of the lock, the queue, the legacy counter and the
+//! holds); shared holds and permits go through a variant of the acquire
+//! script without the fast path (`scripts.rs`).
 //!
 //! `flag` is `1` once someone queued behind the holder (so only then does a
 //! release look at the queue). A waiter's ticket is `<waiter id>@<channel>`,
@@ -322,9 +334,6 @@ impl LockBackend for RedisBackend {
     }
 
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        if let Some(refused) = super::exclusive_only(req) {
-            return refused;
-        }
         match self.min_replicas {
             None => Box::pin(self.acquire_full(req)),
             Some(min) => Box::pin(self.acquire_replicated(req, min)),

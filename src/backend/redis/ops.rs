@@ -12,14 +12,17 @@ use super::invoke::Invocation;
 use super::keys::Keys;
 use super::scripts::{array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at};
 use super::trail::Trail;
-use crate::backend::{Holder, Lease, LockStatus};
+use crate::backend::{Hold, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, validate_ttl};
+use crate::metadata::LockMetadata;
+use crate::spec::{AcquireRequest, LockKind, validate_ttl};
 use crate::time::unix_ms;
 
 pub(super) enum Attempt {
     Acquired(Lease),
+    /// Held by a kind that cannot meet the request's (never queued).
+    Mismatch,
     Busy {
         /// The holder's remaining TTL.
         retry_after: Duration,
@@ -104,13 +107,24 @@ impl RedisBackend {
         end: Instant,
     ) -> Result<Attempt, LockError> {
         const WHAT: &str = "acquire";
-        let mut inv = self.scripts().acquire.prepare_invoke();
+        let kind = kind_arg(req.kind());
+        let script = match kind {
+            None => &self.scripts().acquire,
+            Some(_) => &self.scripts().acquire_kind,
+        };
+        let mut inv = script.prepare_invoke();
         let slot = self.keys(&mut inv, req.key(), Keys::All);
         let sent = acquire_args(&mut inv, req, ttl_ms);
         if let Some((wait_ms, id)) = queue {
             inv.arg(wait_ms)
                 .arg(id)
                 .arg(self.shared.wake.channel(slot).as_ref());
+        } else if kind.is_some() {
+            // No wait, no ticket: the kind comes sixth.
+            inv.arg(0).arg("").arg("");
+        }
+        if let Some(kind) = &kind {
+            inv.arg(kind.as_str());
         }
         let mut trail = Trail::new(&self.shared.trails, req.owner());
         let reply = match self
@@ -132,6 +146,7 @@ impl RedisBackend {
                 retry_after: remaining(int_at(&reply, 1, WHAT)?),
                 queued_anew: int_at(&reply, 2, WHAT)? == 1,
             }),
+            2 => Ok(Attempt::Mismatch),
             _ => Err(bad_reply(WHAT)),
         }
     }
@@ -267,6 +282,9 @@ impl RedisBackend {
         if reply.is_empty() {
             return Ok(None);
         }
+        if let Some(Value::Int(0)) = reply.first() {
+            return held_together(&reply).map(Some);
+        }
         let left = remaining(int_at(&reply, 3, WHAT)?);
         let now: SystemTime = server_time(uint_at(&reply, 4, WHAT)?);
         let status = LockStatus::new(
@@ -279,6 +297,51 @@ impl RedisBackend {
         .with_waiters(usize::try_from(int_at(&reply, 5, WHAT)?).unwrap_or(0));
         Ok(Some(super::extras::with_metadata(status, &reply)))
     }
+}
+
+/// A kind as the scripts spell it: `None` for exclusive, `s` shared, `p<n>`
+/// for `n` permits (see common.lua).
+pub(super) fn kind_arg(kind: LockKind) -> Option<String> {
+    match kind {
+        LockKind::Shared => Some("s".to_owned()),
+        LockKind::Permits(n) => Some(format!("p{n}")),
+        _ => None,
+    }
+}
+
+/// The kind the scripts spell `s` or `p<n>`.
+fn kind_of(spelled: &str) -> Option<LockKind> {
+    match spelled.strip_prefix('p') {
+        Some(n) => n.parse().ok().map(LockKind::Permits),
+        None => (spelled == "s").then_some(LockKind::Shared),
+    }
+}
+
+/// The status of a key held shared or under permits: status.lua's
+/// `{0, kind, now ms, waiters, (owner, fence, acquired ms, remaining ms,
+/// metadata)...}`.
+fn held_together(reply: &[Value]) -> Result<LockStatus, LockError> {
+    const WHAT: &str = "status";
+    let kind = kind_of(&string_at(reply, 1, WHAT)?).ok_or_else(|| bad_reply(WHAT))?;
+    let now = server_time(uint_at(reply, 2, WHAT)?);
+    let waiters = usize::try_from(int_at(reply, 3, WHAT)?).unwrap_or(0);
+    let mut holds = Vec::new();
+    for i in (4..reply.len()).step_by(5) {
+        let left = remaining(int_at(reply, i + 3, WHAT)?);
+        let metadata = string_at(reply, i + 4, WHAT)?;
+        let hold = Hold::new(
+            string_at(reply, i, WHAT)?,
+            uint_at(reply, i + 1, WHAT)?,
+            server_time(uint_at(reply, i + 2, WHAT)?),
+            now + left,
+            left,
+        )
+        .with_metadata(LockMetadata::from_json(&metadata).ok());
+        holds.push(hold);
+    }
+    LockStatus::of_holders(kind, holds)
+        .map(|s| s.with_waiters(waiters))
+        .ok_or_else(|| bad_reply(WHAT))
 }
 
 /// The acquisition's fence as a script argument: `''` for any (see

@@ -1,4 +1,4 @@
--- release: KEYS = lock, fence, queue, waiters, legacy fence; ARGV = owner,
+-- release: KEYS = lock, fence, queue, waiters, legacy fence, holds; ARGV = owner,
 -- fence of the acquisition ('' = whichever the owner holds)
 -- Returns 1 (released), 0 (not held), -1 (held by another acquisition:
 -- another owner, or this owner under another fence).
@@ -27,16 +27,27 @@ if current then
   end
 end
 
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 
 -- @helpers
 
--- Ours with waiters queued, or expired: the next live waiter gets it now
--- (its SET replaces our value); with none left, ours goes.
-if not hand_off(nil, nil) and current then
-  redis.call('DEL', lock)
-end
 if current then
+  -- Ours with waiters queued: the next live waiters get it now.
+  redis.call('DEL', lock)
+  hand_off(nil, nil)
   return 1
+end
+-- No exclusive holder: one of the shared holds or permits, if any; then
+-- whatever is free goes to the queue (also when every hold ran out).
+local now = now_ms()
+local found, live = find_hold(ARGV[1], ARGV[2], now)
+if found then
+  redis.call('HDEL', holds, found, 'm' .. found)
+end
+hand_off(now, nil)
+if found then
+  return 1
+elseif live then
+  return -1
 end
 return 0

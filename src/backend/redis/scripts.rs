@@ -14,6 +14,8 @@ use crate::error::LockError;
 /// costs one extra round trip on the next call, not a failure.
 pub(super) struct Scripts {
     pub(super) acquire: Script,
+    /// Acquire of a shared hold or a permit (see [`of_kinds`]).
+    pub(super) acquire_kind: Script,
     pub(super) release: Script,
     pub(super) extend: Script,
     pub(super) claim: Script,
@@ -33,6 +35,19 @@ const HELPERS: &str = include_str!("common.lua");
 /// never pays for creating their closures.
 const HELPERS_MARK: &str = "-- @helpers\n";
 
+/// Where acquire.lua sets the kind it takes.
+const KIND_LINE: &str = "local kind = ''\n";
+
+/// acquire.lua for shared holds and permits: the kind comes from ARGV[6],
+/// and the fast path (exclusive only) is off. A variant rather than an
+/// argument, so that the exclusive acquire (and a flight's begin, which
+/// embeds it with other arguments) stays as it was, at the same cost.
+fn of_kinds(acquire: &str) -> String {
+    acquire
+        .replacen(super::legacy::FAST_PATH, "if false then", 1)
+        .replacen(KIND_LINE, "local kind = ARGV[6]\n", 1)
+}
+
 /// A script's source with the helpers spliced in at its marker (if any);
 /// `legacy`: the variant that keeps per-lock fence counters in step (see
 /// `legacy.rs`).
@@ -50,6 +65,7 @@ impl Scripts {
         let src = |script: &str| source(script, legacy);
         Scripts {
             acquire: Script::new(&src(include_str!("acquire.lua"))),
+            acquire_kind: Script::new(&src(&of_kinds(include_str!("acquire.lua")))),
             release: Script::new(&src(include_str!("release.lua"))),
             extend: Script::new(&src(include_str!("extend.lua"))),
             claim: Script::new(&src(include_str!("claim.lua"))),
@@ -202,10 +218,21 @@ mod tests {
     }
 
     #[test]
+    fn the_kinds_variant_reads_the_kind_and_has_no_fast_path() {
+        let acquire = include_str!("acquire.lua");
+        assert_eq!(acquire.matches(KIND_LINE).count(), 1);
+        assert_eq!(acquire.matches(super::super::legacy::FAST_PATH).count(), 1);
+        let kinds = of_kinds(acquire);
+        assert!(kinds.contains("local kind = ARGV[6]\n"));
+        assert!(!kinds.contains(super::super::legacy::FAST_PATH));
+    }
+
+    #[test]
     fn scripts_compile_into_distinct_hashes() {
         let s = &*SCRIPTS;
         let hashes = [
             s.acquire.hash(),
+            s.acquire_kind.hash(),
             s.release.hash(),
             s.extend.hash(),
             s.force_release.hash(),

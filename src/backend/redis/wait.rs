@@ -28,6 +28,7 @@ impl RedisBackend {
         if req.max_wait().is_zero() {
             return match self.attempt(req, ttl_ms, None, self.deadline()).await? {
                 Attempt::Acquired(lease) => Ok(lease),
+                Attempt::Mismatch => Err(LockError::KindMismatch),
                 Attempt::Busy { retry_after, .. } => Err(LockError::AcquisitionFailed {
                     retry_after: Some(retry_after),
                 }),
@@ -75,6 +76,12 @@ impl RedisBackend {
                     // The script took us out of the queue.
                     guard.queued = false;
                     return Ok(lease);
+                }
+                // Refused before queueing: only an entry of an earlier
+                // attempt is left to leave.
+                Attempt::Mismatch => {
+                    guard.queued = entries > 0;
+                    return Err(LockError::KindMismatch);
                 }
                 Attempt::Busy {
                     retry_after,

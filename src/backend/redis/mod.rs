@@ -333,6 +333,12 @@ impl LockBackend for RedisBackend {
         "redis"
     }
 
+    /// Every kind: shared holds and permits live in a hash beside the lock,
+    /// in its slot.
+    fn supports(&self, _kind: crate::spec::LockKind) -> bool {
+        true
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         match self.min_replicas {
             None => Box::pin(self.acquire_full(req)),

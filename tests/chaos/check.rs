@@ -225,12 +225,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             });
         }
     }
-    let claims = ops
-        .iter()
-        .filter(|o| o.kind == Kind::Claim)
-        .map(|o| (o.p, o.id))
-        .collect();
-    kinds::inherit_kinds(&mut leases, &claims);
+    kinds::inherit_kinds(&mut leases, ops);
     // First what the TTL allows (extensions move it), then where the holder
     // gave the lock up: a release or a hand-off ends its use of the lock
     // whatever a renewal in flight beside it does (two calls in flight are

@@ -40,18 +40,24 @@ pub(super) fn kind_of(op: &Op) -> LockKind {
         .unwrap_or(LockKind::Exclusive)
 }
 
-/// Claims (restores) do not say their kind: theirs is the grant's of the
-/// same key and fence.
-pub(super) fn inherit_kinds(leases: &mut [Lease], claims: &BTreeSet<(u32, u64)>) {
-    let granted: BTreeMap<(String, u64), LockKind> = leases
+/// Claims (restores) do not say their kind, and draw a fence of their own:
+/// theirs is the kind of the hold whose fence they named (a grant, or an
+/// earlier claim), in the order they were made. `leases` are in the order
+/// of `ops`.
+pub(super) fn inherit_kinds(leases: &mut [Lease], ops: &[&Op]) {
+    let named: BTreeMap<(u32, u64), Option<u64>> = ops
         .iter()
-        .filter(|l| !claims.contains(&(l.p, l.id)))
-        .map(|l| ((l.key.clone(), l.fence), l.kind))
+        .filter(|o| o.kind == Kind::Claim)
+        .map(|o| ((o.p, o.id), o.fence_in))
         .collect();
-    for l in leases.iter_mut().filter(|l| claims.contains(&(l.p, l.id))) {
-        if let Some(&kind) = granted.get(&(l.key.clone(), l.fence)) {
-            l.kind = kind;
+    let mut kinds: BTreeMap<(String, u64), LockKind> = BTreeMap::new();
+    for l in leases.iter_mut() {
+        if let Some(from) = named.get(&(l.p, l.id)) {
+            if let Some(&kind) = from.and_then(|f| kinds.get(&(l.key.clone(), f))) {
+                l.kind = kind;
+            }
         }
+        kinds.insert((l.key.clone(), l.fence), l.kind);
     }
 }
 
@@ -390,6 +396,30 @@ mod tests {
             ])
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_restored_hold_keeps_its_kind() {
+        // A reader hands its hold off; another process claims it (a fence
+        // of its own) while a second reader holds: still a shared hold.
+        let mut handoff = op(1, 1, Kind::Handoff, 5, 5, Outcome::Ok);
+        handoff.fence_in = Some(1);
+        let mut claim = op(3, 0, Kind::Claim, 10, 11, Outcome::Ok);
+        claim.fence_in = Some(1);
+        claim.fence = Some(3);
+        claim.start = Some(10 * MS);
+        claim.lease_ms = 100;
+        let ops = |reader: Option<&str>| {
+            vec![
+                grant(1, 0, 1, 1, 100, reader),
+                grant(2, 2, 3, 2, 100, SHARED),
+                handoff.clone(),
+                claim.clone(),
+            ]
+        };
+        assert!(kinds(ops(SHARED)).is_empty());
+        // A writer's hold, claimed beside the reader: caught.
+        assert!(kinds(ops(None)).contains(&"reader-beside-writer"));
     }
 
     #[test]

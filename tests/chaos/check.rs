@@ -143,6 +143,7 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
+    kinds::together(&ops, &h.faults, t0, op_timeout, &mut out);
     let reused = reused_fences(&ops, &leases, &h.faults);
     for (key, value, writes) in &h.store {
         if value != writes && !reused.contains(key.as_str()) {

@@ -14,6 +14,8 @@
 //!    (granted before, not over yet) must answer `KindMismatch`: granted,
 //!    busy or timed out, it was queued or weighed as a waiter
 //!    (`kind-mismatch-not-refused`).
+//! 11. **Readers at the head are granted together** (see [`together`]):
+//!    `readers-not-together`.
 //!
 //! The other rules carry over: fences (rule 2) are checked across kinds
 //! already (every acquisition of a key, in grant order); a stale call
@@ -29,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tower_lock::LockKind;
 
+use super::super::clock::MS;
 use super::super::history::{Fault, Kind, Op, Outcome};
 use super::{Hold, Lease, Violation, last_fault_before, ms};
 
@@ -186,6 +189,102 @@ pub(super) fn mismatches(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<V
                 describe(other, t0)
             ),
         });
+    }
+}
+
+/// Rule 11: readers at the head of the queue are granted together. When a
+/// shared hold is granted at `t` (the hand-off its lease dates from), a
+/// shared waiter whose queue entry was written before `t` and that still
+/// waits well after it, with no exclusive request in flight (one ahead of it
+/// in the queue would hold it back) and no fault or force release meanwhile,
+/// was left behind: the contract grants every consecutive shared waiter at
+/// the head together. Its place is its last entry's (the latest it can be).
+/// Permits are not checked this way (which waiters fit depends on how many
+/// holds ended at once, which the history does not pin down): their waits
+/// are rule 3's.
+pub(super) fn together(
+    ops: &[&Op],
+    faults: &[Fault],
+    t0: u64,
+    op_timeout: u64,
+    out: &mut Vec<Violation>,
+) {
+    const SLACK: u64 = 10 * MS;
+    let shared = |o: &&&Op| o.kind == Kind::Acquire && kind_of(o) == LockKind::Shared;
+    let waiters: Vec<&&Op> = ops
+        .iter()
+        .filter(shared)
+        .filter(|o| o.wait_ms > 0 && !o.queued.is_empty())
+        .filter(|o| matches!(o.outcome, Outcome::Ok | Outcome::Timeout))
+        .collect();
+    // Exclusive requests: a waiter until its answer (a grant is then a
+    // lease, which no shared grant can be beside), anything else until its
+    // queue entry surely went (an op timeout after its answer).
+    let mut writers: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for o in ops.iter().filter(|o| {
+        matches!(o.kind, Kind::Acquire | Kind::FlightBegin) && kind_of(o) == LockKind::Exclusive
+    }) {
+        let until = if o.outcome == Outcome::Ok {
+            o.ret
+        } else {
+            o.ret + op_timeout
+        };
+        writers.entry(&o.key).or_default().push((o.inv, until));
+    }
+    let forced: Vec<&&Op> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::ForceRelease)
+        .collect();
+    for a in ops
+        .iter()
+        .filter(shared)
+        .filter(|o| o.outcome == Outcome::Ok)
+    {
+        let Some(t) = a.start else { continue };
+        for b in waiters
+            .iter()
+            .filter(|b| b.key == a.key && (b.p, b.id) != (a.p, a.id))
+        {
+            let place = b.queued.iter().copied().max().unwrap_or(u64::MAX);
+            let waited_until = match b.outcome {
+                Outcome::Ok => b.start.unwrap_or(b.ret),
+                _ => b.ret,
+            }
+            .min(b.inv + b.wait_ms * MS);
+            if place >= t || waited_until <= t + SLACK {
+                continue;
+            }
+            let (from, to) = (place, t + SLACK);
+            let writer = writers
+                .get(a.key.as_str())
+                .into_iter()
+                .flatten()
+                .any(|&(x, y)| x < to && y > from);
+            let fault = faults
+                .iter()
+                .any(|f| f.at < to && f.until + op_timeout > from);
+            let force = forced
+                .iter()
+                .any(|f| f.key == a.key && f.inv < to && f.ret + op_timeout > from);
+            if writer || fault || force {
+                continue;
+            }
+            out.push(Violation {
+                kind: "readers-not-together",
+                detail: format!(
+                    "{}: p{} #{} was granted shared at {}, while p{} #{} (shared, queued by {}, \
+                     no writer asking) waited on until {}",
+                    a.key,
+                    a.p,
+                    a.id,
+                    ms(t, t0),
+                    b.p,
+                    b.id,
+                    ms(place, t0),
+                    ms(waited_until, t0)
+                ),
+            });
+        }
     }
 }
 
@@ -420,6 +519,45 @@ mod tests {
         assert!(kinds(ops(SHARED)).is_empty());
         // A writer's hold, claimed beside the reader: caught.
         assert!(kinds(ops(None)).contains(&"reader-beside-writer"));
+    }
+
+    /// A writer holds 0..100 ms; readers queue at 3 and 4 ms; the first is
+    /// handed the lock at its release, the second at `second` ms; `writer`:
+    /// another writer waits from 2 to 300 ms (ahead of the second reader).
+    fn readers_after_a_writer(second: u64, writer: bool) -> Vec<&'static str> {
+        let reader = |p: u32, inv: u64, at: u64, fence: u64| {
+            let mut r = grant(p, inv, at + 1, fence, 300, SHARED);
+            r.wait_ms = 1_000;
+            r.start = Some(at * MS);
+            r.queued = vec![(inv + 1) * MS];
+            r
+        };
+        let mut ops = vec![
+            grant(1, 0, 1, 1, 1_000, None),
+            release(1, 100, 101, 1),
+            reader(2, 2, 100, 2),
+            release(2, 140, 141, 2),
+            reader(3, 3, second, 3),
+            release(3, second + 10, second + 11, 3),
+        ];
+        if writer {
+            let mut w = op(4, 0, Kind::Acquire, 2, 300, Outcome::Timeout);
+            w.wait_ms = 298;
+            w.ttl_ms = 100;
+            ops.push(w);
+        }
+        kinds(ops)
+    }
+
+    #[test]
+    fn readers_at_the_head_are_granted_together() {
+        // kinds-memory-hand-off-grants-one-reader: the second reader got
+        // the lock only when the first left.
+        assert_eq!(readers_after_a_writer(140, false), ["readers-not-together"]);
+        // Both at the writer's release: fine.
+        assert!(readers_after_a_writer(100, false).is_empty());
+        // A writer asking meanwhile may have been queued between them.
+        assert!(readers_after_a_writer(140, true).is_empty());
     }
 
     #[test]

@@ -10,12 +10,12 @@
 //!    once (`over-permits`), and never two families on one key at once
 //!    (`kind-mix`: permits beside shared or exclusive, or two `n`s).
 //! 10. **Another family is refused at once.** An acquisition of another
-//!    family than a lease that surely held the key when it was asked
-//!    (granted before, not over yet) must answer `KindMismatch`: granted,
-//!    busy or timed out, it was queued or weighed as a waiter
-//!    (`kind-mismatch-not-refused`).
+//!     family than a lease that surely held the key when it was asked
+//!     (granted before, not over yet) must answer `KindMismatch`: granted,
+//!     busy or timed out, it was queued or weighed as a waiter
+//!     (`kind-mismatch-not-refused`).
 //! 11. **Readers at the head are granted together** (see [`together`]):
-//!    `readers-not-together`.
+//!     `readers-not-together`.
 //!
 //! The other rules carry over: fences (rule 2) are checked across kinds
 //! already (every acquisition of a key, in grant order); a stale call
@@ -55,10 +55,10 @@ pub(super) fn inherit_kinds(leases: &mut [Lease], ops: &[&Op]) {
         .collect();
     let mut kinds: BTreeMap<(String, u64), LockKind> = BTreeMap::new();
     for l in leases.iter_mut() {
-        if let Some(from) = named.get(&(l.p, l.id)) {
-            if let Some(&kind) = from.and_then(|f| kinds.get(&(l.key.clone(), f))) {
-                l.kind = kind;
-            }
+        if let Some(from) = named.get(&(l.p, l.id))
+            && let Some(&kind) = from.and_then(|f| kinds.get(&(l.key.clone(), f)))
+        {
+            l.kind = kind;
         }
         kinds.insert((l.key.clone(), l.fence), l.kind);
     }

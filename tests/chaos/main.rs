@@ -11,7 +11,10 @@
 //! with SIGSTOP, server restarts with and without their data, connections
 //! reset, replies lost, traffic held back through a TCP proxy, the
 //! wake-up connections killed, cluster primaries killed, etcd leaders
-//! killed and members stopped). Client processes
+//! killed and members stopped). Tasks of their own take shared and
+//! exclusive holds of a reader/writer key and permits of a permits key
+//! (`kinds_work.rs`; skipped, with a note, on a backend that answers
+//! `Unsupported` for them). Client processes
 //! (two per schedule; tasks of one process for the in-memory backend) record
 //! every backend call on the machine's monotonic clock; the coordinator
 //! serves the fenced store, injects the faults, and checks the merged

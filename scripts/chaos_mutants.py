@@ -66,6 +66,13 @@ CHECKED = [
     ("etcd-acquire-barges-past-the-queue", "etcd"),
     ("etcd-release-without-hand-off", "etcd"),
     ("etcd-hand-off-to-a-waiter-past-its-deadline", "etcd"),
+    # Shared holds and permits (issue 23): the kinds workload's keys.
+    ("kinds-memory-permits-over-n", "memory"),
+    ("kinds-memory-writer-beside-readers", "memory"),
+    ("kinds-memory-newcomer-barges-past-the-queue", "memory"),
+    ("kinds-memory-hand-off-grants-one-reader", "memory"),
+    ("kinds-memory-mismatch-queues", "memory"),
+    ("kinds-memory-ran-out-holds-kept", "memory"),
 ]
 
 

@@ -13,8 +13,9 @@
 #
 # Backends: memory redis redis-cluster redis-cluster-failover postgres.
 # Knobs: CHAOS_SCHEDULES (200), CHAOS_SEED_BASE (1000), CHAOS_RUN_MS (2500),
-# CHAOS_PROCESSES (2), CHAOS_TASKS (3), CHAOS_FAULTS (3),
-# CHAOS_WAKE_BOUND_MS (250). Each backend prints one line per schedule and a
+# CHAOS_PROCESSES (2), CHAOS_TASKS (3), CHAOS_FAULTS (3), CHAOS_KINDS_TASKS (2 per
+# process on the shared/permits keys; 0: none; skipped with a note where the
+# backend answers Unsupported), CHAOS_WAKE_BOUND_MS (250). Each backend prints one line per schedule and a
 # `CHAOS-SUMMARY {json}` line; the logs go to target/chaos/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -49,11 +49,19 @@
 //!    between, the backend dropped it, and its first place stands.
 //! 8. **Liveness.** After the faults ended and every client stopped, every
 //!    key comes free within its TTL, and no client process hangs.
+//!
+//! Rules 9 and 10, and how the others read shared holds and permits, are in
+//! `check_kinds.rs`.
 
 use std::collections::BTreeMap;
 
+use tower_lock::LockKind;
+
 use super::clock::MS;
 use super::history::{Fault, History, Kind, Op, Outcome};
+
+#[path = "check_kinds.rs"]
+mod kinds;
 
 /// One violation: what kind, and the evidence.
 #[derive(Debug, Clone)]
@@ -94,6 +102,8 @@ impl Default for Bounds {
 struct Lease {
     key: String,
     fence: u64,
+    /// The kind of hold (a claim's is its grant's).
+    kind: LockKind,
     p: u32,
     id: u64,
     /// When the grant was asked for (the server granted it after this).
@@ -126,11 +136,14 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
 
     let leases = leases(&ops, &h.faults);
     exclusion(&leases, &h.faults, t0, &mut out);
+    kinds::overlaps(&leases, &h.faults, t0, &mut out);
+    kinds::mismatches(&ops, &leases, t0, &mut out);
     fences(&leases, &h.faults, t0, &mut out);
     wakeups(&ops, &leases, h, bounds, t0, op_timeout, &mut out);
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
+    kinds::together(&ops, &h.faults, t0, op_timeout, &mut out);
     let reused = reused_fences(&ops, &leases, &h.faults);
     for (key, value, writes) in &h.store {
         if value != writes && !reused.contains(key.as_str()) {
@@ -201,6 +214,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             leases.push(Lease {
                 key: op.key.clone(),
                 fence,
+                kind: kinds::kind_of(op),
                 p: op.p,
                 id: op.id,
                 asked: op.inv,
@@ -212,6 +226,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             });
         }
     }
+    kinds::inherit_kinds(&mut leases, ops);
     // First what the TTL allows (extensions move it), then where the holder
     // gave the lock up: a release or a hand-off ends its use of the lock
     // whatever a renewal in flight beside it does (two calls in flight are
@@ -333,7 +348,9 @@ fn exclusion(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violatio
                 if b.sure >= a.end {
                     break;
                 }
-                if a.fence != b.fence {
+                // Pairs with a shared hold or a permit: rule 9.
+                let exclusive = a.kind == LockKind::Exclusive && b.kind == LockKind::Exclusive;
+                if a.fence != b.fence && exclusive {
                     out.push(Violation {
                         kind: "two-holders",
                         detail: format!(
@@ -444,10 +461,20 @@ fn stale_calls(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<Violation>)
         let (true, Outcome::Ok, Some(fence)) = (acts, &op.outcome, op.fence_in) else {
             continue;
         };
-        let Some(other) = by_key.get(op.key.as_str()).and_then(|ls| {
-            ls.iter()
-                .find(|m| m.fence != fence && m.sure <= op.inv && op.ret <= m.end)
-        }) else {
+        let held: Vec<&Lease> = by_key
+            .get(op.key.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|m| m.fence != fence && m.sure <= op.inv && op.ret <= m.end)
+            .copied()
+            .collect();
+        let own = by_key
+            .get(op.key.as_str())
+            .into_iter()
+            .flatten()
+            .find(|m| m.fence == fence)
+            .map(|m| m.kind);
+        let Some(other) = kinds::beside(own, &held) else {
             continue;
         };
         out.push(Violation {
@@ -627,13 +654,18 @@ fn wakeups(
             op_timeout,
         )
     };
+    // Which kind each of those calls holds, for a waiter of a kind that may
+    // be granted beside some of them.
+    let mut kind_of: BTreeMap<(u32, u64), LockKind> = BTreeMap::new();
     for l in leases {
         holds.entry(&l.key).or_default().push((
             l.asked,
             stopped(l.p, l.asked, l.held_until),
             (l.p, l.id),
         ));
+        kind_of.insert((l.p, l.id), l.kind);
     }
+    let writers = kinds::writers(ops, op_timeout);
     for op in ops {
         let indeterminate = matches!(op.outcome, Outcome::Cancelled | Outcome::Unavailable)
             && matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim);
@@ -644,6 +676,7 @@ fn wakeups(
                 .entry(&op.key)
                 .or_default()
                 .push((op.inv, until, (op.p, op.id)));
+            kind_of.insert((op.p, op.id), kinds::kind_of(op));
         }
     }
     // A stretch of at least the bound in `[from, to)` in which nobody but
@@ -652,8 +685,28 @@ fn wakeups(
     // its own calls).
     let free_stretch = |op: &Op, from: u64, to: u64| -> Option<(u64, u64)> {
         let mut free = vec![(from, to)];
-        for &(a, b, who) in holds.get(op.key.as_str()).into_iter().flatten() {
-            if who != (op.p, op.id) {
+        let others = holds
+            .get(op.key.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|h| h.2 != (op.p, op.id));
+        let kind = kinds::kind_of(op);
+        if kind == LockKind::Exclusive {
+            for &(a, b, _) in others {
+                free = cut(free, a, b);
+            }
+        } else {
+            let others: Vec<(Hold, LockKind)> = others
+                .map(|&h| (h, kind_of.get(&h.2).copied().unwrap_or(LockKind::Exclusive)))
+                .collect();
+            let ahead: Vec<(u64, u64)> = writers
+                .get(op.key.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|w| w.2 != (op.p, op.id))
+                .map(|w| (w.0, w.1))
+                .collect();
+            for (a, b) in kinds::blocked(kind, &others, &ahead) {
                 free = cut(free, a, b);
             }
         }
@@ -735,6 +788,7 @@ mod tests {
             id,
             kind,
             key: "k".into(),
+            lock_kind: None,
             fence_in: None,
             ttl_ms: 0,
             wait_ms: 0,

@@ -14,13 +14,17 @@ use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
 use tower_lock::flight::SingleFlight;
 use tower_lock::{
-    JobSpec, LockError, LockKey, LockLayer, LockSpec, LockToken, Locks, OwnedLock, SharedBackend,
+    JobSpec, LockError, LockKey, LockKind, LockLayer, LockSpec, LockToken, Locks, OwnedLock,
+    SharedBackend,
 };
 
 use super::clock::{MS, now_ns};
 use super::history::{Kind, Log, Outcome};
 use super::rng::Rng;
 use super::store::{Answer, StoreClient};
+
+#[path = "kinds_work.rs"]
+mod kinds_work;
 
 /// What a client process is told (as JSON in its environment).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +43,23 @@ pub struct ClientConfig {
     pub owners: Vec<String>,
     /// Which operations may run (see [`Mix`]).
     pub mix: Mix,
+    /// The keys of shared holds and permits, and how many tasks use them
+    /// (besides `tasks`, which keep to the exclusive keys); `None`: the
+    /// backend holds exclusive locks only.
+    #[serde(default)]
+    pub kinds: Option<KindsConfig>,
+    #[serde(default)]
+    pub kinds_tasks: u32,
+}
+
+/// The keys the kinds workload uses (see `kinds.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KindsConfig {
+    /// Reader/writer key: shared and exclusive holds.
+    pub rw: String,
+    /// Permits key: `Permits(n)`.
+    pub permits: String,
+    pub n: u32,
 }
 
 /// The weights of the operations (percent of the draws).
@@ -82,6 +103,18 @@ pub async fn run(cfg: Arc<ClientConfig>, backend: SharedBackend, log: Log) {
             }
         }));
     }
+    // The kinds tasks draw from streams of their own: the exclusive tasks'
+    // draws (and so their figures) stay what they were.
+    for t in 0..cfg.kinds_tasks {
+        let (cfg, backend, log) = (cfg.clone(), backend.clone(), log.clone());
+        let rng = root.fork(0x4B1D_0000 + u64::from(t));
+        tasks.push(tokio::spawn(async move {
+            let mut task = Task::new(cfg, backend, log, rng).await;
+            while now_ns() < end && !task.unsupported {
+                task.kinds_step().await;
+            }
+        }));
+    }
     for task in tasks {
         let _ = task.await;
     }
@@ -95,6 +128,8 @@ struct Task {
     store: StoreClient,
     router: Router,
     flights: SingleFlight,
+    /// A kinds call answered `Unsupported`: the kinds task stops.
+    unsupported: bool,
 }
 
 /// State the layer's handler needs.
@@ -125,6 +160,7 @@ impl Task {
             store,
             router,
             flights,
+            unsupported: false,
         }
     }
 
@@ -186,6 +222,12 @@ impl Task {
     /// release, drop, extend and release, or walk away.
     async fn lock(&mut self) {
         let spec = self.spec();
+        self.hold(spec).await
+    }
+
+    /// Acquire `spec` (maybe cancelled mid-call), work under the lock, then
+    /// release, drop, extend and release, or walk away.
+    async fn hold(&mut self, spec: JobSpec) {
         let acquire = OwnedLock::acquire(self.backend.clone(), &spec);
         let lock = if self.rng.chance(10) {
             // Cancelled at a random point of the call.
@@ -197,9 +239,13 @@ impl Task {
         } else {
             acquire.await
         };
-        let Ok(mut lock) = lock else {
-            self.idle().await;
-            return;
+        let mut lock = match lock {
+            Ok(lock) => lock,
+            Err(e) => {
+                self.unsupported |= matches!(e, LockError::Unsupported(_));
+                self.idle().await;
+                return;
+            }
         };
         let watched = spec.as_lock_spec().get_watchdog() == Some(true);
         let hold = if watched {
@@ -243,7 +289,13 @@ impl Task {
 
     /// Take a lock and hand it to whichever process pops the token.
     async fn handoff(&mut self) {
-        let spec = self.spec().watchdog(false).max_wait(Duration::ZERO);
+        let spec = self.spec();
+        self.hand_off(spec).await
+    }
+
+    /// Take `spec`'s lock at once and hand it on as a token.
+    async fn hand_off(&mut self, spec: JobSpec) {
+        let spec = spec.watchdog(false).max_wait(Duration::ZERO);
         let Ok(lock) = OwnedLock::acquire(self.backend.clone(), &spec).await else {
             return self.idle().await;
         };
@@ -310,7 +362,12 @@ impl Task {
 
     /// An operator's force release.
     async fn force(&mut self) {
-        let key = LockKey::global(self.rng.pick(&self.cfg.keys)).expect("key");
+        let key = self.rng.pick(&self.cfg.keys).clone();
+        self.force_key(&key).await
+    }
+
+    async fn force_key(&mut self, key: &str) {
+        let key = LockKey::global(key).expect("key");
         let _ = self.backend.force_release(&key).await;
         self.idle().await;
     }
@@ -343,6 +400,13 @@ impl Task {
             hold
         };
         let checks = !self.rng.chance(20);
+        if lock.info().kind() != LockKind::Exclusive {
+            // Shared holds and permits work side by side: a read-modify-write
+            // of one store key would lose their updates by design. The
+            // checker sees their overlaps in the history itself.
+            tokio::time::sleep(pause).await;
+            return stalled;
+        }
         let key = lock.info().lock_key().encoded(usize::MAX);
         critical(
             &self.log,

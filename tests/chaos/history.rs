@@ -48,6 +48,9 @@ pub enum Outcome {
     Following,
     /// The store refused a stale fence.
     Stale,
+    /// Refused at once: the key's holders are of another family
+    /// (`LockError::KindMismatch`).
+    KindMismatch,
     /// The caller dropped the call before it answered: what it did on the
     /// server is unknown.
     Cancelled,
@@ -63,6 +66,11 @@ pub struct Op {
     pub kind: Kind,
     /// The lock's stored key (`LockKey::encoded`), or the store's key.
     pub key: String,
+    /// The kind an acquisition asked for (`shared`, `permits=N`); absent
+    /// for exclusive (and for calls that name a hold: the checker takes
+    /// their kind from the grant of their fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_kind: Option<String>,
     /// The fence the call named (release, extend, claim, store calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_in: Option<u64>,
@@ -145,6 +153,7 @@ impl Log {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             kind,
             key,
+            lock_kind: None,
             fence_in: None,
             ttl_ms: 0,
             wait_ms: 0,

@@ -11,7 +11,10 @@
 //! with SIGSTOP, server restarts with and without their data, connections
 //! reset, replies lost, traffic held back through a TCP proxy, the
 //! wake-up connections killed, cluster primaries killed, etcd leaders
-//! killed and members stopped). Client processes
+//! killed and members stopped). Tasks of their own take shared and
+//! exclusive holds of a reader/writer key and permits of a permits key
+//! (`kinds_work.rs`; skipped, with a note, on a backend that answers
+//! `Unsupported` for them). Client processes
 //! (two per schedule; tasks of one process for the in-memory backend) record
 //! every backend call on the machine's monotonic clock; the coordinator
 //! serves the fenced store, injects the faults, and checks the merged
@@ -80,6 +83,7 @@ async fn pass(rig: &mut dyn Rig, seeds: &[u64], settings: &Settings) -> Vec<Repo
                 .join(", "),
             report.violations.len()
         );
+        note_kinds(rig.name(), &report);
         reports.push(report);
     }
     let bad: Vec<String> = reports
@@ -191,6 +195,7 @@ async fn long_run() {
     };
     let started = std::time::Instant::now();
     let (mut ops, mut schedules, mut faults) = (0usize, 0usize, 0usize);
+    let (mut kinds_ops, mut kinds_skipped) = (0usize, 0usize);
     let mut violations: Vec<String> = Vec::new();
     let mut first: Option<(u64, f64)> = None;
     for seed in seeds {
@@ -204,6 +209,9 @@ async fn long_run() {
             report.faults.len(),
             report.violations.len()
         );
+        note_kinds(&backend, &report);
+        kinds_ops += report.kinds_ops;
+        kinds_skipped += usize::from(report.kinds_skipped.is_some());
         for v in &report.violations {
             println!("  VIOLATION seed {seed}: {}: {}", v.kind, v.detail);
             violations.push(format!("seed {seed}: {}", v.kind));
@@ -221,6 +229,8 @@ async fn long_run() {
             "backend": backend,
             "schedules": schedules,
             "ops": ops,
+            "kinds_ops": kinds_ops,
+            "kinds_skipped_schedules": kinds_skipped,
             "faults": faults,
             "violations": violations.len(),
             "first_violation_seed": first.map(|f| f.0),
@@ -250,6 +260,18 @@ fn recheck() {
         print!("{}", dump::render(0, &history, &violations));
     }
     println!("{} violations", violations.len());
+}
+
+/// The kinds workload's share of a schedule, or why it did not run (a
+/// backend that holds exclusive locks only answers `Unsupported`).
+fn note_kinds(backend: &str, report: &run::Report) {
+    match &report.kinds_skipped {
+        Some(why) => println!(
+            "  note: kinds workload skipped on {backend} (seed {}): {why}",
+            report.seed
+        ),
+        None => println!("  kinds: {} ops on the kinds keys", report.kinds_ops),
+    }
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

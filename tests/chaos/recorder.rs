@@ -9,7 +9,7 @@ use tower_lock::backend::{
     AcquireRequest, BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, HeldBy,
     Holder, Lease,
 };
-use tower_lock::{LockBackend, LockError, LockKey, LockStatus};
+use tower_lock::{LockBackend, LockError, LockKey, LockKind, LockStatus};
 
 use tracing::Instrument;
 
@@ -73,6 +73,7 @@ pub fn outcome(e: &LockError) -> Outcome {
         LockError::NotFound => Outcome::NotFound,
         LockError::OwnershipMismatch => Outcome::Mismatch,
         LockError::BackendUnavailable(_) => Outcome::Unavailable,
+        LockError::KindMismatch => Outcome::KindMismatch,
         e => Outcome::Other(e.code().to_owned()),
     }
 }
@@ -111,6 +112,7 @@ impl<B: LockBackend> Recorder<B> {
         let mut op = self.log.start(kind, key_of(req.key()));
         op.ttl_ms = req.ttl().as_millis() as u64;
         op.wait_ms = req.max_wait().as_millis() as u64;
+        op.lock_kind = (req.kind() != LockKind::Exclusive).then(|| req.kind().to_string());
         op
     }
 }

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tower_lock::{LockKey, MemoryBackend, SharedBackend};
+use tower_lock::backend::{AcquireRequest, Holder};
+use tower_lock::{LockError, LockKey, LockKind, MemoryBackend, SharedBackend};
 
 use super::check::{self, Bounds, Violation};
-use super::client::{self, ClientConfig, Mix};
+use super::client::{self, ClientConfig, KindsConfig, Mix};
 use super::clock::{MS, now_ns};
 use super::history::{Fault, History, Log, Op};
 use super::queued;
@@ -48,6 +49,8 @@ pub struct Settings {
     pub processes: u32,
     pub tasks: u32,
     pub faults: u32,
+    /// Tasks per process on the kinds keys (besides `tasks`).
+    pub kinds_tasks: u32,
     pub op_timeout_ms: u64,
     pub bounds: Bounds,
 }
@@ -59,13 +62,15 @@ impl Settings {
             processes: 2,
             tasks: 3,
             faults: 3,
+            kinds_tasks: 2,
             op_timeout_ms: 400,
             bounds: Bounds::default(),
         }
     }
 
     /// From the environment: CHAOS_RUN_MS, CHAOS_PROCESSES, CHAOS_TASKS,
-    /// CHAOS_FAULTS, CHAOS_WAKE_BOUND_MS (defaults: [`Settings::short`]).
+    /// CHAOS_FAULTS, CHAOS_KINDS_TASKS (0: no kinds workload),
+    /// CHAOS_WAKE_BOUND_MS (defaults: [`Settings::short`]).
     pub fn from_env() -> Settings {
         let mut s = Settings::short();
         let get = |name: &str, default: u64| {
@@ -78,6 +83,7 @@ impl Settings {
         s.processes = get("CHAOS_PROCESSES", s.processes.into()) as u32;
         s.tasks = get("CHAOS_TASKS", s.tasks.into()) as u32;
         s.faults = get("CHAOS_FAULTS", s.faults.into()) as u32;
+        s.kinds_tasks = get("CHAOS_KINDS_TASKS", s.kinds_tasks.into()) as u32;
         s.bounds.wake_ns = get("CHAOS_WAKE_BOUND_MS", s.bounds.wake_ns / MS) * MS;
         s
     }
@@ -89,6 +95,10 @@ pub struct Report {
     pub ops: usize,
     pub faults: Vec<Fault>,
     pub violations: Vec<Violation>,
+    /// Operations on the kinds keys.
+    pub kinds_ops: usize,
+    /// Why the kinds workload did not run, if it did not.
+    pub kinds_skipped: Option<String>,
 }
 
 /// A backend for a client, recording into `log`.
@@ -175,7 +185,17 @@ pub fn faults_of(seed: u64, rig: &dyn Rig, s: &Settings) -> Vec<(u64, FaultKind)
 pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     let store = Store::start().await;
     let mix = Mix::default();
-    let cfg = |process: u32, tasks: u32| ClientConfig {
+    let kinds_skipped = if s.kinds_tasks == 0 {
+        Some("CHAOS_KINDS_TASKS=0".to_owned())
+    } else {
+        kinds_unsupported(rig, seed, s).await
+    };
+    let kinds = kinds_skipped.is_none().then(|| KindsConfig {
+        rw: format!("s{seed}-rw"),
+        permits: format!("s{seed}-p"),
+        n: 2 + (seed % 2) as u32,
+    });
+    let cfg = |process: u32, tasks: u32, kinds_tasks: u32| ClientConfig {
         seed,
         process,
         tasks,
@@ -185,6 +205,8 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         flights: (0..2).map(|i| format!("s{seed}-f{i}")).collect(),
         owners: vec![format!("shared-{seed}-a"), format!("shared-{seed}-b")],
         mix: mix.clone(),
+        kinds: kinds.clone(),
+        kinds_tasks: if kinds.is_some() { kinds_tasks } else { 0 },
     };
     let dir = std::env::temp_dir().join(format!("tower-lock-chaos-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("history dir");
@@ -204,7 +226,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                 log: log.clone(),
             });
             client::run(
-                Arc::new(cfg(0, s.processes * s.tasks)),
+                Arc::new(cfg(0, s.processes * s.tasks, s.processes * s.kinds_tasks)),
                 backend,
                 log.clone(),
             )
@@ -218,7 +240,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
             for p in 0..s.processes {
                 let history = dir.join(format!("p{p}.json"));
                 let child = Child {
-                    client: cfg(p + 1, s.tasks),
+                    client: cfg(p + 1, s.tasks, s.kinds_tasks),
                     backend: spec.clone(),
                     op_timeout_ms: s.op_timeout_ms,
                     history: history.clone(),
@@ -280,7 +302,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         }
     }
     let workload_end = now_ns();
-    let stuck = liveness(rig, &cfg(0, 0), s).await;
+    let stuck = liveness(rig, &cfg(0, 0, 0), s).await;
     let _ = std::fs::remove_dir_all(&dir);
     let history = History {
         ops,
@@ -299,12 +321,47 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     {
         super::dump::write(&path, seed, &history, &violations);
     }
+    let kinds_keys: Vec<String> = kinds
+        .iter()
+        .flat_map(|k| [&k.rw, &k.permits])
+        .map(|k| LockKey::global(k).expect("key").encoded(usize::MAX))
+        .collect();
     Report {
         seed,
         ops: history.ops.len(),
+        kinds_ops: history
+            .ops
+            .iter()
+            .filter(|o| kinds_keys.contains(&o.key))
+            .count(),
         faults: history.faults,
         violations,
+        kinds_skipped,
     }
+}
+
+/// Whether the backend refuses the kinds (`LockError::Unsupported`): asked
+/// once per schedule with a shared hold and a permit on a key of its own.
+/// `Some(why)`: the kinds workload does not run.
+async fn kinds_unsupported(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Option<String> {
+    let backend = rig.checker_backend(Duration::from_millis(s.op_timeout_ms * 5));
+    for kind in [LockKind::Shared, LockKind::Permits(2)] {
+        let key = LockKey::global(format!("s{seed}-kinds-probe")).expect("key");
+        let owner = format!("kinds-probe-{seed}");
+        let req = AcquireRequest::new(key, owner.as_str(), Duration::from_secs(2), Duration::ZERO)
+            .and_then(|r| r.with_kind(kind))
+            .expect("probe request");
+        match backend.acquire(&req).await {
+            Ok(lease) => {
+                let holder = Holder::new(&owner, lease.fence);
+                let _ = backend.release(req.key(), holder).await;
+            }
+            Err(LockError::Unsupported(why)) => return Some(format!("{kind}: {why}")),
+            // Anything else is the kinds workload's to meet.
+            Err(_) => {}
+        }
+    }
+    None
 }
 
 fn tail(s: &str) -> String {
@@ -323,7 +380,8 @@ async fn liveness(rig: &mut dyn Rig, cfg: &ClientConfig, s: &Settings) -> Vec<St
     let deadline = now_ns() + (2_500 + rig.stopped_holder_ms()) * MS;
     let backend = rig.checker_backend(Duration::from_millis(s.op_timeout_ms * 5));
     let mut stuck = Vec::new();
-    for name in &cfg.keys {
+    let kinds = cfg.kinds.iter().flat_map(|k| [&k.rw, &k.permits]);
+    for name in cfg.keys.iter().chain(kinds) {
         let key = LockKey::global(name).expect("key");
         loop {
             let last = match backend.status(&key).await {

@@ -468,11 +468,16 @@ fn stale_calls(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<Violation>)
             .filter(|m| m.fence != fence && m.sure <= op.inv && op.ret <= m.end)
             .copied()
             .collect();
+        // The call's own lease: the latest one under its fence granted
+        // before it returned. A restart without data starts fences over,
+        // so an earlier epoch may have granted the same number (of
+        // another kind) to someone else.
         let own = by_key
             .get(op.key.as_str())
             .into_iter()
             .flatten()
-            .find(|m| m.fence == fence)
+            .filter(|m| m.fence == fence && m.sure <= op.ret)
+            .max_by_key(|m| m.sure)
             .map(|m| m.kind);
         let Some(other) = kinds::beside(own, &held) else {
             continue;

@@ -374,7 +374,7 @@ pub(super) fn writers<'a>(ops: &[&'a Op], op_timeout: u64) -> BTreeMap<&'a str, 
 #[cfg(test)]
 mod tests {
     use super::super::super::clock::MS;
-    use super::super::super::history::{History, Kind, Op, Outcome};
+    use super::super::super::history::{Fault, History, Kind, Op, Outcome};
     use super::super::{Bounds, check};
 
     fn op(p: u32, id: u64, kind: Kind, inv: u64, ret: u64, outcome: Outcome) -> Op {
@@ -609,6 +609,41 @@ mod tests {
         // Refused: as documented.
         let refused = op(2, 0, Kind::Acquire, 5, 6, Outcome::KindMismatch);
         assert!(kinds(vec![grant(1, 0, 1, 1, 100, SHARED), refused]).is_empty());
+    }
+
+    /// Seed 1009 on Redis: a writer held fence 1, Redis restarted without
+    /// its data (fences start over), then two readers got fences 1 and 2.
+    /// Reader 1's extend names the new fence 1, a shared hold beside reader
+    /// 2: no stale call (the old epoch's fence 1 was a writer's).
+    #[test]
+    fn a_fence_reused_after_a_restart_without_data_is_the_new_epochs() {
+        let reset = Fault {
+            what: "restart without data".into(),
+            at: 100 * MS,
+            until: 150 * MS,
+            process: None,
+            loses_locks: true,
+            resets_fences: true,
+        };
+        let mut extend = op(1, 7, Kind::Extend, 220, 221, Outcome::Ok);
+        extend.fence_in = Some(1);
+        extend.fence = Some(1);
+        let h = History {
+            ops: vec![
+                grant(3, 0, 1, 1, 1_000, None),
+                grant(1, 160, 161, 1, 1_000, SHARED),
+                grant(2, 200, 201, 2, 1_000, SHARED),
+                extend,
+            ],
+            faults: vec![reset],
+            op_timeout_ms: 100,
+            ..History::default()
+        };
+        let found: Vec<_> = check(&h, Bounds::default())
+            .iter()
+            .map(|v| v.kind)
+            .collect();
+        assert!(found.is_empty(), "{found:?}");
     }
 
     #[test]

@@ -1083,9 +1083,9 @@ pub async fn a_lock_never_runs_out_while_the_request_waits_for_another(h: Harnes
     // alone then waited for what was over). Either way it holds `a` no
     // longer once the unit is out.
     while !waiting.is_finished()
-        && !status_of(&h.backend, &b)
+        && status_of(&h.backend, &b)
             .await
-            .is_some_and(|s| s.waiters >= 1)
+            .is_none_or(|s| s.waiters < 1)
     {
         h.tick().await;
     }

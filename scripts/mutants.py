@@ -92,7 +92,7 @@ MUTANTS = [
     ("kinds-redis-release-ignores-the-fence", "src/backend/redis/common.lua",
      "if who == owner and (f == '' or live[i] == f) then",
      "if who == owner then"),
-    ("kinds-memory-mismatch-queues", "src/backend/memory/table.rs",
+    ("kinds-memory-mismatch-queues", "src/backend/memory/take.rs",
      "if !req.kind().same_family(entry.kind()) {",
      "if false {"),
     ("kinds-memory-ran-out-holds-kept", "src/backend/memory/group.rs",
@@ -256,7 +256,7 @@ MUTANTS = [
      "                if !which.repeatable() {\n                    // Sent only",
      "                if false {\n                    // Sent only"),
     # Memory backend
-    ("memory-expired-lock-free-for-newcomer", "src/backend/memory/table.rs",
+    ("memory-expired-lock-free-for-newcomer", "src/backend/memory/take.rs",
      "let handed = ((expired || entry.group().is_some()) && settle(&self.fence, entry, now))",
      "let handed = (false && settle(&self.fence, entry, now))"),
     ("memory-release-without-hand-off", "src/backend/memory/table.rs",

@@ -28,6 +28,7 @@ mod group;
 mod queue;
 mod sweep;
 mod table;
+mod take;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,7 +10,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::group::{Holding, settle};
-use super::table::{Attempt, Entry, Inner, next_fence};
+use super::table::{Entry, Inner, next_fence};
+use super::take::Attempt;
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::key::LockKey;

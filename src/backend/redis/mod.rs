@@ -333,8 +333,7 @@ impl LockBackend for RedisBackend {
         "redis"
     }
 
-    /// Every kind: shared holds and permits live in a hash beside the lock,
-    /// in its slot.
+    /// Every kind (holds live in a hash beside the lock, in its slot).
     fn supports(&self, _kind: crate::spec::LockKind) -> bool {
         true
     }
@@ -487,8 +486,8 @@ mod tests {
     #[test]
     fn operation_futures_stay_small() {
         let backend = RedisBackend::from_url("redis://127.0.0.1:1").unwrap();
-        let req = AcquireRequest::new(key_for_size(), "o", Duration::from_secs(1), Duration::ZERO)
-            .unwrap();
+        let key = LockKey::global("k").unwrap();
+        let req = AcquireRequest::new(key, "o", Duration::from_secs(1), Duration::ZERO).unwrap();
         let acquire = std::mem::size_of_val(&backend.acquire_inner(&req));
         let holder = Holder::new("o", 1);
         let release = std::mem::size_of_val(&backend.release_inner(req.key(), holder));
@@ -496,9 +495,5 @@ mod tests {
             acquire < 3072 && release < 3072,
             "{acquire} / {release} bytes"
         );
-    }
-
-    fn key_for_size() -> LockKey {
-        LockKey::global("k").unwrap()
     }
 }

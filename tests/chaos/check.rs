@@ -762,7 +762,20 @@ fn wakeups(
         if own_pause {
             continue;
         }
-        if let Some((a, b)) = free_stretch(op, op.inv, slept_until.min(deadline)) {
+        // A wake-up can only be lost once the waiter is queued: a grant by
+        // its first attempt (no queue entry) that came late was the call's
+        // way to the server (a runtime starved under load, a connection
+        // being made), not a sleep through a free lock.
+        let from = match (&op.outcome, op.queued.first()) {
+            (Outcome::Ok, None) => continue,
+            (Outcome::Ok, Some(&queued)) => queued.max(op.inv),
+            _ => op.inv,
+        };
+        let to = slept_until.min(deadline);
+        if from >= to {
+            continue;
+        }
+        if let Some((a, b)) = free_stretch(op, from, to) {
             out.push(Violation {
                 kind: "lost-wake-up",
                 detail: format!(
@@ -928,6 +941,12 @@ mod tests {
         assert!(kinds(&granted_waiter(11)).is_empty());
         // Within the bound (250 ms).
         assert!(kinds(&granted_waiter(200)).is_empty());
+        // Never queued (CI, Redis Cluster seed 1 with a build beside it):
+        // its first attempt found the lock free and took it 511 ms after
+        // the call was made. The way to the server, not a wake-up.
+        let mut h = granted_waiter(511);
+        h.ops[2].queued.clear();
+        assert!(kinds(&h).is_empty());
     }
 
     #[test]

@@ -124,22 +124,17 @@ async fn exports_are_limited_across_three_processes_on_redis() {
     .await;
 }
 
-/// PostgreSQL holds exclusive locks only in this version: an export is
-/// refused with `501 LOCK_UNSUPPORTED` (never run without its permit), and
-/// reads take no lock, as the bank documents.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exports_are_refused_where_the_backend_has_no_permits_postgres() {
+async fn exports_are_limited_across_three_processes_on_postgres() {
     within_timeout(async {
         let pg = common::pg_server::PgServer::start();
-        let bank = Bank::start_with(&["--postgres", &pg.url()]);
-        let http = bank.http();
-        let refused = http.post("/accounts/acme/export?work_ms=1").await;
-        refused.assert_json(StatusCode::NOT_IMPLEMENTED);
-        assert_eq!(refused.error_code(), "LOCK_UNSUPPORTED");
-        let stats = http.get("/stats").await;
-        assert_eq!(stats.json["max_concurrent_exports"], serde_json::json!({}));
-        http.get("/accounts/acme").await.assert_json(StatusCode::OK);
+        let url = pg.url();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--postgres", &url]))
+            .collect();
+        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+        exports_never_pass_two_at_once(&clients).await;
     })
     .await;
 }

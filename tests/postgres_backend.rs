@@ -16,7 +16,7 @@ use common::pg_server::PgServer;
 use tokio::time::Instant;
 use tower_lock::backend::postgres::PostgresBackend;
 use tower_lock::backend::{AcquireRequest, Lease};
-use tower_lock::{LockBackend, LockError, LockKey};
+use tower_lock::{LockBackend, LockError, LockKey, LockKind};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -124,7 +124,7 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     );
     assert_eq!(
         tables,
-        "locks,locks_flight_watchers,locks_flights,locks_waiters"
+        "locks,locks_flight_watchers,locks_flights,locks_holds,locks_waiters"
     );
     let columns = sql(
         &server,
@@ -142,6 +142,56 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     ] {
         assert!(columns.contains(col), "{col} in {columns}");
     }
+}
+
+/// A deployment of schema version 1 (before shared holds and permits)
+/// upgrades by migrating again: the lock it held stays held under its
+/// fence, and every kind works after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_schema_upgrades_in_place_keeping_its_locks() {
+    let server = PgServer::start();
+    sql(&server, include_str!("fixtures/postgres_schema_v1.sql"));
+    sql(
+        &server,
+        &format!(
+            "INSERT INTO tower_lock.locks (key, owner, attempt, fence, acquired_at, expires_at) \
+             VALUES ('{}', 'old', 1, nextval('tower_lock.locks_fence'), now(), \
+                     now() + interval '1 minute')",
+            stored("held")
+        ),
+    );
+    let b = PostgresBackend::from_url(&server.url()).unwrap();
+    b.migrate().await.unwrap();
+    let held = b.status(&key("held")).await.unwrap().unwrap();
+    assert_eq!((held.owner.as_str(), held.fence), ("old", 1));
+    let busy = b
+        .acquire(
+            &req("held", "new", 30 * SEC, Duration::ZERO)
+                .with_kind(LockKind::Shared)
+                .unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(busy, Err(LockError::AcquisitionFailed { .. })),
+        "{busy:?}"
+    );
+    b.release(&key("held"), Holder::new("old", 1))
+        .await
+        .unwrap();
+    for owner in ["r1", "r2"] {
+        let lease = b
+            .acquire(
+                &req("held", owner, 30 * SEC, Duration::ZERO)
+                    .with_kind(LockKind::Shared)
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert!(lease.fence > 1, "fences go on from version 1's sequence");
+    }
+    let status = b.status(&key("held")).await.unwrap().unwrap();
+    assert_eq!(status.kind, LockKind::Shared);
+    assert_eq!(status.holders.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +242,7 @@ async fn custom_schema_and_table_names() {
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'app' AND p.proname LIKE 'job_locks_%'"
         ),
-        13
+        15
     );
     assert!(
         PostgresBackend::builder()

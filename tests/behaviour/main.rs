@@ -290,6 +290,11 @@ mod kinds_suite {
                 crate::harness::redis_cluster_backend(),
                 crate::harness::redis_cluster_backend(),
                 (),
+            #[cfg(feature = "postgres")]
+            postgres =>
+                crate::harness::postgres_backend(),
+                crate::harness::postgres_backend(),
+                (),
         }
         tests {
             real_time: [

@@ -25,61 +25,117 @@ AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigint $$;
 -- (Schema version 1 before round 3 had a `p_now` argument: replaced.)
 DROP FUNCTION IF EXISTS "{schema}"."{table}_hand_off"(text, timestamptz, text, bigint);
 
--- Hand the (free or expired) lock `p_key`, whose row the caller has
--- locked, to the oldest waiter whose max wait has not ended, skipping and
--- deleting dead entries. The grant is dated when it is made (the clock, not
--- the caller's transaction start: a release that waited for the row would
--- otherwise hand over a lease that began, or even ended, before the grant),
--- and its fence drawn then. The new holder gets its own TTL from then and
--- is told through its backend's channel ('<ticket> <fence> <granted us>
--- <key>', delivered at commit), unless it is the caller (`p_channel`,
--- `p_ticket`). Returns the new fence, the grant's time and whether it went
--- to the caller, or a NULL fence when nobody is waiting (the caller then
--- removes the row or takes the lock).
+-- Hand the key `p_key`, whose row the caller has locked and whose
+-- exclusive holder (if any) is gone or expired, to the waiters: the oldest
+-- whose max wait has not ended first, then each next one while it fits
+-- beside what is held (consecutive shared waiters; permits while there is
+-- room), stopping at the first that does not; dead entries are skipped and
+-- deleted, expired holds of a shared/permit key deleted first. Each grant
+-- is dated when it is made (the clock, not the caller's transaction start:
+-- a release that waited for the row would otherwise hand over a lease that
+-- began, or even ended, before the grant), and its fence drawn then. Each
+-- new holder gets its own TTL from then and is told through its backend's
+-- channel ('<ticket> <fence> <granted us> <key>', delivered at commit),
+-- unless it is the caller (`p_channel`, `p_ticket`). Returns the fence of
+-- the caller's grant, else of the first grant (NULL: nobody granted; the
+-- caller then removes the row or takes the lock), the grants' time and
+-- whether one went to the caller.
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_hand_off"(
   p_key text, p_channel text, p_ticket bigint,
   OUT fence bigint, OUT granted_us bigint, OUT to_caller boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
   v_at timestamptz := clock_timestamp();
-  v_place bigint;
+  v_kind smallint;
+  v_live int := 0;
+  v_fence bigint;
+  v_expires timestamptz;
   w "{schema}"."{table}_waiters"%ROWTYPE;
 BEGIN
   to_caller := false;
+  granted_us := "{schema}"."{table}_us"(v_at);
+  SELECT l.kind INTO v_kind FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  IF v_kind <> 0 THEN
+    DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key AND x.expires_at <= v_at;
+    SELECT count(*) INTO v_live FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
+  END IF;
   LOOP
-    SELECT q.place INTO v_place FROM "{schema}"."{table}_waiters" AS q
+    SELECT * INTO w FROM "{schema}"."{table}_waiters" AS q
       WHERE q.key = p_key ORDER BY q.place LIMIT 1;
-    IF NOT FOUND THEN
-      fence := NULL;
-      RETURN;
-    END IF;
+    EXIT WHEN NOT FOUND;
+    -- A live head that does not fit beside the holds stays first.
+    EXIT WHEN w.deadline > v_at AND v_live > 0 AND CASE w.kind
+      WHEN 0 THEN true
+      WHEN 1 THEN v_kind <> 1
+      ELSE v_kind <> 2 OR v_live >= w.permits END;
     DELETE FROM "{schema}"."{table}_waiters" AS d
-      WHERE d.key = p_key AND d.place = v_place
-      RETURNING d.* INTO w;
+      WHERE d.key = p_key AND d.place = w.place;
     -- Gone meanwhile: the sweep deleted that (long dead) entry without the
     -- row lock. The next statement sees its deletion: look again, so a
     -- live waiter behind it is never taken for an empty queue.
-    CONTINUE WHEN NOT FOUND;
-    IF w.deadline > v_at THEN
+    CONTINUE WHEN NOT FOUND OR w.deadline <= v_at;
+    v_fence := nextval('"{schema}"."{table}_fence"');
+    v_expires := v_at + w.ttl_ms * interval '1 millisecond';
+    IF w.kind = 0 THEN
       UPDATE "{schema}"."{table}" AS l SET
           owner = w.owner,
           attempt = w.attempt,
-          fence = nextval('"{schema}"."{table}_fence"'),
+          fence = v_fence,
           acquired_at = v_at,
-          expires_at = v_at + w.ttl_ms * interval '1 millisecond',
+          expires_at = v_expires,
           granted_to = w.channel || ' ' || w.ticket,
+          kind = 0,
+          permits = NULL,
           queued = EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q WHERE q.key = p_key)
-        WHERE l.key = p_key
-        RETURNING l.fence INTO fence;
-      granted_us := "{schema}"."{table}_us"(v_at);
-      to_caller := w.channel = p_channel AND w.ticket = p_ticket;
-      IF to_caller IS NOT TRUE THEN
-        to_caller := false;
-        PERFORM pg_notify(w.channel, w.ticket || ' ' || fence || ' ' || granted_us || ' ' || p_key);
-      END IF;
-      RETURN;
+        WHERE l.key = p_key;
+    ELSE
+      INSERT INTO "{schema}"."{table}_holds" AS x
+          (key, fence, owner, attempt, acquired_at, expires_at, granted_to)
+        VALUES (p_key, v_fence, w.owner, w.attempt, v_at, v_expires, w.channel || ' ' || w.ticket);
+      UPDATE "{schema}"."{table}" AS l SET
+          owner = '', attempt = 0, fence = v_fence, acquired_at = v_at,
+          expires_at = CASE WHEN v_live > 0 THEN greatest(l.expires_at, v_expires) ELSE v_expires END,
+          granted_to = NULL, kind = w.kind, permits = w.permits,
+          queued = EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q WHERE q.key = p_key)
+        WHERE l.key = p_key;
+      v_kind := w.kind;
+      v_live := v_live + 1;
     END IF;
+    IF w.channel = p_channel AND w.ticket = p_ticket THEN
+      to_caller := true;
+      fence := v_fence;
+    ELSE
+      IF fence IS NULL THEN
+        fence := v_fence;
+      END IF;
+      PERFORM pg_notify(w.channel, w.ticket || ' ' || v_fence || ' ' || granted_us || ' ' || p_key);
+    END IF;
+    -- An exclusive grant: nothing fits beside it.
+    EXIT WHEN w.kind = 0;
   END LOOP;
+END
+$$;
+
+-- settle: after a hold of the shared/permit key `p_key` (row locked) went,
+-- hand the room to the waiters that fit; the row goes with the last hold,
+-- else lives as long as the latest hold.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_settle"(p_key text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  h record;
+  v_last timestamptz;
+BEGIN
+  h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
+  IF EXISTS (SELECT 1 FROM "{schema}"."{table}" AS l WHERE l.key = p_key AND l.kind = 0) THEN
+    RETURN;  -- handed to an exclusive waiter
+  END IF;
+  SELECT max(x.expires_at) INTO v_last FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
+  IF v_last IS NULL THEN
+    DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  ELSE
+    UPDATE "{schema}"."{table}" AS l SET expires_at = v_last WHERE l.key = p_key;
+  END IF;
 END
 $$;
 
@@ -99,13 +155,147 @@ LANGUAGE sql AS $$
     RETURNING l.fence
 $$;
 
--- acquire: take `p_key` for `p_owner`/`p_attempt` for `p_ttl_ms`; a waiter
+-- acquire of a shared or permit hold, or of any kind on a key held shared
+-- or under permits (called by _acquire with the key's row locked; same
+-- answers). In turn: a dead exclusive holder or expired holds give way to
+-- the queue (_hand_off grants its head, and what fits after it, perhaps
+-- the caller); a retry of a live hold's own attempt refreshes it; a
+-- request of another family than the live holders (permits beside shared
+-- or exclusive, another n) is code 2, never queued; a request that fits
+-- beside the holders, with nobody live queued before it, gets a hold of
+-- its own under a fence drawn now; else busy, queued like an exclusive
+-- waiter, with the earliest expiry among the holds.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_acquire_kind"(
+  p_key text, p_owner text, p_attempt bigint, p_ttl_ms bigint,
+  p_wait_ms bigint, p_channel text, p_ticket bigint,
+  p_kind smallint, p_permits int,
+  OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint,
+  OUT remaining_us bigint, OUT created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz := now();
+  v_ttl interval := p_ttl_ms * interval '1 millisecond';
+  v_live int := 0;
+  v_first timestamptz;
+  v_fits boolean;
+  v_fence bigint;
+  r "{schema}"."{table}"%ROWTYPE;
+  x "{schema}"."{table}_holds"%ROWTYPE;
+  h record;
+BEGIN
+  now_us := "{schema}"."{table}_us"(v_now);
+  created := false;
+  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  IF r.kind <> 0 OR r.expires_at <= v_now THEN
+    IF EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q WHERE q.key = p_key) THEN
+      h := "{schema}"."{table}_hand_off"(p_key, p_channel, p_ticket);
+      IF h.to_caller THEN
+        code := 1;
+        fence := h.fence;
+        acquired_us := h.granted_us;
+        RETURN;
+      END IF;
+      SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+    ELSIF r.kind <> 0 THEN
+      DELETE FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key AND d.expires_at <= v_now;
+    END IF;
+  END IF;
+  IF r.kind = 0 THEN
+    IF r.expires_at > v_now THEN
+      v_live := 1;
+      v_first := r.expires_at;
+    END IF;
+  ELSE
+    SELECT count(*), min(d.expires_at) INTO v_live, v_first
+      FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key AND d.expires_at > v_now;
+    SELECT * INTO x FROM "{schema}"."{table}_holds" AS d
+      WHERE d.key = p_key AND d.owner = p_owner AND d.attempt = p_attempt AND d.expires_at > v_now;
+    IF FOUND THEN
+      -- A retry of this hold's own attempt, or a waiter it was handed to:
+      -- same fence, TTL refreshed from the clock, the grant claimed (as in
+      -- _acquire).
+      UPDATE "{schema}"."{table}_holds" AS d SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL
+        WHERE d.key = p_key AND d.fence = x.fence;
+      UPDATE "{schema}"."{table}" AS l SET expires_at = greatest(l.expires_at, clock_timestamp() + v_ttl)
+        WHERE l.key = p_key;
+      IF p_ticket IS NOT NULL THEN
+        DELETE FROM "{schema}"."{table}_waiters" AS w
+          WHERE w.channel = p_channel AND w.ticket = p_ticket;
+      END IF;
+      code := 1;
+      fence := x.fence;
+      acquired_us := "{schema}"."{table}_us"(x.acquired_at);
+      RETURN;
+    END IF;
+  END IF;
+  IF v_live > 0 AND ((p_kind = 2) <> (r.kind = 2) OR (p_kind = 2 AND p_permits <> r.permits)) THEN
+    code := 2;
+    remaining_us := greatest(0, "{schema}"."{table}_us"(v_first) - now_us);
+    RETURN;
+  END IF;
+  v_fits := CASE p_kind
+      WHEN 0 THEN v_live = 0
+      WHEN 1 THEN v_live = 0 OR r.kind = 1
+      ELSE v_live < p_permits END
+    AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q
+                    WHERE q.key = p_key AND q.deadline > v_now
+                      AND (p_ticket IS NULL OR q.channel <> p_channel OR q.ticket <> p_ticket));
+  IF v_fits THEN
+    v_fence := nextval('"{schema}"."{table}_fence"');
+    fence := v_fence;
+    IF p_kind = 0 THEN
+      UPDATE "{schema}"."{table}" AS l SET
+          owner = p_owner, attempt = p_attempt, fence = v_fence,
+          acquired_at = v_now, expires_at = v_now + v_ttl,
+          queued = false, granted_to = NULL, kind = 0, permits = NULL
+        WHERE l.key = p_key;
+      DELETE FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key;
+    ELSE
+      INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
+        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl);
+      UPDATE "{schema}"."{table}" AS l SET
+          owner = '', attempt = 0, fence = v_fence, acquired_at = v_now,
+          expires_at = CASE WHEN v_live > 0 THEN greatest(l.expires_at, v_now + v_ttl)
+                       ELSE v_now + v_ttl END,
+          granted_to = NULL, kind = p_kind, permits = p_permits
+        WHERE l.key = p_key;
+    END IF;
+    IF p_ticket IS NOT NULL THEN
+      DELETE FROM "{schema}"."{table}_waiters" AS w
+        WHERE w.channel = p_channel AND w.ticket = p_ticket;
+    END IF;
+    code := 1;
+    acquired_us := now_us;
+    RETURN;
+  END IF;
+  -- Busy.
+  IF p_wait_ms > 0 AND p_ticket IS NOT NULL THEN
+    INSERT INTO "{schema}"."{table}_waiters" AS w
+        (key, channel, ticket, owner, attempt, ttl_ms, deadline, kind, permits)
+      VALUES (p_key, p_channel, p_ticket, p_owner, p_attempt, p_ttl_ms,
+              v_now + p_wait_ms * interval '1 millisecond', p_kind, p_permits)
+      ON CONFLICT (channel, ticket) DO UPDATE SET deadline = excluded.deadline
+      RETURNING (w.xmax = 0) INTO created;
+    UPDATE "{schema}"."{table}" AS l SET queued = true WHERE l.key = p_key AND NOT l.queued;
+  END IF;
+  code := 0;
+  remaining_us := greatest(0, "{schema}"."{table}_us"(coalesce(v_first, v_now)) - now_us);
+END
+$$;
+
+-- (Schema version 1 had no kinds: replaced by the one below.)
+DROP FUNCTION IF EXISTS "{schema}"."{table}_acquire"(text, text, bigint, bigint, bigint, text, bigint);
+
+-- acquire: take `p_key` for `p_owner`/`p_attempt` for `p_ttl_ms`, as
+-- `p_kind` (0 exclusive, 1 shared, 2 permits: one of `p_permits`); a waiter
 -- (`p_wait_ms` > 0 with a channel and ticket) joins the queue when busy.
 -- code 1: acquired (fence, acquired_us, now_us);
--- code 0: busy (remaining_us of the holder; created: this call queued anew).
+-- code 0: busy (remaining_us of the holder; created: this call queued anew);
+-- code 2: the key's live holders are of another family (see _acquire_kind).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_acquire"(
   p_key text, p_owner text, p_attempt bigint, p_ttl_ms bigint,
   p_wait_ms bigint, p_channel text, p_ticket bigint,
+  p_kind smallint DEFAULT 0, p_permits int DEFAULT NULL,
   OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint,
   OUT remaining_us bigint, OUT created boolean)
 LANGUAGE plpgsql AS $$
@@ -119,16 +309,23 @@ BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   created := false;
   LOOP
-    -- Fast path: free (as the acquire statement's own, see _redraw).
+    -- Fast path: free (as the acquire statement's own, see _redraw). A
+    -- shared or permit hold puts the key's anchor row in with its hold.
     INSERT INTO "{schema}"."{table}" AS l
-        (key, owner, attempt, fence, acquired_at, expires_at)
-      VALUES (p_key, p_owner, p_attempt, nextval('"{schema}"."{table}_fence"'),
-              v_now, v_now + v_ttl)
+        (key, owner, attempt, fence, acquired_at, expires_at, kind, permits)
+      VALUES (p_key, CASE WHEN p_kind = 0 THEN p_owner ELSE '' END,
+              CASE WHEN p_kind = 0 THEN p_attempt ELSE 0 END,
+              nextval('"{schema}"."{table}_fence"'),
+              v_now, v_now + v_ttl, p_kind, p_permits)
       ON CONFLICT (key) DO NOTHING
       RETURNING l.fence INTO fence;
     IF FOUND THEN
       IF fence <> pg_sequence_last_value('"{schema}"."{table}_fence"') THEN
         fence := "{schema}"."{table}_redraw"(p_key, fence);
+      END IF;
+      IF p_kind <> 0 THEN
+        INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
+          VALUES (p_key, fence, p_owner, p_attempt, v_now, v_now + v_ttl);
       END IF;
       code := 1;
       acquired_us := now_us;
@@ -138,6 +335,13 @@ BEGIN
     -- Not found: the row was deleted (released) since the insert saw it.
     EXIT WHEN FOUND;
   END LOOP;
+
+  IF r.kind <> 0 OR p_kind <> 0 THEN
+    SELECT * INTO code, fence, acquired_us, now_us, remaining_us, created
+      FROM "{schema}"."{table}_acquire_kind"(p_key, p_owner, p_attempt, p_ttl_ms,
+                                             p_wait_ms, p_channel, p_ticket, p_kind, p_permits);
+    RETURN;
+  END IF;
 
   IF r.expires_at > v_now AND r.owner = p_owner AND r.attempt = p_attempt THEN
     -- A retry of the holder's own attempt, or a waiter the lock was handed
@@ -188,7 +392,12 @@ BEGIN
     SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
   END IF;
 
-  -- Busy.
+  -- Busy (by shared holds if a hand-off above granted some: the earliest
+  -- to expire answers).
+  IF r.kind <> 0 THEN
+    SELECT min(x.expires_at) INTO r.expires_at FROM "{schema}"."{table}_holds" AS x
+      WHERE x.key = p_key;
+  END IF;
   IF p_wait_ms > 0 AND p_ticket IS NOT NULL THEN
     INSERT INTO "{schema}"."{table}_waiters" AS w
         (key, channel, ticket, owner, attempt, ttl_ms, deadline)
@@ -221,12 +430,33 @@ BEGIN
   -- Fast path: ours, live, nobody queued.
   DELETE FROM "{schema}"."{table}" AS l
     WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
-      AND l.expires_at > v_now AND NOT l.queued;
+      AND l.expires_at > v_now AND NOT l.queued AND l.kind = 0;
   IF FOUND THEN
     RETURN 1;
   END IF;
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  IF r.kind <> 0 THEN
+    -- One hold of a shared/permit key (a NULL `p_fence`: the owner's oldest).
+    DELETE FROM "{schema}"."{table}_holds" AS x
+      WHERE x.key = p_key AND x.owner = p_owner
+        AND x.fence = coalesce(p_fence, (SELECT min(y.fence) FROM "{schema}"."{table}_holds" AS y
+                                         WHERE y.key = p_key AND y.owner = p_owner
+                                           AND y.expires_at > v_now))
+      RETURNING x.expires_at INTO r.expires_at;
+    IF NOT FOUND THEN
+      IF EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS x
+                 WHERE x.key = p_key AND x.expires_at > v_now) THEN
+        RETURN -1;
+      END IF;
+      r.expires_at := v_now;
+    END IF;
+    PERFORM "{schema}"."{table}_settle"(p_key);
+    IF r.expires_at > v_now THEN
+      RETURN 1;
+    END IF;
     RETURN 0;
   END IF;
   IF r.expires_at > v_now
@@ -259,7 +489,7 @@ BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
     WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
-      AND l.expires_at > v_now
+      AND l.expires_at > v_now AND l.kind = 0
     RETURNING l.* INTO r;
   IF FOUND THEN
     code := 1;
@@ -267,7 +497,29 @@ BEGIN
     acquired_us := "{schema}"."{table}_us"(r.acquired_at);
     RETURN;
   END IF;
-  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  -- (Locked: a shared/permit key's holds change only under its row.)
+  SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  IF FOUND AND r.kind <> 0 THEN
+    -- One hold of a shared/permit key; the row lives as long as its latest
+    -- hold.
+    UPDATE "{schema}"."{table}_holds" AS x SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
+      WHERE x.key = p_key AND x.owner = p_owner AND x.expires_at > v_now
+        AND x.fence = coalesce(p_fence, (SELECT min(y.fence) FROM "{schema}"."{table}_holds" AS y
+                                         WHERE y.key = p_key AND y.owner = p_owner
+                                           AND y.expires_at > v_now))
+      RETURNING x.fence, x.acquired_at INTO fence, r.acquired_at;
+    IF FOUND THEN
+      UPDATE "{schema}"."{table}" AS l
+        SET expires_at = (SELECT max(y.expires_at) FROM "{schema}"."{table}_holds" AS y WHERE y.key = p_key)
+        WHERE l.key = p_key;
+      code := 1;
+      acquired_us := "{schema}"."{table}_us"(r.acquired_at);
+      RETURN;
+    END IF;
+    code := CASE WHEN EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
+                              WHERE y.key = p_key AND y.expires_at > v_now) THEN -1 ELSE 0 END;
+    RETURN;
+  END IF;
   IF FOUND AND r.expires_at > v_now THEN
     code := -1;
   ELSE
@@ -291,11 +543,39 @@ DECLARE
   v_now timestamptz := now();
   v_fence bigint;
   r "{schema}"."{table}"%ROWTYPE;
+  x "{schema}"."{table}_holds"%ROWTYPE;
 BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   IF NOT FOUND OR r.expires_at <= v_now THEN
     code := 0;
+    RETURN;
+  END IF;
+  IF r.kind <> 0 THEN
+    -- One hold of a shared/permit key: the same, on its row.
+    SELECT * INTO x FROM "{schema}"."{table}_holds" AS y
+      WHERE y.key = p_key AND y.owner = p_owner AND y.expires_at > v_now
+        AND (y.attempt = p_attempt OR y.fence = p_fence)
+      ORDER BY y.attempt = p_attempt DESC LIMIT 1;
+    IF NOT FOUND THEN
+      code := CASE WHEN EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
+                                WHERE y.key = p_key AND y.expires_at > v_now) THEN -1 ELSE 0 END;
+      RETURN;
+    END IF;
+    fence := x.fence;
+    IF x.attempt <> p_attempt THEN
+      v_fence := nextval('"{schema}"."{table}_fence"');
+      UPDATE "{schema}"."{table}_holds" AS y SET
+          fence = v_fence, attempt = p_attempt,
+          metadata = CASE WHEN (y.metadata->>'fence')::bigint = y.fence
+                     THEN jsonb_set(y.metadata, '{fence}', to_jsonb(v_fence))
+                     ELSE y.metadata END
+        WHERE y.key = p_key AND y.fence = x.fence;
+      fence := v_fence;
+    END IF;
+    code := 1;
+    acquired_us := "{schema}"."{table}_us"(x.acquired_at);
+    expires_us := "{schema}"."{table}_us"(x.expires_at);
     RETURN;
   END IF;
   IF r.owner <> p_owner OR (r.attempt <> p_attempt AND r.fence <> p_fence) THEN
@@ -334,6 +614,10 @@ BEGIN
   IF NOT FOUND THEN
     RETURN 0;
   END IF;
+  IF r.kind <> 0 THEN
+    -- Every hold goes (the row's expiry is its latest hold's).
+    DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
+  END IF;
   h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
   IF h.fence IS NULL THEN
     DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
@@ -356,6 +640,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
   v_now timestamptz := now();
   r "{schema}"."{table}"%ROWTYPE;
+  x "{schema}"."{table}_holds"%ROWTYPE;
   h record;
 BEGIN
   remaining_us := 0;
@@ -363,6 +648,32 @@ BEGIN
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   DELETE FROM "{schema}"."{table}_waiters" AS w
     WHERE w.channel = p_channel AND w.ticket = p_ticket;
+  IF r.kind <> 0 THEN
+    -- A shared/permit key: the hold handed to this call, if any, else what
+    -- its leaving lets through (readers queued behind a writer that gave
+    -- up join the readers holding).
+    SELECT * INTO x FROM "{schema}"."{table}_holds" AS y
+      WHERE y.key = p_key AND y.owner = p_owner AND y.expires_at > v_now
+        AND y.granted_to = p_channel || ' ' || p_ticket;
+    IF FOUND AND p_claim THEN
+      UPDATE "{schema}"."{table}_holds" AS y SET granted_to = NULL WHERE y.key = p_key AND y.fence = x.fence;
+      code := 1;
+      fence := x.fence;
+      acquired_us := "{schema}"."{table}_us"(x.acquired_at);
+      RETURN;
+    END IF;
+    IF FOUND THEN
+      DELETE FROM "{schema}"."{table}_holds" AS y WHERE y.key = p_key AND y.fence = x.fence;
+      code := 2;
+    ELSE
+      code := 0;
+    END IF;
+    PERFORM "{schema}"."{table}_settle"(p_key);
+    remaining_us := greatest(0, "{schema}"."{table}_us"(coalesce(
+      (SELECT min(y.expires_at) FROM "{schema}"."{table}_holds" AS y WHERE y.key = p_key AND y.expires_at > v_now),
+      v_now)) - "{schema}"."{table}_us"(v_now));
+    RETURN;
+  END IF;
   IF r.key IS NOT NULL AND r.expires_at > v_now AND r.owner = p_owner
      AND r.granted_to = p_channel || ' ' || p_ticket THEN
     IF p_claim THEN
@@ -402,6 +713,15 @@ DECLARE
   h record;
 BEGIN
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  IF FOUND AND r.kind <> 0 THEN
+    DELETE FROM "{schema}"."{table}_holds" AS x
+      WHERE x.key = p_key AND x.fence = p_fence AND x.granted_to = p_channel || ' ' || p_ticket;
+    IF NOT FOUND THEN
+      RETURN 0;
+    END IF;
+    PERFORM "{schema}"."{table}_settle"(p_key);
+    RETURN 1;
+  END IF;
   IF NOT FOUND OR r.fence <> p_fence
      OR r.granted_to IS DISTINCT FROM p_channel || ' ' || p_ticket THEN
     RETURN 0;

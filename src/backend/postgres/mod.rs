@@ -364,10 +364,13 @@ impl LockBackend for PostgresBackend {
 
     /// A lock with metadata costs one more statement, after the
     /// acquisition.
+    /// Every kind (the holds of a shared or permit key are rows of
+    /// `<table>_holds`, under the key's row).
+    fn supports(&self, _kind: crate::spec::LockKind) -> bool {
+        true
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        if let Some(refused) = super::exclusive_only(req) {
-            return refused;
-        }
         Box::pin(async move {
             let lease = self.acquire_inner(req).await?;
             if let Some(metadata) = req.metadata()

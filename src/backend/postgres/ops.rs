@@ -13,11 +13,11 @@ use super::PostgresBackend;
 use super::conn::Caller;
 use super::error::bad_reply;
 use super::statements::Statement;
-use crate::backend::{HeldBy, Holder, Lease, LockStatus};
+use crate::backend::{HeldBy, Hold, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
-use crate::spec::AcquireRequest;
+use crate::spec::{AcquireRequest, LockKind};
 
 /// A server timestamp (µs since the Unix epoch) as a `SystemTime`, within
 /// [epoch, end of year 9999]: a garbled reply must not overflow a
@@ -59,6 +59,27 @@ fn stored_fence(holder: Holder<'_>) -> Result<Option<i64>, LockError> {
         .fence()
         .map(|f| i64::try_from(f).map_err(|_| LockError::OwnershipMismatch))
         .transpose()
+}
+
+/// A kind as stored: (kind, permits): 0 exclusive, 1 shared, 2 permits.
+fn stored_kind(kind: LockKind) -> (i16, Option<i32>) {
+    match kind {
+        LockKind::Exclusive => (0, None),
+        LockKind::Shared => (1, None),
+        LockKind::Permits(n) => (2, Some(i32::try_from(n).unwrap_or(i32::MAX))),
+    }
+}
+
+/// The kind of a stored (kind, permits).
+fn read_kind(kind: i16, permits: Option<i32>, what: &str) -> Result<LockKind, LockError> {
+    match (kind, permits) {
+        (0, _) => Ok(LockKind::Exclusive),
+        (1, _) => Ok(LockKind::Shared),
+        (2, Some(n)) => u32::try_from(n)
+            .map(LockKind::Permits)
+            .map_err(|_| bad_reply(what)),
+        _ => Err(bad_reply(what)),
+    }
 }
 
 /// An attempt id as stored: the same 64 bits as a `bigint`.
@@ -125,20 +146,27 @@ impl PostgresBackend {
             Some((wait_ms, t)) => (wait_ms, Some(t.channel), Some(t.id)),
             None => (0, None, None),
         };
+        // Exclusive: the statement with the fast path in front; another
+        // kind: the function alone.
+        let (kind, permits) = stored_kind(req.kind());
+        let owner = req.owner();
+        let attempt = attempt(req);
+        let exclusive: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&key, &owner, &attempt, &ttl_ms, &wait_ms, &channel, &ticket];
+        let other: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &key, &owner, &attempt, &ttl_ms, &wait_ms, &channel, &ticket, &kind, &permits,
+        ];
+        let (statement, params): (_, &[&(dyn tokio_postgres::types::ToSql + Sync)]) = if kind == 0 {
+            (Statement::Acquire, &exclusive)
+        } else {
+            (Statement::AcquireKind, &other)
+        };
         let row = self
             .shared
             .conns
             .query_one(
-                Statement::Acquire,
-                &[
-                    &key,
-                    &req.owner(),
-                    &attempt(req),
-                    &ttl_ms,
-                    &wait_ms,
-                    &channel,
-                    &ticket,
-                ],
+                statement,
+                params,
                 Some(Caller {
                     key: &key,
                     owner: req.owner(),
@@ -154,6 +182,7 @@ impl PostgresBackend {
                 retry_after: micros(col(&row, 4, WHAT)?),
                 queued_anew: col(&row, 5, WHAT)?,
             }),
+            2 => Err(LockError::KindMismatch),
             _ => Err(bad_reply(WHAT)),
         }
     }
@@ -354,6 +383,12 @@ impl PostgresBackend {
         let now_us: i64 = col(&row, 4, WHAT)?;
         let waiters: i64 = col(&row, 5, WHAT)?;
         let metadata: Option<String> = col(&row, 6, WHAT)?;
+        let waiters = usize::try_from(waiters).unwrap_or(0);
+        let kind = read_kind(col(&row, 7, WHAT)?, col(&row, 8, WHAT)?, WHAT)?;
+        if kind != LockKind::Exclusive {
+            return holds(&row, now_us, WHAT)
+                .map(|holds| LockStatus::of_holders(kind, holds).map(|s| s.with_waiters(waiters)));
+        }
         Ok(Some(
             LockStatus::new(
                 owner,
@@ -362,7 +397,7 @@ impl PostgresBackend {
                 server_time(expires_us),
                 micros(expires_us.saturating_sub(now_us)),
             )
-            .with_waiters(usize::try_from(waiters).unwrap_or(0))
+            .with_waiters(waiters)
             .with_metadata(metadata.and_then(|m| LockMetadata::from_json(&m).ok())),
         ))
     }
@@ -466,6 +501,46 @@ impl PostgresBackend {
             .await?;
         Ok((col(&row, 0, WHAT)?, col(&row, 1, WHAT)?))
     }
+}
+
+/// The live holds of a shared/permit key, from the status row's arrays
+/// (columns 9 to 13: owners, fences, acquired µs, expires µs, metadata).
+fn holds(row: &Row, now_us: i64, what: &str) -> Result<Vec<Hold>, LockError> {
+    let owners: Option<Vec<String>> = col(row, 9, what)?;
+    let fences: Option<Vec<i64>> = col(row, 10, what)?;
+    let acquired: Option<Vec<i64>> = col(row, 11, what)?;
+    let expires: Option<Vec<i64>> = col(row, 12, what)?;
+    let metadata: Option<Vec<Option<String>>> = col(row, 13, what)?;
+    let (owners, fences, acquired, expires, metadata) = (
+        owners.unwrap_or_default(),
+        fences.unwrap_or_default(),
+        acquired.unwrap_or_default(),
+        expires.unwrap_or_default(),
+        metadata.unwrap_or_default(),
+    );
+    let n = owners.len();
+    if [fences.len(), acquired.len(), expires.len(), metadata.len()] != [n; 4] {
+        return Err(bad_reply(what));
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, owner) in owners.into_iter().enumerate() {
+        let fence = u64::try_from(fences[i]).map_err(|_| bad_reply(what))?;
+        out.push(
+            Hold::new(
+                owner,
+                fence,
+                server_time(acquired[i]),
+                server_time(expires[i]),
+                micros(expires[i].saturating_sub(now_us)),
+            )
+            .with_metadata(
+                metadata[i]
+                    .as_deref()
+                    .and_then(|m| LockMetadata::from_json(m).ok()),
+            ),
+        );
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

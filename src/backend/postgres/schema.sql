@@ -1,4 +1,4 @@
--- tower-lock PostgreSQL schema (version 1). `{schema}` and `{table}` are
+-- tower-lock PostgreSQL schema (version 2). `{schema}` and `{table}` are
 -- replaced by the backend's names (defaults: tower_lock, locks).
 -- Idempotent: every statement can run again on an existing schema.
 
@@ -9,7 +9,12 @@ CREATE SCHEMA IF NOT EXISTS "{schema}";
 -- every instance, without keeping anything per key once its lock is gone.
 CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_fence" AS bigint;
 
--- One row per held (or expired, not yet taken over or swept) lock.
+-- One row per held (or expired, not yet taken over or swept) lock. For a
+-- key held shared or under permits (kind 1 or 2) the row is the key's
+-- anchor: every function locks it first, as for an exclusive lock, while
+-- the holds themselves are rows of {table}_holds; its owner is then '' (no
+-- owner token is empty), its fence the latest granted and its expires_at
+-- the latest hold's.
 CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   key          text        PRIMARY KEY,  -- LockKey::encoded(): scope, route, key
   owner        text        NOT NULL,     -- the holder's owner token
@@ -20,6 +25,26 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   queued       boolean     NOT NULL DEFAULT false, -- someone queued behind the holder
   granted_to   text,                     -- '<channel> <ticket>' of the waiter it was handed to
   metadata     jsonb                     -- {"fence": f, "data": {..}}: metadata of acquisition f
+);
+
+-- Schema version 2: the kinds of lock (LockKind). 0 exclusive, 1 shared,
+-- 2 permits (with `permits` = n). Version-1 rows are exclusive.
+ALTER TABLE "{schema}"."{table}" ADD COLUMN IF NOT EXISTS kind smallint NOT NULL DEFAULT 0;
+ALTER TABLE "{schema}"."{table}" ADD COLUMN IF NOT EXISTS permits int;
+
+-- One row per hold of a key held shared or under permits: each its own
+-- acquisition (owner, attempt, fence, TTL, metadata). Changed only by a
+-- function holding the key's anchor row.
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}_holds" (
+  key          text        NOT NULL,
+  fence        bigint      NOT NULL,
+  owner        text        NOT NULL,
+  attempt      bigint      NOT NULL,
+  acquired_at  timestamptz NOT NULL,
+  expires_at   timestamptz NOT NULL,
+  granted_to   text,                     -- as in the locks table
+  metadata     jsonb,                    -- as in the locks table
+  PRIMARY KEY (key, fence)
 );
 
 -- No index on owner: lookups by owner (LockBackend::held_by) scan the
@@ -44,6 +69,8 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}_waiters" (
   PRIMARY KEY (key, place),
   UNIQUE (channel, ticket)
 );
+ALTER TABLE "{schema}"."{table}_waiters" ADD COLUMN IF NOT EXISTS kind smallint NOT NULL DEFAULT 0;
+ALTER TABLE "{schema}"."{table}_waiters" ADD COLUMN IF NOT EXISTS permits int;
 
 -- Single-flight (SingleFlight, SingleFlightLayer): the latest result of
 -- each flight, while kept. The flight's lock is a row of the locks table
@@ -66,4 +93,4 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}_flight_watchers" (
   PRIMARY KEY (key, channel, ticket)
 );
 
-COMMENT ON TABLE "{schema}"."{table}" IS 'tower-lock locks, schema version 1';
+COMMENT ON TABLE "{schema}"."{table}" IS 'tower-lock locks, schema version 2';

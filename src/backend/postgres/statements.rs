@@ -23,15 +23,16 @@ pub(super) enum Statement {
     FlightPublish,
     FlightResult,
     PassOn,
+    AcquireKind,
 }
 
-const COUNT: usize = 14;
+const COUNT: usize = 15;
 
 impl Statement {
     /// Whether the statement may run again after a connection broke under
     /// it (it may have run once already, only its reply lost): see
     /// `Conns::query_one`. Each of these is safe to repeat:
-    /// - acquire and flight begin: a second run of the same attempt finds
+    /// - acquire (of any kind) and flight begin: a second run of the same attempt finds
     ///   the lock its own (same fence, TTL refreshed) or its queue entry
     ///   (one per ticket) or flight watcher in place;
     /// - release, extend, flight publish and store metadata name the
@@ -146,14 +147,25 @@ fn texts(names: &Names) -> [String; COUNT] {
         ),
         // Always one row: NULLs when the lock is free. The metadata only
         // if stored for this very acquisition (see `StoreMetadata`).
+        // A shared/permit key (kind 1, 2) also lists its live holds, as
+        // arrays ordered by fence.
         format!(
             "SELECT l.owner, l.fence, {us}(l.acquired_at), {us}(l.expires_at), {us}(now()), \
                (SELECT count(*) FROM {waiters} AS w WHERE w.key = l.key AND w.deadline > now()), \
-               {metadata} \
+               {metadata}, l.kind, l.permits, g.owners, g.fences, g.acquired, g.expires, g.meta \
              FROM (SELECT 1) AS one \
-             LEFT JOIN {table} AS l ON l.key = $1 AND l.expires_at > now()",
+             LEFT JOIN {table} AS l ON l.key = $1 AND l.expires_at > now() \
+             LEFT JOIN LATERAL ( \
+               SELECT array_agg(l.owner ORDER BY l.fence) AS owners, \
+                 array_agg(l.fence ORDER BY l.fence) AS fences, \
+                 array_agg({us}(l.acquired_at) ORDER BY l.fence) AS acquired, \
+                 array_agg({us}(l.expires_at) ORDER BY l.fence) AS expires, \
+                 array_agg({metadata} ORDER BY l.fence) AS meta \
+               FROM {holds} AS l WHERE l.key = $1 AND l.expires_at > now()) AS g \
+             ON l.kind <> 0",
             table = names.object(""),
             waiters = names.object("_waiters"),
+            holds = names.object("_holds"),
             metadata = METADATA,
         ),
         format!("SELECT next_block, removed FROM {}($1, $2)", f("sweep")),
@@ -161,15 +173,23 @@ fn texts(names: &Names) -> [String; COUNT] {
         // tagged with the acquisition it belongs to, so a later holder (a
         // hand-off, a take-over after expiry) never shows it, and no
         // statement that changes the holder has to clear it.
+        // (A hold of a shared/permit key has the same column in its row.)
         format!(
             "WITH stored AS ( \
                UPDATE {table} AS l \
                SET metadata = jsonb_build_object('fence', $3::bigint, 'data', $4::text::jsonb) \
                WHERE l.key = $1::text AND l.owner = $2::text AND l.fence = $3::bigint \
+                 AND l.expires_at > now() AND l.kind = 0 \
+               RETURNING 1), \
+             held AS ( \
+               UPDATE {holds} AS l \
+               SET metadata = jsonb_build_object('fence', $3::bigint, 'data', $4::text::jsonb) \
+               WHERE l.key = $1::text AND l.owner = $2::text AND l.fence = $3::bigint \
                  AND l.expires_at > now() \
                RETURNING 1) \
-             SELECT count(*)::int FROM stored",
+             SELECT ((SELECT count(*) FROM stored) + (SELECT count(*) FROM held))::int",
             table = names.object(""),
+            holds = names.object("_holds"),
         ),
         // The locks of one owner (a scan: no index on owner, see
         // schema.sql), as arrays in one row.
@@ -180,11 +200,17 @@ fn texts(names: &Names) -> [String; COUNT] {
                coalesce(array_agg({us}(h.expires_at) ORDER BY h.key), '{{}}'), \
                coalesce(array_agg(h.meta ORDER BY h.key), '{{}}'), \
                {us}(now()) \
-             FROM (SELECT l.key, l.fence, l.acquired_at, l.expires_at, {metadata} AS meta \
-                   FROM {table} AS l \
-                   WHERE l.owner = $1::text AND l.expires_at > now() \
-                   ORDER BY l.key LIMIT $2::bigint) AS h",
+             FROM (SELECT * FROM ( \
+                     SELECT l.key, l.fence, l.acquired_at, l.expires_at, {metadata} AS meta \
+                     FROM {table} AS l \
+                     WHERE l.owner = $1::text AND l.expires_at > now() AND l.kind = 0 \
+                     UNION ALL \
+                     SELECT l.key, l.fence, l.acquired_at, l.expires_at, {metadata} AS meta \
+                     FROM {holds} AS l \
+                     WHERE l.owner = $1::text AND l.expires_at > now()) AS u \
+                   ORDER BY u.key, u.fence LIMIT $2::bigint) AS h",
             table = names.object(""),
+            holds = names.object("_holds"),
             metadata = METADATA,
         ),
         format!(
@@ -206,6 +232,14 @@ fn texts(names: &Names) -> [String; COUNT] {
         format!(
             "SELECT {}($1::text, $2::text, $3::bigint, $4::bigint)",
             f("pass_on")
+        ),
+        // Acquire of a shared or permit hold: the function alone (its own
+        // fast path puts the key's row and the hold in).
+        format!(
+            "SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
+             FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint, $6::text, \
+                     $7::bigint, $8::smallint, $9::int) AS a",
+            f("acquire")
         ),
     ]
 }

@@ -116,13 +116,14 @@ fn texts(names: &Names) -> [String; COUNT] {
             redraw = f("redraw"),
             acquire = f("acquire"),
         ),
-        // Release: the holder's own row, nobody queued.
+        // Release: the holder's own row, nobody queued (an exclusive lock:
+        // a shared/permit key's row is owned by its holds).
         format!(
             "WITH fast AS ( \
                DELETE FROM {table} AS l \
                WHERE l.key = $1::text AND l.owner = $2::text \
                  AND ($3::bigint IS NULL OR l.fence = $3::bigint) \
-                 AND l.expires_at > now() AND NOT l.queued \
+                 AND l.expires_at > now() AND NOT l.queued AND l.kind = 0 \
                RETURNING 1) \
              SELECT 1 FROM fast \
              UNION ALL \

@@ -1,6 +1,6 @@
 -- acquire: KEYS = lock, fence (the slot's counter), queue, waiters, legacy
 -- fence (the lock's own counter of versions before per-slot counters),
--- holds (shared holds and permits)
+-- holds (shared holds and permits), their expiries
 -- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
 -- value the fast path stores: one argument less than sending them apart,
 -- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
@@ -29,7 +29,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
   return f
 end
 
-local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
 local ttl = ARGV[1]
 local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
 -- '' exclusive; the variant for other kinds reads it from ARGV[6].
@@ -67,19 +67,19 @@ if current then
   end
 else
   -- A retry of one of the holds (or a waiter handed one): same fence, TTL
-  -- refreshed.
-  local _, _, _, live = prune(now)
-  for i = 1, #live, 2 do
-    local _, a, held_attempt, grant, who = parse_hold(live[i + 1])
-    if who == owner and held_attempt == attempt then
-      redis.call('HSET', holds, live[i],
-        string.format('%d %s %s %s %s', now + tonumber(ttl), a, held_attempt, grant, who))
-      if redis.call('PTTL', holds) < tonumber(ttl) then
-        redis.call('PEXPIRE', holds, ttl)
-      end
-      dequeue()
-      return {1, live[i], a, now}
-    end
+  -- refreshed. Found through its index entry: pruned first, so it is live.
+  prune(now)
+  local f = redis.call('HGET', holds, 'a' .. attempt .. ' ' .. owner)
+  local value = f and redis.call('HGET', holds, f)
+  if value then
+    local _, a, held_attempt, grant, who = parse_hold(value)
+    local expiry = string.format('%d', now + tonumber(ttl))
+    redis.call('HSET', holds, f,
+      string.format('%s %s %s %s %s', expiry, a, held_attempt, grant, who))
+    redis.call('ZADD', expiries, expiry, f)
+    keep_holds(tonumber(ttl))
+    dequeue()
+    return {1, f, a, now}
   end
   -- Free (released or expired) or with room, but waiters are queued: they
   -- come first.
@@ -93,7 +93,7 @@ else
       return {2, 0, 0}
     end
   else
-    local held, n, earliest = prune(now)
+    local held, n = prune(now)
     if n > 0 and not same_family(kind, held) then
       return {2, 0, 0}
     end
@@ -108,7 +108,7 @@ else
       dequeue()
       return {1, f, now, now}
     end
-    first = earliest
+    first = earliest()
   end
 end
 

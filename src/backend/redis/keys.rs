@@ -31,11 +31,12 @@ const COUNTER_TAG: &str = "fence:";
 pub(super) enum Keys {
     /// lock, fence counter (the slot's), queue, waiters, the lock's own
     /// legacy fence counter (`{E}:fence`, migrated on first use), holds
-    /// (`{E}:h`, shared holds and permits).
+    /// (`{E}:h`, shared holds and permits), their expiries (`{E}:he`).
     All,
     /// [`Keys::All`], then `{E}:forced` (force release's nonce).
     AllAndForced,
-    /// The lock, then `{E}:m` (its metadata), then `{E}:h` (holds).
+    /// The lock, then `{E}:m` (its metadata), then `{E}:h` (holds) and
+    /// `{E}:he` (their expiries).
     LockAndMeta,
     /// [`Keys::All`], then `{E}:m` (its metadata).
     AllAndMeta,
@@ -89,14 +90,16 @@ impl RedisBackend {
             buf.truncate(base);
             buf.push_str(":h");
             inv.key(buf.as_str());
+            buf.push('e');
+            inv.key(buf.as_str());
             return slot;
         }
         inv.key(self.counter_key(slot).as_str());
         let suffixes: &[&str] = match which {
-            Keys::AllAndForced => &[":q", ":w", ":fence", ":h", ":forced"],
-            Keys::AllAndMeta => &[":q", ":w", ":fence", ":h", ":m"],
-            Keys::Flight => &[":q", ":w", ":fence", ":h", ":r", ":rf", ":fw"],
-            _ => &[":q", ":w", ":fence", ":h"],
+            Keys::AllAndForced => &[":q", ":w", ":fence", ":h", ":he", ":forced"],
+            Keys::AllAndMeta => &[":q", ":w", ":fence", ":h", ":he", ":m"],
+            Keys::Flight => &[":q", ":w", ":fence", ":h", ":he", ":r", ":rf", ":fw"],
+            _ => &[":q", ":w", ":fence", ":h", ":he"],
         };
         for suffix in suffixes {
             buf.truncate(base);

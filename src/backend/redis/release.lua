@@ -1,4 +1,5 @@
--- release: KEYS = lock, fence, queue, waiters, legacy fence, holds; ARGV = owner,
+-- release: KEYS = lock, fence, queue, waiters, legacy fence, holds, their
+-- expiries; ARGV = owner,
 -- fence of the acquisition ('' = whichever the owner holds)
 -- Returns 1 (released), 0 (not held), -1 (held by another acquisition:
 -- another owner, or this owner under another fence).
@@ -27,7 +28,7 @@ if current then
   end
 end
 
-local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
 
 -- @helpers
 
@@ -40,9 +41,13 @@ end
 -- No exclusive holder: one of the shared holds or permits, if any; then
 -- whatever is free goes to the queue (also when every hold ran out).
 local now = now_ms()
-local found, live = find_hold(ARGV[1], ARGV[2], now)
+local found, value = hold_of(ARGV[1], ARGV[2], now)
+local live = false
 if found then
-  redis.call('HDEL', holds, found, 'm' .. found)
+  drop_hold(found, value)
+else
+  local _, n = prune(now)
+  live = n > 0
 end
 hand_off(now, nil)
 if found then

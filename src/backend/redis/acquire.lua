@@ -68,7 +68,7 @@ if current then
 else
   -- A retry of one of the holds (or a waiter handed one): same fence, TTL
   -- refreshed. Found through its index entry: pruned first, so it is live.
-  prune(now)
+  local n = prune(now)
   local f = redis.call('HGET', holds, 'a' .. attempt .. ' ' .. owner)
   local value = f and redis.call('HGET', holds, f)
   if value then
@@ -83,22 +83,27 @@ else
   end
   -- Free (released or expired) or with room, but waiters are queued: they
   -- come first.
-  local mine = hand_off(now, ticket)
+  local mine, any, empty = hand_off(now, ticket, n)
   if mine then
     return {1, mine, now, now}
   end
-  current = redis.call('GET', lock)
+  if any then
+    -- Handed to others: what they hold now.
+    current = redis.call('GET', lock)
+    n = prune(now)
+    empty = redis.call('LLEN', queue) == 0
+  end
   if current then
     if not same_family(kind, '') then
       return {2, 0, 0}
     end
   else
-    local held, n = prune(now)
+    local held = kind_held(n)
     if n > 0 and not same_family(kind, held) then
       return {2, 0, 0}
     end
     -- Nobody live is queued (the hand-off left a live head otherwise).
-    if redis.call('LLEN', queue) == 0 and fits(kind, held, n) then
+    if empty and fits(kind, held, n) then
       local f
       if kind == '' then
         f = take(owner, attempt, ttl, now, '0', '-')

@@ -21,7 +21,7 @@ if not current then
   -- One of the shared holds or permits: the same, per hold (pruned first,
   -- so each one found is live).
   local now = now_ms()
-  local _, n = prune(now)
+  local n = prune(now)
   -- Claimed already by this very attempt (a repeated run), else the hold
   -- taken over.
   local f = redis.call('HGET', holds, 'a' .. ARGV[3] .. ' ' .. ARGV[1])

@@ -56,11 +56,13 @@ local function parse_hold(value)
   return string.match(value, '^(%d+) (%d+) (%S+) (%S+) (.+)$')
 end
 
--- Both keys live at least `ttl` ms more (they share one TTL).
+-- Both keys live at least `ttl` ms more (they share one TTL). Set to twice
+-- that when short, so that holds of one TTL coming and going renew it once
+-- per TTL, not on every hold.
 local function keep_holds(ttl)
   if redis.call('PTTL', holds) < ttl then
-    redis.call('PEXPIRE', holds, ttl)
-    redis.call('PEXPIRE', expiries, ttl)
+    redis.call('PEXPIRE', holds, 2 * ttl)
+    redis.call('PEXPIRE', expiries, 2 * ttl)
   end
 end
 
@@ -78,7 +80,7 @@ local function drop_hold(f, value)
 end
 
 -- Drop the holds that ran out by `now` (both keys go with the last one).
--- Returns the kind ('' when no hold is live) and the number of live holds.
+-- Returns the number of live holds.
 local function prune(now)
   local gone = redis.call('ZRANGEBYSCORE', expiries, '-inf', string.format('%d', now))
   for i = 1, #gone do
@@ -92,9 +94,16 @@ local function prune(now)
   local n = redis.call('ZCARD', expiries)
   if n == 0 then
     redis.call('DEL', holds, expiries)
-    return '', 0
   end
-  return redis.call('HGET', holds, 'k') or '', n
+  return n
+end
+
+-- The kind of the `n` live holds ('' when none).
+local function kind_held(n)
+  if n == 0 then
+    return ''
+  end
+  return redis.call('HGET', holds, 'k') or ''
 end
 
 -- The earliest expiry among the holds (pruned first), or nil.
@@ -198,17 +207,22 @@ end
 -- own deadline passed are skipped. Waiters are queued by ticket
 -- ("<waiter id>@<channel>", see mod.rs); each one granted is told through its
 -- instance's channel ("<waiter id> <fence> <acquired ms>"), unless its
--- ticket is `me`, the caller of this very script. Returns the fence granted
--- to `me` (or nil), and whether anything was granted.
-local function hand_off(now, me)
+-- ticket is `me`, the caller of this very script. `n`: the number of live
+-- holds, when the caller pruned them already. Returns the fence granted to
+-- `me` (or nil), whether anything was granted, and whether the queue was
+-- found empty.
+local function hand_off(now, me, n)
   now = now or now_ms()
-  local held, n = prune(now)
+  n = n or prune(now)
+  -- The kind held, read once a waiter is at the head.
+  local held = nil
   local mine, any = nil, false
   while true do
     local ticket = redis.call('LINDEX', queue, 0)
     if not ticket then
-      break
+      return mine, any, true
     end
+    held = held or kind_held(n)
     local data = redis.call('HGET', waiters, ticket)
     local deadline, ttl, attempt, who, kind
     if data then
@@ -243,6 +257,6 @@ local function hand_off(now, me)
       held, n = kind, n + 1
     end
   end
-  return mine, any
+  return mine, any, false
 end
 

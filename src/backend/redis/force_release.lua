@@ -23,7 +23,7 @@ local held = redis.call('DEL', lock)
 
 -- Every shared hold or permit goes too.
 local now = now_ms()
-local _, n = prune(now)
+local n = prune(now)
 if n > 0 then
   held = 1
 end

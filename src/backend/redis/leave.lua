@@ -46,7 +46,7 @@ end
 -- Leaving may let the waiters behind this one in (readers behind a writer
 -- that gave up).
 hand_off(now, nil)
-local _, n = prune(now)
+local n = prune(now)
 if n == 0 then
   return {0, redis.call('PTTL', lock)}
 end

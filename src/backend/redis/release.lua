@@ -42,17 +42,14 @@ end
 -- whatever is free goes to the queue (also when every hold ran out).
 local now = now_ms()
 local found, value = hold_of(ARGV[1], ARGV[2], now)
-local live = false
 if found then
   drop_hold(found, value)
-else
-  local _, n = prune(now)
-  live = n > 0
 end
-hand_off(now, nil)
+local n = prune(now)
+hand_off(now, nil, n)
 if found then
   return 1
-elseif live then
+elseif n > 0 then
   return -1
 end
 return 0

@@ -347,10 +347,7 @@ pub async fn each_hold_keeps_its_own_expiry_through_extend_and_claim(h: Harness)
         .await
         .expect("the permit that was not extended ran out");
     assert!(
-        h.backend
-            .acquire(&permit("p4", h.units(30)))
-            .await
-            .is_err(),
+        h.backend.acquire(&permit("p4", h.units(30))).await.is_err(),
         "the extended permit ran out at its first TTL"
     );
     assert_eq!(
@@ -364,10 +361,7 @@ pub async fn each_hold_keeps_its_own_expiry_through_extend_and_claim(h: Harness)
         .expect("claim");
     assert!(claimed.fence > p3.fence, "a claim draws a new fence");
     assert!(
-        h.backend
-            .acquire(&permit("p4", h.units(30)))
-            .await
-            .is_err(),
+        h.backend.acquire(&permit("p4", h.units(30))).await.is_err(),
         "a permit taken over under a new fence stopped counting"
     );
     h.advance(h.units(5)).await;

@@ -1,6 +1,7 @@
 -- acquire: KEYS = lock, fence (the slot's counter), queue, waiters, legacy
 -- fence (the lock's own counter of versions before per-slot counters),
--- holds (shared holds and permits), their expiries
+-- holds (shared holds and permits), then, in the variant for shared holds
+-- and permits, their expiries (keys.rs: the exclusive acquire names it)
 -- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
 -- value the fast path stores: one argument less than sending them apart,
 -- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
@@ -29,7 +30,11 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
   return f
 end
 
-local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+-- The holds' expiry index: sent by the variant for shared holds and
+-- permits; the exclusive acquire is sent one key less (its fast path never
+-- needs it) and names it beside the holds (same hash tag, same slot).
+local expiries = KEYS[7] or holds .. 'e'
 local ttl = ARGV[1]
 local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
 -- '' exclusive; the variant for other kinds reads it from ARGV[6].

@@ -46,7 +46,7 @@
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
 //! | `lock:{E}:h` | hash, TTL ≥ its latest hold's | shared holds and permits ([`LockKind`](crate::LockKind)): `k` → the kind (`s`, or `p<n>`), `<fence>` → `"<expiry ms> <acquired ms> <attempt> <grant> <owner>"` per hold, `m<fence>` → that hold's metadata JSON, `a<attempt> <owner>` → that acquisition's fence |
-//! | `lock:{E}:he` | sorted set, the TTL of `:h` | the fence of each hold of `:h`, scored by its expiry ms: expired holds, their number and the earliest expiry without reading every hold |
+//! | `lock:{E}:he` | sorted set, the TTL of `:h` | the fence of each hold of `:h`, scored by its expiry ms: expired holds, their number and the earliest expiry without reading every hold (named, not sent, by the exclusive acquire and the release: one key less on their fast paths) |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
 //! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → the owner's acquisitions of the lock granted or under way, for each lock the owner holds; a hint, checked on every lookup |

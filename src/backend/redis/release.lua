@@ -1,6 +1,5 @@
--- release: KEYS = lock, fence, queue, waiters, legacy fence, holds, their
--- expiries; ARGV = owner,
--- fence of the acquisition ('' = whichever the owner holds)
+-- release: KEYS = lock, fence, queue, waiters, legacy fence, holds; ARGV =
+-- owner, fence of the acquisition ('' = whichever the owner holds)
 -- Returns 1 (released), 0 (not held), -1 (held by another acquisition:
 -- another owner, or this owner under another fence).
 
@@ -28,7 +27,11 @@ if current then
   end
 end
 
-local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
+local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+-- The holds' expiry index, named beside the holds (same hash tag, same
+-- slot) rather than sent: the exclusive fast path above never needs it,
+-- and every key sent costs each release server time (keys.rs).
+local expiries = holds .. 'e'
 
 -- @helpers
 

@@ -320,6 +320,85 @@ pub async fn a_crashed_holder_frees_only_its_own_permit_at_its_ttl(h: Harness) {
     release(&h, &key, "p3").await;
 }
 
+/// Each hold keeps its own expiry through what changes it: an extended hold
+/// outlives its first TTL while the one beside it goes at its own, and a
+/// hold taken over under a new fence (a restored token) still counts, and
+/// still ends at its own TTL.
+pub async fn each_hold_keeps_its_own_expiry_through_extend_and_claim(h: Harness) {
+    let key = gkey("exports");
+    let permit = |o, ttl| kreq(&key, o, LockKind::Permits(2), ttl, Duration::ZERO);
+    h.backend
+        .acquire(&permit("short", h.units(2)))
+        .await
+        .unwrap();
+    let kept = h
+        .backend
+        .acquire(&permit("kept", h.units(2)))
+        .await
+        .unwrap();
+    h.backend
+        .extend(&key, Holder::new("kept", kept.fence), h.units(30))
+        .await
+        .unwrap();
+    h.advance(h.units(3)).await;
+    let p3 = h
+        .backend
+        .acquire(&permit("p3", h.units(4)))
+        .await
+        .expect("the permit that was not extended ran out");
+    assert!(
+        h.backend.acquire(&permit("p4", h.units(30))).await.is_err(),
+        "the extended permit ran out at its first TTL"
+    );
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["kept".to_owned(), "p3".to_owned()]
+    );
+    let claimed = h
+        .backend
+        .claim(&key, Holder::new("p3", p3.fence), 7)
+        .await
+        .expect("claim");
+    assert!(claimed.fence > p3.fence, "a claim draws a new fence");
+    assert!(
+        h.backend.acquire(&permit("p4", h.units(30))).await.is_err(),
+        "a permit taken over under a new fence stopped counting"
+    );
+    h.advance(h.units(5)).await;
+    h.backend
+        .acquire(&permit("p4", h.units(30)))
+        .await
+        .expect("the permit taken over ran out at its own TTL");
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["kept".to_owned(), "p4".to_owned()]
+    );
+    release(&h, &key, "kept").await;
+    release(&h, &key, "p4").await;
+}
+
+/// A request sent again (the same attempt: its reply was lost) is the same
+/// hold, not a second one: same fence, its TTL counted again from the
+/// retry, so it outlives its first TTL.
+pub async fn a_retried_hold_is_the_same_hold_with_its_ttl_refreshed(h: Harness) {
+    let key = gkey("exports");
+    let req = kreq(&key, "r", LockKind::Permits(2), h.units(3), Duration::ZERO);
+    let first = h.backend.acquire(&req).await.unwrap();
+    h.advance(h.units(2)).await;
+    let again = h.backend.acquire(&req).await.expect("a retry of a hold");
+    assert_eq!(again.fence, first.fence, "a retry is the same hold");
+    h.advance(h.units(2)).await;
+    let other = kreq(&key, "o", LockKind::Permits(2), h.units(30), Duration::ZERO);
+    h.backend.acquire(&other).await.unwrap();
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["r".to_owned(), "o".to_owned()],
+        "the retried hold ran out at its first TTL, or counted twice"
+    );
+    release(&h, &key, "r").await;
+    release(&h, &key, "o").await;
+}
+
 /// Release, extend and restore name one hold among several (owner and
 /// fence); a stale fence is refused; an extension changes only its hold.
 pub async fn each_hold_is_released_and_extended_on_its_own(h: Harness) {

@@ -310,6 +310,8 @@ mod kinds_suite {
             virtual_time: [
                 an_expired_permit_goes_to_the_queue_not_to_a_newcomer,
                 a_crashed_holder_frees_only_its_own_permit_at_its_ttl,
+                each_hold_keeps_its_own_expiry_through_extend_and_claim,
+                a_retried_hold_is_the_same_hold_with_its_ttl_refreshed,
             ],
             multi_thread: [],
         }

@@ -1,6 +1,7 @@
 -- acquire: KEYS = lock, fence (the slot's counter), queue, waiters, legacy
 -- fence (the lock's own counter of versions before per-slot counters),
--- holds (shared holds and permits)
+-- holds (shared holds and permits), then, in the variant for shared holds
+-- and permits, their expiries (keys.rs: the exclusive acquire names it)
 -- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
 -- value the fast path stores: one argument less than sending them apart,
 -- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
@@ -30,6 +31,10 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
 end
 
 local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+-- The holds' expiry index: sent by the variant for shared holds and
+-- permits; the exclusive acquire is sent one key less (its fast path never
+-- needs it) and names it beside the holds (same hash tag, same slot).
+local expiries = KEYS[7] or holds .. 'e'
 local ttl = ARGV[1]
 local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
 -- '' exclusive; the variant for other kinds reads it from ARGV[6].
@@ -67,38 +72,43 @@ if current then
   end
 else
   -- A retry of one of the holds (or a waiter handed one): same fence, TTL
-  -- refreshed.
-  local _, _, _, live = prune(now)
-  for i = 1, #live, 2 do
-    local _, a, held_attempt, grant, who = parse_hold(live[i + 1])
-    if who == owner and held_attempt == attempt then
-      redis.call('HSET', holds, live[i],
-        string.format('%d %s %s %s %s', now + tonumber(ttl), a, held_attempt, grant, who))
-      if redis.call('PTTL', holds) < tonumber(ttl) then
-        redis.call('PEXPIRE', holds, ttl)
-      end
-      dequeue()
-      return {1, live[i], a, now}
-    end
+  -- refreshed. Found through its index entry: pruned first, so it is live.
+  local n = prune(now)
+  local f = redis.call('HGET', holds, 'a' .. attempt .. ' ' .. owner)
+  local value = f and redis.call('HGET', holds, f)
+  if value then
+    local _, a, held_attempt, grant, who = parse_hold(value)
+    local expiry = string.format('%d', now + tonumber(ttl))
+    redis.call('HSET', holds, f,
+      string.format('%s %s %s %s %s', expiry, a, held_attempt, grant, who))
+    redis.call('ZADD', expiries, expiry, f)
+    keep_holds(tonumber(ttl))
+    dequeue()
+    return {1, f, a, now}
   end
   -- Free (released or expired) or with room, but waiters are queued: they
   -- come first.
-  local mine = hand_off(now, ticket)
+  local mine, any, empty = hand_off(now, ticket, n)
   if mine then
     return {1, mine, now, now}
   end
-  current = redis.call('GET', lock)
+  if any then
+    -- Handed to others: what they hold now.
+    current = redis.call('GET', lock)
+    n = prune(now)
+    empty = redis.call('LLEN', queue) == 0
+  end
   if current then
     if not same_family(kind, '') then
       return {2, 0, 0}
     end
   else
-    local held, n, earliest = prune(now)
+    local held = kind_held(n)
     if n > 0 and not same_family(kind, held) then
       return {2, 0, 0}
     end
     -- Nobody live is queued (the hand-off left a live head otherwise).
-    if redis.call('LLEN', queue) == 0 and fits(kind, held, n) then
+    if empty and fits(kind, held, n) then
       local f
       if kind == '' then
         f = take(owner, attempt, ttl, now, '0', '-')
@@ -108,7 +118,7 @@ else
       dequeue()
       return {1, f, now, now}
     end
-    first = earliest
+    first = earliest()
   end
 end
 

@@ -1,4 +1,5 @@
--- claim: KEYS = lock, fence, queue, waiters, legacy fence, holds, meta;
+-- claim: KEYS = lock, fence, queue, waiters, legacy fence, holds, their
+-- expiries, meta;
 -- ARGV = owner, fence of the acquisition taken over, new attempt
 -- Takes over `owner`'s acquisition `fence` as a new one (a token restored by
 -- a job): a fresh fence, `attempt` recorded, expiry and metadata kept.
@@ -8,7 +9,7 @@
 --
 -- Safe to run twice: a run repeated after a lost reply finds the lock held
 -- by `owner` under `attempt` (its own first run) and answers the same.
-local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
 local current = redis.call('GET', lock)
 if not current and redis.call('EXISTS', holds) == 0 then
   return {0}
@@ -17,39 +18,40 @@ end
 -- @helpers
 
 if not current then
-  -- One of the shared holds or permits: the same, per hold.
+  -- One of the shared holds or permits: the same, per hold (pruned first,
+  -- so each one found is live).
   local now = now_ms()
-  local _, n, _, live = prune(now)
-  local at = nil
-  for i = 1, #live, 2 do
-    local _, _, attempt, _, who = parse_hold(live[i + 1])
-    if who == ARGV[1] and attempt == ARGV[3] then
-      -- Claimed already by this very attempt (a repeated run).
-      at = i
-      break
-    end
-    if not at and who == ARGV[1] and live[i] == ARGV[2] then
-      at = i
+  local n = prune(now)
+  -- Claimed already by this very attempt (a repeated run), else the hold
+  -- taken over.
+  local f = redis.call('HGET', holds, 'a' .. ARGV[3] .. ' ' .. ARGV[1])
+  local value = f and redis.call('HGET', holds, f)
+  if not value then
+    f = ARGV[2]
+    value = redis.call('HGET', holds, f)
+    if value and select(5, parse_hold(value)) ~= ARGV[1] then
+      value = nil
     end
   end
-  if not at then
+  if not value then
     if n > 0 then
       return {-1}
     end
     return {0}
   end
-  local f = live[at]
-  local expiry, a, attempt, grant, who = parse_hold(live[at + 1])
+  local expiry, a, attempt, grant, who = parse_hold(value)
   if attempt ~= ARGV[3] then
     local old = f
-    f = string.format('%d', next_fence())
-    redis.call('HSET', holds, f, string.format('%s %s %s %s %s', expiry, a, ARGV[3], grant, who))
     -- The metadata belongs to the acquisition: it follows the new fence.
     local meta = redis.call('HGET', holds, 'm' .. old)
+    drop_hold(old, value)
+    f = string.format('%d', next_fence())
+    redis.call('HSET', holds, f, string.format('%s %s %s %s %s', expiry, a, ARGV[3], grant, who),
+      'a' .. ARGV[3] .. ' ' .. who, f)
     if meta then
       redis.call('HSET', holds, 'm' .. f, meta)
     end
-    redis.call('HDEL', holds, old, 'm' .. old)
+    redis.call('ZADD', expiries, expiry, f)
   end
   return {1, f, a, tonumber(expiry) - now, now}
 end
@@ -71,9 +73,9 @@ if attempt ~= ARGV[3] then
   redis.call('SET', lock,
     string.format('%s %s %s %s %s %s', flag, f, a, grant, ARGV[3], holder), 'PX', ttl)
   -- The metadata belongs to the acquisition: it follows the new fence.
-  local meta = redis.call('GET', KEYS[7])
+  local meta = redis.call('GET', KEYS[8])
   if meta and string.sub(meta, 1, #old + 1) == old .. ' ' then
-    redis.call('SET', KEYS[7], f .. string.sub(meta, #old + 1), 'PX', ttl)
+    redis.call('SET', KEYS[8], f .. string.sub(meta, #old + 1), 'PX', ttl)
   end
 end
 return {1, f, a, ttl, now_ms()}

@@ -1,8 +1,9 @@
 -- tower-lock: helpers for the slow paths, spliced into a script at its
 -- `-- @helpers` line (after its fast path, so the fast path never pays for
 -- creating these closures). The script has declared `lock`, `fence`,
--- `queue`, `waiters` (KEYS[1..4]) and `holds` (KEYS[6]); KEYS[5] is the
--- lock's legacy fence counter. See mod.rs for the layout.
+-- `queue`, `waiters` (KEYS[1..4]), `holds` (KEYS[6]) and `expiries`
+-- (KEYS[7]); KEYS[5] is the lock's legacy fence counter. See mod.rs for the
+-- layout.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -44,49 +45,109 @@ end
 -- The holds of a key held shared or under permits live in the hash `holds`:
 -- 'k' = the kind ('s', or 'p<n>' for n permits), '<fence>' = "<expiry ms>
 -- <acquired ms> <attempt> <grant> <owner>", 'm<fence>' = that hold's
--- metadata. Expiries are the server's clock; the hash lives as long as its
--- latest hold, and every script that reads it skips holds that ran out.
+-- metadata, 'a<attempt> <owner>' = the fence of that acquisition's hold (a
+-- retry finds its own without reading the others). Beside it, the sorted set
+-- `expiries` scores each hold's fence by its expiry: pruning touches only
+-- the holds that ran out, the count is its size and the earliest expiry its
+-- first score, so no script on the hot paths reads every hold. Expiries are
+-- the server's clock; both keys live as long as their latest hold at least
+-- (their TTL only grows), and go together with the last hold.
 local function parse_hold(value)
   return string.match(value, '^(%d+) (%d+) (%S+) (%S+) (.+)$')
 end
 
--- Drop the holds that ran out by `now` (the hash goes with the last one).
--- Returns the kind ('' when no hold is live), the number of live holds, the
--- earliest expiry among them, and them: {fence, value, ...}.
-local function prune(now)
-  local all = redis.call('HGETALL', holds)
-  if #all == 0 then
-    return '', 0, nil, {}
+-- Both keys live at least `ttl` ms more (they share one TTL). Set to twice
+-- that when short, so that holds of one TTL coming and going renew it once
+-- per TTL, not on every hold.
+local function keep_holds(ttl)
+  if redis.call('PTTL', holds) < ttl then
+    redis.call('PEXPIRE', holds, 2 * ttl)
+    redis.call('PEXPIRE', expiries, 2 * ttl)
   end
-  local kind, n, first, last, live = '', 0, nil, 0, {}
-  for i = 1, #all, 2 do
-    local field, value = all[i], all[i + 1]
-    if field == 'k' then
-      kind = value
-    elseif string.byte(field, 1) ~= 109 then
-      -- A hold ('m...' is metadata).
-      local expiry = tonumber(string.match(value, '^(%d+) '))
-      if expiry > now then
-        n = n + 1
-        if not first or expiry < first then
-          first = expiry
-        end
-        if expiry > last then
-          last = expiry
-        end
-        live[#live + 1] = field
-        live[#live + 1] = value
-      else
-        redis.call('HDEL', holds, field, 'm' .. field)
-      end
+end
+
+-- Forget hold `f` (its stored `value`): its fields, its index entry (unless
+-- that names another hold) and its expiry.
+local function drop_hold(f, value)
+  local _, _, attempt, _, who = parse_hold(value)
+  local index = 'a' .. attempt .. ' ' .. who
+  if redis.call('HGET', holds, index) == f then
+    redis.call('HDEL', holds, f, 'm' .. f, index)
+  else
+    redis.call('HDEL', holds, f, 'm' .. f)
+  end
+  redis.call('ZREM', expiries, f)
+end
+
+-- Drop the holds that ran out by `now` (both keys go with the last one).
+-- Returns the number of live holds.
+local function prune(now)
+  local gone = redis.call('ZRANGEBYSCORE', expiries, '-inf', string.format('%d', now))
+  for i = 1, #gone do
+    local value = redis.call('HGET', holds, gone[i])
+    if value then
+      drop_hold(gone[i], value)
+    else
+      redis.call('ZREM', expiries, gone[i])
     end
   end
+  local n = redis.call('ZCARD', expiries)
   if n == 0 then
-    redis.call('DEL', holds)
-    return '', 0, nil, live
+    redis.call('DEL', holds, expiries)
   end
-  redis.call('PEXPIRE', holds, last - now)
-  return kind, n, first, live
+  return n
+end
+
+-- The kind of the `n` live holds ('' when none).
+local function kind_held(n)
+  if n == 0 then
+    return ''
+  end
+  return redis.call('HGET', holds, 'k') or ''
+end
+
+-- The earliest expiry among the holds (pruned first), or nil.
+local function earliest()
+  local first = redis.call('ZRANGE', expiries, 0, 0, 'WITHSCORES')
+  return tonumber(first[2])
+end
+
+-- Every live hold (pruned first), {fence, value, ...}: for the rare paths
+-- that look a hold up by something no index has.
+local function live_holds(now)
+  prune(now)
+  local all, live = redis.call('HGETALL', holds), {}
+  for i = 1, #all, 2 do
+    local b = string.byte(all[i], 1)
+    if b >= 48 and b <= 57 then
+      live[#live + 1] = all[i]
+      live[#live + 1] = all[i + 1]
+    end
+  end
+  return live
+end
+
+-- The live hold of `owner` under fence `f` ('' = any of the owner's), if
+-- any: its fence and stored value (not pruned: the caller prunes after).
+local function hold_of(owner, f, now)
+  if f == '' then
+    -- A cleanup without a fence: the one release that reads every hold.
+    local live = live_holds(now)
+    for i = 1, #live, 2 do
+      if select(5, parse_hold(live[i + 1])) == owner then
+        return live[i], live[i + 1]
+      end
+    end
+    return nil
+  end
+  local value = redis.call('HGET', holds, f)
+  if value then
+    local expiry, _, _, _, who = parse_hold(value)
+    if who == owner and tonumber(expiry) > now then
+      return f, value
+    end
+  end
+  return nil
 end
 
 -- Whether a request of `kind` ('' exclusive, 's' shared, 'p<n>') and holds
@@ -117,11 +178,12 @@ end
 local function add_hold(kind, owner, attempt, ttl, now, grant)
   local f = string.format('%d', next_fence())
   ttl = tonumber(ttl)
+  local expiry = string.format('%d', now + ttl)
   redis.call('HSET', holds, 'k', kind,
-    f, string.format('%d %d %s %s %s', now + ttl, now, attempt, grant, owner))
-  if redis.call('PTTL', holds) < ttl then
-    redis.call('PEXPIRE', holds, ttl)
-  end
+    f, string.format('%s %d %s %s %s', expiry, now, attempt, grant, owner),
+    'a' .. attempt .. ' ' .. owner, f)
+  redis.call('ZADD', expiries, expiry, f)
+  keep_holds(ttl)
   return f
 end
 
@@ -145,17 +207,22 @@ end
 -- own deadline passed are skipped. Waiters are queued by ticket
 -- ("<waiter id>@<channel>", see mod.rs); each one granted is told through its
 -- instance's channel ("<waiter id> <fence> <acquired ms>"), unless its
--- ticket is `me`, the caller of this very script. Returns the fence granted
--- to `me` (or nil), and whether anything was granted.
-local function hand_off(now, me)
+-- ticket is `me`, the caller of this very script. `n`: the number of live
+-- holds, when the caller pruned them already. Returns the fence granted to
+-- `me` (or nil), whether anything was granted, and whether the queue was
+-- found empty.
+local function hand_off(now, me, n)
   now = now or now_ms()
-  local held, n = prune(now)
+  n = n or prune(now)
+  -- The kind held, read once a waiter is at the head.
+  local held = nil
   local mine, any = nil, false
   while true do
     local ticket = redis.call('LINDEX', queue, 0)
     if not ticket then
-      break
+      return mine, any, true
     end
+    held = held or kind_held(n)
     local data = redis.call('HGET', waiters, ticket)
     local deadline, ttl, attempt, who, kind
     if data then
@@ -190,18 +257,6 @@ local function hand_off(now, me)
       held, n = kind, n + 1
     end
   end
-  return mine, any
+  return mine, any, false
 end
 
--- The live hold of `owner` under fence `f` ('' = any of the owner's), if
--- any: its fence and fields; else nil and whether any hold is live.
-local function find_hold(owner, f, now)
-  local _, n, _, live = prune(now)
-  for i = 1, #live, 2 do
-    local expiry, a, attempt, grant, who = parse_hold(live[i + 1])
-    if who == owner and (f == '' or live[i] == f) then
-      return live[i], expiry, a, attempt, grant
-    end
-  end
-  return nil, n > 0
-end

@@ -1,5 +1,5 @@
 -- flight publish: KEYS = the flight's lock, fence, queue, waiters, legacy
--- fence, holds, result, fresh, watchers (as flight_begin).
+-- fence, holds, their expiries, result, fresh, watchers (as flight_begin).
 -- ARGV = owner, fence (the leader's), value, result TTL ms (0: none), keep
 -- ms (used only while callers wait: watchers, or queued for the lock; with
 -- nobody waiting the result is kept for its result TTL alone, and not
@@ -8,8 +8,8 @@
 -- or handed on; also for a repeated run of a publish that did all that), 0
 -- (not held: expired), -1 (held by another owner or under another fence).
 
-local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
-local result, fresh, watchers = KEYS[7], KEYS[8], KEYS[9]
+local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
+local result, fresh, watchers = KEYS[8], KEYS[9], KEYS[10]
 local owner, seq, value = ARGV[1], ARGV[2], ARGV[3]
 
 local current = redis.call('GET', lock)

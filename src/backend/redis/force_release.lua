@@ -1,4 +1,5 @@
--- force release: KEYS = lock, fence, queue, waiters, legacy fence, holds, done;
+-- force release: KEYS = lock, fence, queue, waiters, legacy fence, holds, their
+-- expiries, done;
 -- ARGV = nonce
 -- Returns 1 if a lock was held, else 0.
 --
@@ -7,7 +8,8 @@
 -- would free the waiter the first one handed the lock to, and hand it to the
 -- next: two holders. So the first run records its nonce and answer in
 -- `done` for a minute, and a run with the same nonce only repeats the answer.
-local lock, fence, queue, waiters, holds, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
+local lock, fence, queue, waiters, holds, expiries, done =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7], KEYS[8]
 local seen = redis.call('GET', done)
 if seen then
   local nonce, answer = string.match(seen, '^(%S+) (%d)$')
@@ -21,11 +23,11 @@ local held = redis.call('DEL', lock)
 
 -- Every shared hold or permit goes too.
 local now = now_ms()
-local _, n = prune(now)
+local n = prune(now)
 if n > 0 then
   held = 1
 end
-redis.call('DEL', holds)
+redis.call('DEL', holds, expiries)
 hand_off(now, nil)
 redis.call('SET', done, ARGV[1] .. ' ' .. held, 'PX', 60000)
 return held

@@ -31,11 +31,20 @@ const COUNTER_TAG: &str = "fence:";
 pub(super) enum Keys {
     /// lock, fence counter (the slot's), queue, waiters, the lock's own
     /// legacy fence counter (`{E}:fence`, migrated on first use), holds
-    /// (`{E}:h`, shared holds and permits).
+    /// (`{E}:h`, shared holds and permits). The exclusive acquire and the
+    /// release: their scripts find the holds' expiry index by name (see
+    /// [`Keys::AllAndIndex`]).
     All,
+    /// [`Keys::All`], then the holds' expiry index (`{E}:he`). Not sent with
+    /// the exclusive acquire and release, whose fast paths never touch it:
+    /// a key more costs every call server time (measured 0.3 µs, 5 % of a
+    /// release); their slow paths name it as `{E}:h` + `e`, in the same
+    /// hash slot.
+    AllAndIndex,
     /// [`Keys::All`], then `{E}:forced` (force release's nonce).
     AllAndForced,
-    /// The lock, then `{E}:m` (its metadata), then `{E}:h` (holds).
+    /// The lock, then `{E}:m` (its metadata), then `{E}:h` (holds) and
+    /// `{E}:he` (their expiries).
     LockAndMeta,
     /// [`Keys::All`], then `{E}:m` (its metadata).
     AllAndMeta,
@@ -89,13 +98,16 @@ impl RedisBackend {
             buf.truncate(base);
             buf.push_str(":h");
             inv.key(buf.as_str());
+            buf.push('e');
+            inv.key(buf.as_str());
             return slot;
         }
         inv.key(self.counter_key(slot).as_str());
         let suffixes: &[&str] = match which {
-            Keys::AllAndForced => &[":q", ":w", ":fence", ":h", ":forced"],
-            Keys::AllAndMeta => &[":q", ":w", ":fence", ":h", ":m"],
-            Keys::Flight => &[":q", ":w", ":fence", ":h", ":r", ":rf", ":fw"],
+            Keys::AllAndIndex => &[":q", ":w", ":fence", ":h", ":he"],
+            Keys::AllAndForced => &[":q", ":w", ":fence", ":h", ":he", ":forced"],
+            Keys::AllAndMeta => &[":q", ":w", ":fence", ":h", ":he", ":m"],
+            Keys::Flight => &[":q", ":w", ":fence", ":h", ":he", ":r", ":rf", ":fw"],
             _ => &[":q", ":w", ":fence", ":h"],
         };
         for suffix in suffixes {

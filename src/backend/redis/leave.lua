@@ -1,10 +1,10 @@
 -- leave: a waiter gives up. KEYS = lock, fence, queue, waiters, legacy fence,
--- holds
+-- holds, their expiries
 -- ARGV = owner, waiter id, channel, mode ('claim' or 'drop')
 -- Leaves the queue; if the lock was handed to this waiter meanwhile, mode
 -- 'claim' keeps it ({1, fence, acquired ms}) and 'drop' releases it to the
 -- next waiter ({2}). Otherwise {0, holder's remaining ms}.
-local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+local lock, fence, queue, waiters, holds, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
 
 -- @helpers
 
@@ -28,16 +28,17 @@ end
 if current or redis.call('EXISTS', holds) == 0 then
   return {0, redis.call('PTTL', lock)}
 end
--- Shared holds or permits: one of them handed to this waiter, or none.
+-- Shared holds or permits: one of them handed to this waiter, or none (no
+-- index names a hold by its grant: a waiter giving up reads them all).
 local now = now_ms()
-local _, _, _, live = prune(now)
+local live = live_holds(now)
 for i = 1, #live, 2 do
   local _, a, _, grant, who = parse_hold(live[i + 1])
   if who == owner and grant == ticket then
     if ARGV[4] == 'claim' then
       return {1, live[i], a}
     end
-    redis.call('HDEL', holds, live[i], 'm' .. live[i])
+    drop_hold(live[i], live[i + 1])
     hand_off(now, nil)
     return {2}
   end
@@ -45,8 +46,8 @@ end
 -- Leaving may let the waiters behind this one in (readers behind a writer
 -- that gave up).
 hand_off(now, nil)
-local _, n, first = prune(now)
+local n = prune(now)
 if n == 0 then
   return {0, redis.call('PTTL', lock)}
 end
-return {0, first - now}
+return {0, earliest() - now}

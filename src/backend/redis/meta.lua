@@ -1,4 +1,5 @@
--- metadata: KEYS = lock, meta, holds; ARGV = owner, fence, metadata (JSON)
+-- metadata: KEYS = lock, meta, holds, their expiries (unused); ARGV = owner,
+-- fence, metadata (JSON)
 -- Stores "<fence> <metadata>" beside the lock, with the lock's TTL, if the
 -- lock is still `owner`'s acquisition `fence`. Returns 1 if stored, else 0.
 -- Safe to run twice. `status` shows the metadata only while its fence is

@@ -45,7 +45,8 @@
 //! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use; kept in step while [`keep_legacy_fence_counters`](RedisBackend::keep_legacy_fence_counters) is on |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
-//! | `lock:{E}:h` | hash, TTL = its latest hold's | shared holds and permits ([`LockKind`](crate::LockKind)): `k` → the kind (`s`, or `p<n>`), `<fence>` → `"<expiry ms> <acquired ms> <attempt> <grant> <owner>"` per hold, `m<fence>` → that hold's metadata JSON |
+//! | `lock:{E}:h` | hash, TTL ≥ its latest hold's | shared holds and permits ([`LockKind`](crate::LockKind)): `k` → the kind (`s`, or `p<n>`), `<fence>` → `"<expiry ms> <acquired ms> <attempt> <grant> <owner>"` per hold, `m<fence>` → that hold's metadata JSON, `a<attempt> <owner>` → that acquisition's fence |
+//! | `lock:{E}:he` | sorted set, the TTL of `:h` | the fence of each hold of `:h`, scored by its expiry ms: expired holds, their number and the earliest expiry without reading every hold (named, not sent, by the exclusive acquire and the release: one key less on their fast paths) |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |
 //! | `lock:{E}:m` | string, the lock's TTL | `"<fence> <metadata JSON>"`, only for a lock taken with metadata; shown only while `<fence>` is the lock's |
 //! | `lock:o:{<owner>}` | hash, TTL | owner index (opt-in, [`index_owners`](RedisBackend::index_owners)): `E` → the owner's acquisitions of the lock granted or under way, for each lock the owner holds; a hint, checked on every lookup |
@@ -56,7 +57,9 @@
 //! A key is held either exclusively (`lock:{E}`) or by the holds of
 //! `lock:{E}:h`, never both: each hold has its own expiry on the server's
 //! clock, and every script that reads the hash skips (and, when it writes,
-//! drops) the holds that ran out. The queue is one FIFO across kinds: a
+//! drops) the holds that ran out, found through `lock:{E}:he`, so that
+//! taking and giving back a hold costs O(log n) in the number of holds (a
+//! release without a fence, a waiter giving up and `status` read them all). The queue is one FIFO across kinds: a
 //! waiter's entry ends with its kind (`s`/`p<n>`; none for exclusive), and a
 //! hand-off grants the head and every following waiter that fits beside what
 //! is held, waking each through its channel. The exclusive fast path reads

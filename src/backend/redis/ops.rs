@@ -113,7 +113,11 @@ impl RedisBackend {
             Some(_) => &self.scripts().acquire_kind,
         };
         let mut inv = script.prepare_invoke();
-        let slot = self.keys(&mut inv, req.key(), Keys::All);
+        let keys = match kind {
+            None => Keys::All,
+            Some(_) => Keys::AllAndIndex,
+        };
+        let slot = self.keys(&mut inv, req.key(), keys);
         let sent = acquire_args(&mut inv, req, ttl_ms);
         if let Some((wait_ms, id)) = queue {
             inv.arg(wait_ms)
@@ -162,7 +166,7 @@ impl RedisBackend {
     ) -> Result<Left, LockError> {
         const WHAT: &str = "leave";
         let mut inv = self.scripts().leave.prepare_invoke();
-        let slot = self.keys(&mut inv, key, Keys::All);
+        let slot = self.keys(&mut inv, key, Keys::AllAndIndex);
         inv.arg(owner)
             .arg(id)
             .arg(self.shared.wake.channel(slot).as_ref());

@@ -1,5 +1,5 @@
--- release: KEYS = lock, fence, queue, waiters, legacy fence, holds; ARGV = owner,
--- fence of the acquisition ('' = whichever the owner holds)
+-- release: KEYS = lock, fence, queue, waiters, legacy fence, holds; ARGV =
+-- owner, fence of the acquisition ('' = whichever the owner holds)
 -- Returns 1 (released), 0 (not held), -1 (held by another acquisition:
 -- another owner, or this owner under another fence).
 
@@ -28,6 +28,10 @@ if current then
 end
 
 local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+-- The holds' expiry index, named beside the holds (same hash tag, same
+-- slot) rather than sent: the exclusive fast path above never needs it,
+-- and every key sent costs each release server time (keys.rs).
+local expiries = holds .. 'e'
 
 -- @helpers
 
@@ -40,14 +44,15 @@ end
 -- No exclusive holder: one of the shared holds or permits, if any; then
 -- whatever is free goes to the queue (also when every hold ran out).
 local now = now_ms()
-local found, live = find_hold(ARGV[1], ARGV[2], now)
+local found, value = hold_of(ARGV[1], ARGV[2], now)
 if found then
-  redis.call('HDEL', holds, found, 'm' .. found)
+  drop_hold(found, value)
 end
-hand_off(now, nil)
+local n = prune(now)
+hand_off(now, nil, n)
 if found then
   return 1
-elseif live then
+elseif n > 0 then
   return -1
 end
 return 0

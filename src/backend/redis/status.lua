@@ -1,4 +1,5 @@
--- status: KEYS = lock, fence, queue, waiters, legacy fence, holds[, meta];
+-- status: KEYS = lock, fence, queue, waiters, legacy fence, holds, their
+-- expiries[, meta];
 -- no ARGV.
 -- Returns {} when free; held exclusively,
 -- {owner, fence, acquired ms, remaining ms, now ms, queued waiters[, metadata]};
@@ -24,7 +25,9 @@ if not current then
   end
   for i = 1, #all, 2 do
     local field = all[i]
-    if field ~= 'k' and string.byte(field, 1) ~= 109 then
+    -- A hold: its field is its fence ('a...' fields index them).
+    local b = string.byte(field, 1)
+    if b >= 48 and b <= 57 then
       local expiry, a, _, _, who = string.match(all[i + 1], '^(%d+) (%d+) (%S+) (%S+) (.+)$')
       if tonumber(expiry) > now then
         reply[#reply + 1] = who
@@ -52,7 +55,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reply = {holder, f, a, redis.call('PTTL', lock), now, redis.call('HLEN', KEYS[4])}
 -- Metadata stored for this very acquisition (meta.lua), if any.
-local meta = KEYS[7] and redis.call('GET', KEYS[7])
+local meta = KEYS[8] and redis.call('GET', KEYS[8])
 if meta and string.match(meta, '^(%d+) ') == f then
   reply[7] = string.sub(meta, #f + 2)
 end

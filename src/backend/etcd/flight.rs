@@ -57,7 +57,9 @@ impl EtcdBackend {
         let mut no_newer = Compare::version(result_key.clone(), CompareOp::Equal, 0);
         for _ in 0..4 {
             let (now, at) = (SystemTime::now(), Instant::now());
-            let value = HolderValue::new(now, req.ttl(), req.metadata()).encode();
+            // A flight's leader holds its lock exclusive, whatever the request.
+            let exclusive = crate::spec::LockKind::Exclusive;
+            let value = HolderValue::new(now, req.ttl(), exclusive, req.metadata()).encode();
             let txn = Txn::new()
                 .when([no_newer.clone(), keys.free(), keys.nobody_queued()])
                 .and_then([TxnOp::put(

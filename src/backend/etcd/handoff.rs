@@ -166,6 +166,7 @@ impl EtcdBackend {
             let value = HolderValue::new(
                 std::time::SystemTime::now(),
                 std::time::Duration::from_millis(head.value.ttl_ms),
+                head.value.kind,
                 head.value.metadata.as_ref(),
             );
             ops.push(TxnOp::delete(head.key.clone(), None));

@@ -85,7 +85,7 @@ impl EtcdBackend {
         let holder_key = keys.holder(req.owner(), req.attempt());
         loop {
             let (now, at) = (SystemTime::now(), Instant::now());
-            let value = HolderValue::new(now, req.ttl(), req.metadata()).encode();
+            let value = HolderValue::new(now, req.ttl(), req.kind(), req.metadata()).encode();
             let with_lease = || Some(PutOptions::new().with_lease(lease));
             let mut granted = vec![TxnOp::put(holder_key.clone(), value.clone(), with_lease())];
             let mut busy = vec![keys.get_holder(), keys.get_head()];
@@ -105,6 +105,7 @@ impl EtcdBackend {
                     attempt: req.attempt(),
                     deadline_ms: crate::time::unix_ms(wait_until.unwrap_or(now)),
                     owner: req.owner().to_owned(),
+                    kind: req.kind(),
                     metadata: req.metadata().cloned(),
                 };
                 busy.push(TxnOp::put(entry.clone(), waiter.encode(), with_lease()));

@@ -46,8 +46,8 @@
 //!
 //! | key | lease | value |
 //! |---|---|---|
-//! | `tower-lock/<n>:E/h/<owner> <attempt>` | the holder process's | `"<acquired ms> <expires ms> <ttl ms>"` and `\n<metadata JSON>`; its create revision is the fence |
-//! | `tower-lock/<n>:E/q/<id>` | the waiter process's | `"<ttl ms> <attempt> <deadline ms> <owner>"` and `\n<metadata JSON>`: one per waiting acquire call, ordered by create revision; skipped and deleted by a hand-off once its deadline (the max wait's end) has passed |
+//! | `tower-lock/<n>:E/h/<owner> <attempt>` | the holder process's | `"<acquired ms> <expires ms> <ttl ms>"`, ` <kind>` for a shared hold or permit (`shared`, `permits=N`), and `\n<metadata JSON>`; its create revision is the fence |
+//! | `tower-lock/<n>:E/q/<id>` | the waiter process's | `"<ttl ms> <attempt> <deadline ms> <owner>"`, ` <kind>` when not exclusive, and `\n<metadata JSON>`: one per waiting acquire call, ordered by create revision; skipped and deleted by a hand-off once its deadline (the max wait's end) has passed |
 //! | `tower-lock/<n>:E/r` | the publisher process's (deleted by its timer when no longer kept) | a single-flight's latest result (`E` = `f:<name>`): `"<seq> <fresh until ms>\n"` and its bytes |
 //! | `tower-lock/o/<owner> <n>:E` | the acquirer's | the owner index (opt-in, [`index_owners`](EtcdBackend::index_owners)): `E` unhashed; a hint checked on every lookup |
 //!

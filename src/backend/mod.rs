@@ -140,7 +140,7 @@ mod shared;
 
 /// For a backend that holds exclusive locks only: an acquisition of another
 /// kind answers [`LockError::Unsupported`] (never an exclusive lock instead).
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(feature = "postgres")]
 pub(crate) fn exclusive_only(
     req: &AcquireRequest,
 ) -> Option<BoxFuture<'_, Result<Lease, LockError>>> {

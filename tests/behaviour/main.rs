@@ -290,6 +290,11 @@ mod kinds_suite {
                 crate::harness::redis_cluster_backend(),
                 crate::harness::redis_cluster_backend(),
                 (),
+            #[cfg(feature = "etcd")]
+            etcd =>
+                crate::harness::etcd_backend(),
+                crate::harness::etcd_backend(),
+                (),
         }
         tests {
             real_time: [

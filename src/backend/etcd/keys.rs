@@ -41,21 +41,25 @@ impl LockKeys {
         }
     }
 
-    fn with(&self, tail: &[u8]) -> Vec<u8> {
+    pub(super) fn with(&self, tail: &[u8]) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.base.len() + tail.len());
         k.extend_from_slice(&self.base);
         k.extend_from_slice(tail);
         k
     }
 
-    /// `[…/h/, …/h0)`: the holder keys (one at most).
+    /// `[…/h/, …/h0)`: the holder keys (one exclusive, or the holds of a
+    /// shared or permits group; see `kinds.rs`).
     pub(super) fn holders(&self) -> (Vec<u8>, Vec<u8>) {
         (self.with(b"h/"), self.with(&[b'h', AFTER_SLASH]))
     }
 
-    /// `…/h/<owner> <attempt>`: the holder key of one acquisition.
-    pub(super) fn holder(&self, owner: &str, attempt: u64) -> Vec<u8> {
-        self.with(format!("h/{owner} {attempt}").as_bytes())
+    /// The holder key of one acquisition of `kind`: `…/h/<owner> <attempt>`
+    /// for an exclusive one, with the kind's tag before the owner for
+    /// another (`…/h/ s <owner> <attempt>`, `…/h/ p<n> <owner> <attempt>`).
+    pub(super) fn holder(&self, kind: LockKind, owner: &str, attempt: u64) -> Vec<u8> {
+        let tag = super::kinds::tag(kind);
+        self.with(format!("h/{tag}{owner} {attempt}").as_bytes())
     }
 
     /// The range of `owner`'s holder keys: `[…/h/<owner> , …/h/<owner>!)`
@@ -95,11 +99,18 @@ impl LockKeys {
 
     /// Owner and attempt of a holder key of this lock.
     pub(super) fn parse_holder<'k>(&self, key: &'k [u8]) -> Option<(&'k str, u64)> {
+        self.parse_hold(key)
+            .map(|(_, owner, attempt)| (owner, attempt))
+    }
+
+    /// Kind, owner and attempt of a holder key of this lock.
+    pub(super) fn parse_hold<'k>(&self, key: &'k [u8]) -> Option<(LockKind, &'k str, u64)> {
         let tail = key
             .strip_prefix(self.base.as_slice())?
             .strip_prefix(b"h/")?;
-        let (owner, attempt) = std::str::from_utf8(tail).ok()?.rsplit_once(' ')?;
-        Some((owner, attempt.parse().ok()?))
+        let (kind, rest) = super::kinds::untag(std::str::from_utf8(tail).ok()?)?;
+        let (owner, attempt) = rest.rsplit_once(' ')?;
+        Some((kind, owner, attempt.parse().ok()?))
     }
 
     // -- Conditions and reads used by several transactions. --
@@ -136,10 +147,17 @@ impl LockKeys {
         Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
     }
 
-    /// Read the holder (one key at most).
-    pub(super) fn get_holder(&self) -> TxnOp {
+    /// Read every holder, oldest grant first.
+    pub(super) fn get_holders(&self) -> TxnOp {
         let (start, end) = self.holders();
-        TxnOp::get(start, Some(GetOptions::new().with_range(end).with_limit(1)))
+        TxnOp::get(
+            start,
+            Some(
+                GetOptions::new()
+                    .with_range(end)
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        )
     }
 
     /// Read the oldest waiter.
@@ -338,6 +356,8 @@ impl Waiter {
 #[derive(Clone, Debug)]
 pub(super) struct HeldKey {
     pub(super) key: Vec<u8>,
+    /// The kind, as its key says.
+    pub(super) kind: LockKind,
     pub(super) owner: String,
     pub(super) attempt: u64,
     /// The fence: the revision that created the key.
@@ -348,9 +368,10 @@ pub(super) struct HeldKey {
 
 impl HeldKey {
     pub(super) fn from_kv(keys: &LockKeys, kv: &KeyValue) -> Option<Self> {
-        let (owner, attempt) = keys.parse_holder(kv.key())?;
+        let (kind, owner, attempt) = keys.parse_hold(kv.key())?;
         Some(HeldKey {
             key: kv.key().to_vec(),
+            kind,
             owner: owner.to_owned(),
             attempt,
             fence: u64::try_from(kv.create_revision()).ok()?,
@@ -402,13 +423,14 @@ mod tests {
         let a = LockKeys::new("p/", &LockKey::global("a").unwrap());
         let b = LockKeys::new("p/", &LockKey::global("a/h/b").unwrap());
         let (start, end) = a.holders();
-        let hb = b.holder("o", 1);
+        let x = LockKind::Exclusive;
+        let hb = b.holder(x, "o", 1);
         assert!(!(hb >= start && hb < end), "another lock's holder in range");
         let (start, end) = a.owner_holders("o");
-        assert!(a.holder("o", 7) >= start && a.holder("o", 7) < end);
-        assert!(a.holder("o!", 7) >= end || a.holder("o!", 7) < start);
-        assert!(a.holder("oo", 7) >= end);
-        assert_eq!(a.parse_holder(&a.holder("x/y", 42)), Some(("x/y", 42)));
+        assert!(a.holder(x, "o", 7) >= start && a.holder(x, "o", 7) < end);
+        assert!(a.holder(x, "o!", 7) >= end || a.holder(x, "o!", 7) < start);
+        assert!(a.holder(x, "oo", 7) >= end);
+        assert_eq!(a.parse_holder(&a.holder(x, "x/y", 42)), Some(("x/y", 42)));
     }
 
     #[test]

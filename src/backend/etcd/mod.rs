@@ -76,9 +76,11 @@ mod expiry;
 mod flight;
 mod handoff;
 mod keys;
+mod kinds;
 mod leases;
 mod lookup;
 mod ops;
+mod take;
 mod wait;
 mod watch;
 
@@ -319,10 +321,12 @@ impl LockBackend for EtcdBackend {
         "etcd"
     }
 
+    /// Every kind: exclusive, shared holds and permits.
+    fn supports(&self, _kind: crate::spec::LockKind) -> bool {
+        true
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        if let Some(refused) = super::exclusive_only(req) {
-            return refused;
-        }
         Box::pin(self.acquire_inner(req))
     }
 

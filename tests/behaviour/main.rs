@@ -306,12 +306,15 @@ mod kinds_suite {
                 kinds_that_cannot_meet_are_refused_and_never_queue,
                 the_layer_takes_shared_holds_and_permits,
                 shared_holds_and_permits_travel_by_token,
+                a_force_release_frees_every_hold_and_hands_off,
             ],
             virtual_time: [
                 an_expired_permit_goes_to_the_queue_not_to_a_newcomer,
                 a_crashed_holder_frees_only_its_own_permit_at_its_ttl,
             ],
-            multi_thread: [],
+            multi_thread: [
+                racing_acquirers_never_take_more_than_n_permits,
+            ],
         }
     }
 }

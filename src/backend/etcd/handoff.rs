@@ -167,12 +167,10 @@ impl EtcdBackend {
             let head = snapshot.head.take();
             let queued = head.is_some();
             let head = match head {
-                Some(w)
-                    if w.value.is_past() || gone.iter().any(|h| h.key == w.holder_key(keys)) =>
-                {
-                    // A waiter whose max wait is over, or the same
-                    // acquisition queued behind itself (a retry whose reply
-                    // was lost): not a waiter to hand to.
+                Some(w) if w.value.is_past() || holds_already(&snapshot.holders, &w, keys) => {
+                    // A waiter whose max wait is over, or an acquisition
+                    // queued behind itself (a retry whose reply was lost):
+                    // not a waiter to hand to.
                     self.drop_waiter(keys, &w, end).await?;
                     snapshot = self.snapshot(keys, end).await?;
                     continue;
@@ -338,6 +336,12 @@ impl EtcdBackend {
             Passed::NotHeld => Ok(Expire::Gone),
         }
     }
+}
+
+/// Whether waiter `w`'s acquisition holds already (a retry of it queued).
+fn holds_already(holders: &[HeldKey], w: &Waiter, keys: &LockKeys) -> bool {
+    let key = w.holder_key(keys);
+    holders.iter().any(|h| h.key == key)
 }
 
 /// Delete `[start, end)`.

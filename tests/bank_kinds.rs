@@ -124,6 +124,23 @@ async fn exports_are_limited_across_three_processes_on_redis() {
     .await;
 }
 
+/// The same limit on etcd: three bank processes on one 3-member cluster,
+/// its permits and its own export count both in etcd.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_are_limited_across_three_processes_on_etcd() {
+    within_timeout(async {
+        let cluster = common::etcd_cluster::EtcdCluster::start(3);
+        let endpoints = cluster.endpoints_arg();
+        let banks: Vec<Bank> = (0..3)
+            .map(|_| Bank::start_with(&["--etcd", &endpoints]))
+            .collect();
+        let clients: Vec<Http> = banks.iter().map(Bank::http).collect();
+        exports_never_pass_two_at_once(&clients).await;
+    })
+    .await;
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exports_are_limited_across_three_processes_on_postgres() {

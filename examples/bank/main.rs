@@ -24,7 +24,7 @@
 //!   `account:{id}`: reads run together, never beside a deposit (they wait
 //!   up to 5 s for a running one, then `429`), and a deposit finds the
 //!   account busy while reads hold it. On a backend without shared holds
-//!   (etcd in this version), and with `--fenced` (whose reads
+//!   (a custom backend whose `supports` says no), and with `--fenced` (whose reads
 //!   report the store's own view, balance and highest fence, which the
 //!   fencing demonstrations watch while a holder is frozen mid-deposit),
 //!   reads take no lock, as before.
@@ -35,7 +35,7 @@
 //!   `M` ms (at most 60 000) and answers `{"account": id, "running": n}`, `n`
 //!   the exports running when it started, itself included. A third export
 //!   waits up to `W` ms (default 0) for a permit, then gets `429`. On a
-//!   backend without permits (etcd in this version): `501`
+//!   backend without permits (a custom backend whose `supports` says no): `501`
 //!   `LOCK_UNSUPPORTED`.
 //! - With `--fenced`, the balance store refuses stale holders: it remembers,
 //!   per account, the highest fence a deposit has read or written it with,

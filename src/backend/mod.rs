@@ -138,19 +138,6 @@ pub mod postgres;
 pub mod redis;
 mod shared;
 
-/// For a backend that holds exclusive locks only: an acquisition of another
-/// kind answers [`LockError::Unsupported`] (never an exclusive lock instead).
-#[cfg(any(feature = "postgres", feature = "etcd"))]
-pub(crate) fn exclusive_only(
-    req: &AcquireRequest,
-) -> Option<BoxFuture<'_, Result<Lease, LockError>>> {
-    (req.kind() != crate::spec::LockKind::Exclusive).then(|| {
-        Box::pin(std::future::ready(Err(LockError::Unsupported(
-            "this backend holds exclusive locks only: shared holds and permits are not implemented on it yet",
-        )))) as BoxFuture<'_, _>
-    })
-}
-
 /// A boxed, `Send` future, as returned by [`LockBackend`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -625,3 +625,58 @@ pub async fn a_kind_the_backend_does_not_hold_is_refused_and_takes_nothing(h: Ha
         }
     }
 }
+
+/// A force release frees every hold of the key at once and hands the key to
+/// the queue, as the release of each hold would.
+pub async fn a_force_release_frees_every_hold_and_hands_off(h: Harness) {
+    let key = gkey("doc");
+    for owner in ["r1", "r2"] {
+        h.backend
+            .acquire(&kreq(&key, owner, LockKind::Shared, LONG, Duration::ZERO))
+            .await
+            .unwrap();
+    }
+    let writer = spawn_acquire(&h.backend, areq(&key, "w", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    assert!(h.backend.force_release(&key).await.unwrap());
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Exclusive, vec!["w".into()], 0),
+        "both readers gone, the writer handed the lock"
+    );
+    writer
+        .await
+        .unwrap()
+        .expect("the writer was handed the lock");
+    release(&h, &key, "w").await;
+    assert!(!h.backend.force_release(&key).await.unwrap());
+}
+
+/// Acquirers racing for the permits of a free key: exactly `n` get one and
+/// the others are refused, whatever the interleaving.
+pub async fn racing_acquirers_never_take_more_than_n_permits(h: Harness) {
+    let key = gkey("exports");
+    let tries: Vec<_> = (0..16)
+        .map(|i| {
+            let owner = format!("p{i}");
+            let req = kreq(&key, &owner, LockKind::Permits(3), LONG, Duration::ZERO);
+            (owner, spawn_acquire(&h.backend, req))
+        })
+        .collect();
+    let mut got = Vec::new();
+    for (owner, t) in tries {
+        match t.await.unwrap() {
+            Ok(_) => got.push(owner),
+            Err(LockError::AcquisitionFailed { .. }) => {}
+            Err(e) => panic!("{owner}: {e:?}"),
+        }
+    }
+    assert_eq!(got.len(), 3, "permits granted: {got:?}");
+    let (kind, mut held, _) = holders(&h, &key).await;
+    held.sort();
+    got.sort();
+    assert_eq!((kind, held), (LockKind::Permits(3), got.clone()));
+    for owner in &got {
+        release(&h, &key, owner).await;
+    }
+}

@@ -295,6 +295,11 @@ mod kinds_suite {
                 crate::harness::postgres_backend(),
                 crate::harness::postgres_backend(),
                 (),
+            #[cfg(feature = "etcd")]
+            etcd =>
+                crate::harness::etcd_backend(),
+                crate::harness::etcd_backend(),
+                (),
         }
         tests {
             real_time: [
@@ -306,6 +311,7 @@ mod kinds_suite {
                 kinds_that_cannot_meet_are_refused_and_never_queue,
                 the_layer_takes_shared_holds_and_permits,
                 shared_holds_and_permits_travel_by_token,
+                a_force_release_frees_every_hold_and_hands_off,
             ],
             virtual_time: [
                 an_expired_permit_goes_to_the_queue_not_to_a_newcomer,
@@ -313,7 +319,9 @@ mod kinds_suite {
                 each_hold_keeps_its_own_expiry_through_extend_and_claim,
                 a_retried_hold_is_the_same_hold_with_its_ttl_refreshed,
             ],
-            multi_thread: [],
+            multi_thread: [
+                racing_acquirers_never_take_more_than_n_permits,
+            ],
         }
     }
 }

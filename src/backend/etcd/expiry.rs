@@ -154,19 +154,30 @@ impl Expiries {
     }
 
     /// The latest write this process made of one of `owner`'s holder keys
-    /// in `[start, end)` under `fence` (any fence when `None`).
-    pub(super) fn known(&self, start: &[u8], end: &[u8], fence: Option<u64>) -> Option<Known> {
+    /// in `[start, end)` (those `mine` accepts) under `fence` (any fence
+    /// when `None`).
+    pub(super) fn known(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        fence: Option<u64>,
+        mine: impl Fn(&[u8]) -> bool,
+    ) -> Option<Known> {
         let armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        let (key, timers) = armed.range(start.to_vec()..end.to_vec()).next()?;
-        let latest = timers
-            .iter()
-            .filter(|t| t.fence.is_some() && fence.is_none_or(|f| t.fence == Some(f)))
-            .max_by_key(|t| t.deadline)?;
-        Some(Known {
-            key: key.clone(),
-            value: latest.value.clone(),
-            fence: latest.fence?,
-        })
+        armed
+            .range(start.to_vec()..end.to_vec())
+            .filter(|(key, _)| mine(key))
+            .find_map(|(key, timers)| {
+                let latest = timers
+                    .iter()
+                    .filter(|t| t.fence.is_some() && fence.is_none_or(|f| t.fence == Some(f)))
+                    .max_by_key(|t| t.deadline)?;
+                Some(Known {
+                    key: key.clone(),
+                    value: latest.value.clone(),
+                    fence: latest.fence?,
+                })
+            })
     }
 
     fn forget(&self, key: &[u8], value: &[u8]) {

@@ -51,13 +51,15 @@ impl EtcdBackend {
             .leases
             .lease_for(&self.shared, req.ttl(), end)
             .await?;
-        let holder_key = keys.holder(req.owner(), req.attempt());
+        // A flight's leader holds its lock exclusive, whatever the request.
+        let exclusive = crate::spec::LockKind::Exclusive;
+        let holder_key = keys.holder(exclusive, req.owner(), req.attempt());
         let result_key = keys.result();
         // First: no result at all; then: the stale result seen (unchanged).
         let mut no_newer = Compare::version(result_key.clone(), CompareOp::Equal, 0);
         for _ in 0..4 {
             let (now, at) = (SystemTime::now(), Instant::now());
-            let value = HolderValue::new(now, req.ttl(), req.metadata()).encode();
+            let value = HolderValue::new(now, req.ttl(), exclusive, req.metadata()).encode();
             let txn = Txn::new()
                 .when([no_newer.clone(), keys.free(), keys.nobody_queued()])
                 .and_then([TxnOp::put(
@@ -66,7 +68,7 @@ impl EtcdBackend {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else([
-                    keys.get_holder(),
+                    keys.get_holders(),
                     keys.get_head(),
                     TxnOp::get(result_key.clone(), None),
                 ]);
@@ -100,7 +102,7 @@ impl EtcdBackend {
                 }));
             }
             let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
-            if snapshot.holder.is_some() {
+            if !snapshot.holders.is_empty() {
                 let seen = result.map_or(0, |(seq, _, _)| seq);
                 return self
                     .flight_wait(req.key(), result_key, seen, rev, end)
@@ -223,7 +225,7 @@ impl EtcdBackend {
                 keys.nobody_queued(),
             ])
             .and_then([store.clone(), delete_range(start.clone(), stop.clone())])
-            .or_else([keys.get_holder(), keys.get_head()]);
+            .or_else([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {
             self.shared.expiries.disarm_range(&start, &stop);
@@ -243,7 +245,7 @@ impl EtcdBackend {
             return Ok(());
         }
         let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
-        let Some(h) = snapshot.holder.clone() else {
+        let Some(h) = snapshot.holders.first().cloned() else {
             return Err(LockError::NotFound);
         };
         if !crate::spec::owners_match(&h.owner, owner) || h.fence != publish.fence {
@@ -253,7 +255,7 @@ impl EtcdBackend {
         let passed = self.pass_on(&keys, snapshot, from, &[store], end).await?;
         self.shared.expiries.disarm_range(&start, &stop);
         match passed {
-            Passed::Done(_) => Ok(()),
+            Passed::Done => Ok(()),
             Passed::NotHeld => Err(LockError::NotFound),
         }
     }

@@ -1,14 +1,18 @@
 //! Giving a lock back: to nobody when nobody waits, else straight to the
-//! oldest waiter, in one transaction that deletes the holder's key and the
-//! waiter's entry and creates the waiter's holder key (on the waiter's own
-//! lease). The new key's create revision is the new fence: greater than
-//! every revision before it, so than every fence the lock had.
+//! oldest waiter when it fits beside the holds left, in one transaction
+//! that deletes the holder's key and the waiter's entry and creates the
+//! waiter's holder key (on the waiter's own lease). The new key's create
+//! revision is the new fence: greater than every revision before it, so
+//! than every fence the lock had. Then every following waiter that fits
+//! beside the holds (consecutive shared waiters, permits while there is
+//! room) is granted the same way, one transaction each.
 //!
 //! Every such transaction is conditioned on what was read: the holder is
 //! still the one being released (by fence, or by the exact value an expiry
-//! was armed for) and the waiter is still the oldest (its entry unchanged:
-//! no older entry can appear, new ones are younger). When either changed,
-//! the state is read again and the step retried, within the op timeout.
+//! was armed for), the waiter is still the oldest (its entry unchanged:
+//! no older entry can appear, new ones are younger), and no hold was made
+//! or written since the read. When any changed, the state is read again
+//! and the step retried, within the op timeout.
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::time::Instant;
@@ -16,17 +20,21 @@ use tokio::time::Instant;
 use super::EtcdBackend;
 use super::conn::{bad_reply, timed_out};
 use super::keys::{HeldKey, HolderValue, LockKeys, Waiter};
+use super::kinds::fits;
 use crate::error::LockError;
 
-/// The holder and the oldest waiter of a lock, as one read saw them.
+/// The holders and the oldest waiter of a lock, as one read saw them.
 #[derive(Debug, Default)]
 pub(super) struct Snapshot {
-    pub(super) holder: Option<HeldKey>,
+    /// Oldest grant first.
+    pub(super) holders: Vec<HeldKey>,
     pub(super) head: Option<Waiter>,
+    /// The revision read at.
+    pub(super) at: i64,
 }
 
 impl Snapshot {
-    /// From the two reads (`get_holder`, `get_head`) at `at` in `reply`.
+    /// From the two reads (`get_holders`, `get_head`) at `at` in `reply`.
     pub(super) fn read(
         keys: &LockKeys,
         reply: &TxnResponse,
@@ -34,60 +42,81 @@ impl Snapshot {
         what: &str,
     ) -> Result<Self, LockError> {
         let ops = reply.op_responses();
-        let (Some(TxnOpResponse::Get(holder)), Some(TxnOpResponse::Get(head))) =
+        let (Some(TxnOpResponse::Get(holders)), Some(TxnOpResponse::Get(head))) =
             (ops.get(at), ops.get(at + 1))
         else {
             return Err(bad_reply(what));
         };
-        let holder = match holder.kvs().first() {
-            None => None,
-            Some(kv) => Some(HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(what))?),
-        };
+        let holders = holders
+            .kvs()
+            .iter()
+            .map(|kv| HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(what)))
+            .collect::<Result<_, _>>()?;
         let head = match head.kvs().first() {
             None => None,
             Some(kv) => Some(Waiter::from_kv(kv).ok_or_else(|| bad_reply(what))?),
         };
-        Ok(Snapshot { holder, head })
+        Ok(Snapshot {
+            holders,
+            head,
+            at: super::ops::revision(reply, what)?,
+        })
+    }
+
+    /// The first hold `holder` names.
+    pub(super) fn find(&self, holder: crate::backend::Holder<'_>) -> Option<&HeldKey> {
+        self.holders
+            .iter()
+            .find(|h| holder.matches(&h.owner, h.fence))
+    }
+
+    /// The hold under holder key `key`.
+    pub(super) fn hold(&self, key: &[u8]) -> Option<&HeldKey> {
+        self.holders.iter().find(|h| h.key == key)
     }
 }
 
-/// Which holder a hand-off gives back.
+/// Which holds a hand-off gives back.
 #[derive(Clone, Copy)]
 pub(super) enum Giving<'a> {
-    /// The holder key under this fence (a release, a force release).
+    /// The holder key under this fence (a release).
     Fence(&'a [u8], u64),
     /// The holder key while it stores this value (an expiry).
     Value(&'a [u8], &'a [u8]),
-    /// Nobody: the holder's lease ran out, waiters are left (an orphaned
-    /// queue, handed to its head by whoever sees it first).
-    Free,
+    /// Every hold read (a force release), if none was made or written since.
+    All,
+    /// None: waiters at the head of the queue fit beside the holds (an
+    /// orphaned queue whose holders' leases ran out, or one left behind),
+    /// granted by whoever sees them first.
+    Nothing,
 }
 
 impl Giving<'_> {
-    fn condition(&self, keys: &LockKeys) -> Compare {
+    fn condition(&self, keys: &LockKeys, at: i64) -> Option<Compare> {
         match *self {
-            Giving::Fence(key, fence) => {
-                Compare::create_revision(key, CompareOp::Equal, i64::try_from(fence).unwrap_or(-1))
-            }
-            Giving::Value(key, value) => Compare::value(key, CompareOp::Equal, value),
-            Giving::Free => keys.free(),
+            Giving::Fence(key, fence) => Some(super::ops::fence_is(key, fence)),
+            Giving::Value(key, value) => Some(Compare::value(key, CompareOp::Equal, value)),
+            Giving::All => Some(keys.holds_unchanged_since(at)),
+            Giving::Nothing => None,
         }
     }
 
-    /// Whether `holder` (as read) is still the one given back.
-    fn holds(&self, holder: Option<&HeldKey>) -> bool {
-        match (*self, holder) {
-            (Giving::Fence(key, fence), Some(h)) => h.key == key && h.fence == fence,
-            (Giving::Value(key, value), Some(h)) => h.key == key && h.raw_value == value,
-            (Giving::Free, None) => true,
-            _ => false,
+    /// Whether `h` (as read) is given back.
+    fn gives(&self, h: &HeldKey) -> bool {
+        match *self {
+            Giving::Fence(key, fence) => h.key == key && h.fence == fence,
+            Giving::Value(key, value) => h.key == key && h.raw_value == value,
+            Giving::All => true,
+            Giving::Nothing => false,
         }
     }
 
-    fn key(&self) -> Option<&[u8]> {
-        match *self {
-            Giving::Fence(key, _) | Giving::Value(key, _) => Some(key),
-            Giving::Free => None,
+    /// Whether what is given back is still held as read.
+    fn holds(&self, holders: &[HeldKey]) -> bool {
+        match self {
+            Giving::All => !holders.is_empty(),
+            Giving::Nothing => true,
+            _ => holders.iter().any(|h| self.gives(h)),
         }
     }
 }
@@ -95,8 +124,8 @@ impl Giving<'_> {
 /// How a hand-off ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Passed {
-    /// Given back: freed, or handed to a waiter (its fence).
-    Done(Option<u64>),
+    /// Given back: freed, or handed to waiters.
+    Done,
     /// The holder was not (or no longer) the one to give back.
     NotHeld,
 }
@@ -109,9 +138,11 @@ pub(super) enum Expire {
 }
 
 impl EtcdBackend {
-    /// Give back the lock `from` holds (`snapshot`: the state read last),
-    /// to its oldest live waiter if there is one. `extra` runs in the same
-    /// transaction (a flight's result).
+    /// Give back what `from` holds (`snapshot`: the state read last), then
+    /// grant the oldest live waiter if it fits beside the holds left, and
+    /// every following one that fits, one transaction each (each grant's
+    /// revision is its fence). `extra` runs in the first transaction (a
+    /// flight's result).
     pub(super) async fn pass_on(
         &self,
         keys: &LockKeys,
@@ -121,73 +152,90 @@ impl EtcdBackend {
         end: Instant,
     ) -> Result<Passed, LockError> {
         const WHAT: &str = "hand-off";
+        // Once given back, only grants are left to make.
+        let mut from = from;
+        let mut given = matches!(from, Giving::Nothing);
         loop {
             if Instant::now() >= end {
                 return Err(timed_out("handing an etcd lock over"));
             }
-            if !from.holds(snapshot.holder.as_ref()) {
-                return Ok(Passed::NotHeld);
+            if !from.holds(&snapshot.holders) {
+                return Ok(if given { Passed::Done } else { Passed::NotHeld });
             }
-            let mut ops: Vec<TxnOp> = extra.to_vec();
-            if let Some(holder) = &snapshot.holder {
-                ops.push(TxnOp::delete(holder.key.clone(), None));
-                // (The index entry is the new holder's too when it is the
-                // same owner.)
-                let same_owner = snapshot
-                    .head
-                    .as_ref()
-                    .is_some_and(|w| w.value.owner == holder.owner);
-                if !same_owner {
-                    ops.push(TxnOp::delete(keys.index(&holder.owner), None));
+            let (gone, left): (Vec<&HeldKey>, Vec<&HeldKey>) =
+                snapshot.holders.iter().partition(|h| from.gives(h));
+            let head = snapshot.head.take();
+            let queued = head.is_some();
+            let head = match head {
+                Some(w) if w.value.is_past() || holds_already(&snapshot.holders, &w, keys) => {
+                    // A waiter whose max wait is over, or an acquisition
+                    // queued behind itself (a retry whose reply was lost):
+                    // not a waiter to hand to.
+                    self.drop_waiter(keys, &w, end).await?;
+                    snapshot = self.snapshot(keys, end).await?;
+                    continue;
+                }
+                Some(w) if fits(w.value.kind, left.iter().copied()) => Some(w),
+                _ => None,
+            };
+            let mut ops: Vec<TxnOp> = if given { Vec::new() } else { extra.to_vec() };
+            for h in &gone {
+                ops.push(TxnOp::delete(h.key.clone(), None));
+                // (The index entry stays while the owner holds or is
+                // handed another hold of the lock.)
+                let kept = left.iter().any(|l| l.owner == h.owner)
+                    || head.as_ref().is_some_and(|w| w.value.owner == h.owner);
+                if !kept {
+                    ops.push(TxnOp::delete(keys.index(&h.owner), None));
                 }
             }
-            let reread = [keys.get_holder(), keys.get_head()];
-            let Some(head) = snapshot.head.take() else {
-                let txn = Txn::new()
-                    .when([from.condition(keys), keys.nobody_queued()])
-                    .and_then(ops)
-                    .or_else(reread);
+            let mut when: Vec<Compare> = from.condition(keys, snapshot.at).into_iter().collect();
+            let reread = [keys.get_holders(), keys.get_head()];
+            let Some(head) = head else {
+                if given {
+                    return Ok(Passed::Done);
+                }
+                // Nobody to grant: give back (with nobody queued, unless
+                // a waiter came: then read again and grant it).
+                if !queued {
+                    when.push(keys.nobody_queued());
+                }
+                let txn = Txn::new().when(when).and_then(ops).or_else(reread);
                 let reply = self.shared.conn.txn(WHAT, txn, end).await?;
                 if reply.succeeded() {
-                    return Ok(Passed::Done(None));
+                    return Ok(Passed::Done);
                 }
                 snapshot = Snapshot::read(keys, &reply, 0, WHAT)?;
                 continue;
             };
-            let new_key = keys.holder(&head.value.owner, head.value.attempt);
-            if from.key() == Some(new_key.as_slice()) || head.value.is_past() {
-                // The same acquisition queued behind itself (a retry whose
-                // reply was lost), or a waiter whose max wait is over: not
-                // a waiter to hand to.
-                self.drop_waiter(keys, &head, end).await?;
-                snapshot = self.snapshot(keys, end).await?;
-                continue;
-            }
             let value = HolderValue::new(
                 std::time::SystemTime::now(),
                 std::time::Duration::from_millis(head.value.ttl_ms),
+                head.value.kind,
                 head.value.metadata.as_ref(),
             );
             ops.push(TxnOp::delete(head.key.clone(), None));
             ops.push(TxnOp::put(
-                new_key,
+                head.holder_key(keys),
                 value.encode(),
                 Some(etcd_client::PutOptions::new().with_lease(head.lease)),
             ));
-            let txn = Txn::new()
-                .when([
-                    from.condition(keys),
-                    Compare::mod_revision(head.key.clone(), CompareOp::Equal, head.mod_revision),
-                ])
-                .and_then(ops)
-                .or_else(reread);
+            let read_at = ops.len();
+            ops.extend(reread.clone());
+            when.push(Compare::mod_revision(
+                head.key.clone(),
+                CompareOp::Equal,
+                head.mod_revision,
+            ));
+            // No hold came since the read: the head fits beside what is
+            // held (holds that went away since only leave more room).
+            when.push(keys.holds_unchanged_since(snapshot.at));
+            let txn = Txn::new().when(when).and_then(ops).or_else(reread);
             match self.shared.conn.txn_with_lease(WHAT, txn, end).await? {
                 Ok(reply) if reply.succeeded() => {
-                    let fence = reply
-                        .header()
-                        .and_then(|h| u64::try_from(h.revision()).ok())
-                        .ok_or_else(|| bad_reply(WHAT))?;
-                    return Ok(Passed::Done(Some(fence)));
+                    given = true;
+                    from = Giving::Nothing;
+                    snapshot = Snapshot::read(keys, &reply, read_at, WHAT)?;
                 }
                 Ok(reply) => snapshot = Snapshot::read(keys, &reply, 0, WHAT)?,
                 Err(_gone) => {
@@ -225,23 +273,30 @@ impl EtcdBackend {
         keys: &LockKeys,
         end: Instant,
     ) -> Result<Snapshot, LockError> {
-        let txn = Txn::new().and_then([keys.get_holder(), keys.get_head()]);
+        let txn = Txn::new().and_then([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn("reading a lock", txn, end).await?;
         Snapshot::read(keys, &reply, 0, "reading a lock")
     }
 
-    /// An orphaned queue (no holder, waiters left): hand it to its head.
-    /// What a newcomer, a status and a waiter do when they see one.
+    /// A queue whose head fits beside the holds (an orphaned queue: no
+    /// holder, waiters left; or a waiter left behind): grant it. What a
+    /// newcomer, a status and a waiter do when they see one. Whether there
+    /// was one.
     pub(super) async fn adopt_orphan(
         &self,
         keys: &LockKeys,
         snapshot: Snapshot,
         end: Instant,
-    ) -> Result<(), LockError> {
-        if snapshot.holder.is_none() && snapshot.head.is_some() {
-            self.pass_on(keys, snapshot, Giving::Free, &[], end).await?;
+    ) -> Result<bool, LockError> {
+        let stranded = snapshot
+            .head
+            .as_ref()
+            .is_some_and(|w| fits(w.value.kind, &snapshot.holders));
+        if stranded {
+            self.pass_on(keys, snapshot, Giving::Nothing, &[], end)
+                .await?;
         }
-        Ok(())
+        Ok(stranded)
     }
 
     /// An expiry armed for `value` of `holder_key`: release it if it still
@@ -267,7 +322,7 @@ impl EtcdBackend {
                 TxnOp::delete(holder_key, None),
                 TxnOp::delete(keys.index(&owner), None),
             ])
-            .or_else([keys.get_holder(), keys.get_head()]);
+            .or_else([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {
             return Ok(Expire::Done);
@@ -277,10 +332,16 @@ impl EtcdBackend {
             .pass_on(keys, snapshot, Giving::Value(holder_key, value), &[], end)
             .await?
         {
-            Passed::Done(_) => Ok(Expire::Done),
+            Passed::Done => Ok(Expire::Done),
             Passed::NotHeld => Ok(Expire::Gone),
         }
     }
+}
+
+/// Whether waiter `w`'s acquisition holds already (a retry of it queued).
+fn holds_already(holders: &[HeldKey], w: &Waiter, keys: &LockKeys) -> bool {
+    let key = w.holder_key(keys);
+    holders.iter().any(|h| h.key == key)
 }
 
 /// Delete `[start, end)`.

@@ -9,6 +9,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarge
 
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
+use crate::spec::LockKind;
 use crate::time::unix_ms;
 
 /// The longest `E` stored: longer encodings are hashed (etcd takes long
@@ -40,21 +41,25 @@ impl LockKeys {
         }
     }
 
-    fn with(&self, tail: &[u8]) -> Vec<u8> {
+    pub(super) fn with(&self, tail: &[u8]) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.base.len() + tail.len());
         k.extend_from_slice(&self.base);
         k.extend_from_slice(tail);
         k
     }
 
-    /// `[…/h/, …/h0)`: the holder keys (one at most).
+    /// `[…/h/, …/h0)`: the holder keys (one exclusive, or the holds of a
+    /// shared or permits group; see `kinds.rs`).
     pub(super) fn holders(&self) -> (Vec<u8>, Vec<u8>) {
         (self.with(b"h/"), self.with(&[b'h', AFTER_SLASH]))
     }
 
-    /// `…/h/<owner> <attempt>`: the holder key of one acquisition.
-    pub(super) fn holder(&self, owner: &str, attempt: u64) -> Vec<u8> {
-        self.with(format!("h/{owner} {attempt}").as_bytes())
+    /// The holder key of one acquisition of `kind`: `…/h/<owner> <attempt>`
+    /// for an exclusive one, with the kind's tag before the owner for
+    /// another (`…/h/ s <owner> <attempt>`, `…/h/ p<n> <owner> <attempt>`).
+    pub(super) fn holder(&self, kind: LockKind, owner: &str, attempt: u64) -> Vec<u8> {
+        let tag = super::kinds::tag(kind);
+        self.with(format!("h/{tag}{owner} {attempt}").as_bytes())
     }
 
     /// The range of `owner`'s holder keys: `[…/h/<owner> , …/h/<owner>!)`
@@ -94,11 +99,18 @@ impl LockKeys {
 
     /// Owner and attempt of a holder key of this lock.
     pub(super) fn parse_holder<'k>(&self, key: &'k [u8]) -> Option<(&'k str, u64)> {
+        self.parse_hold(key)
+            .map(|(_, owner, attempt)| (owner, attempt))
+    }
+
+    /// Kind, owner and attempt of a holder key of this lock.
+    pub(super) fn parse_hold<'k>(&self, key: &'k [u8]) -> Option<(LockKind, &'k str, u64)> {
         let tail = key
             .strip_prefix(self.base.as_slice())?
             .strip_prefix(b"h/")?;
-        let (owner, attempt) = std::str::from_utf8(tail).ok()?.rsplit_once(' ')?;
-        Some((owner, attempt.parse().ok()?))
+        let (kind, rest) = super::kinds::untag(std::str::from_utf8(tail).ok()?)?;
+        let (owner, attempt) = rest.rsplit_once(' ')?;
+        Some((kind, owner, attempt.parse().ok()?))
     }
 
     // -- Conditions and reads used by several transactions. --
@@ -135,10 +147,17 @@ impl LockKeys {
         Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
     }
 
-    /// Read the holder (one key at most).
-    pub(super) fn get_holder(&self) -> TxnOp {
+    /// Read every holder, oldest grant first.
+    pub(super) fn get_holders(&self) -> TxnOp {
         let (start, end) = self.holders();
-        TxnOp::get(start, Some(GetOptions::new().with_range(end).with_limit(1)))
+        TxnOp::get(
+            start,
+            Some(
+                GetOptions::new()
+                    .with_range(end)
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        )
     }
 
     /// Read the oldest waiter.
@@ -174,6 +193,8 @@ pub(super) fn index_range(prefix: &str, owner: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// What a holder key stores: `"<acquired ms> <expires ms> <ttl ms>"`, then
+/// ` <kind>` for a shared hold or a permit (`shared`, `permits=N`: an
+/// exclusive hold's value is unchanged, so are its keys and its cost), then
 /// `\n` and the metadata's JSON when there is some. Times are the wall
 /// clock of the process that wrote it (etcd has no clock to read); every
 /// write of a holder key stores a new value, which a pending expiry
@@ -183,24 +204,32 @@ pub(super) struct HolderValue {
     pub(super) acquired_ms: u64,
     pub(super) expires_ms: u64,
     pub(super) ttl_ms: u64,
+    pub(super) kind: LockKind,
     pub(super) metadata: Option<LockMetadata>,
 }
 
 impl HolderValue {
     /// Acquired at `now` for `ttl`.
-    pub(super) fn new(now: SystemTime, ttl: Duration, metadata: Option<&LockMetadata>) -> Self {
+    pub(super) fn new(
+        now: SystemTime,
+        ttl: Duration,
+        kind: LockKind,
+        metadata: Option<&LockMetadata>,
+    ) -> Self {
         let now_ms = unix_ms(now);
         let ttl_ms = ceil_ms(ttl);
         HolderValue {
             acquired_ms: now_ms,
             expires_ms: now_ms.saturating_add(ttl_ms),
             ttl_ms,
+            kind,
             metadata: metadata.cloned(),
         }
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = format!("{} {} {}", self.acquired_ms, self.expires_ms, self.ttl_ms);
+        push_kind(&mut out, self.kind);
         if let Some(m) = &self.metadata {
             out.push('\n');
             out.push_str(m.as_json());
@@ -214,16 +243,18 @@ impl HolderValue {
             Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
             None => (text, None),
         };
-        let mut fields = head.split(' ').map(str::parse::<u64>);
-        let (Some(Ok(acquired_ms)), Some(Ok(expires_ms)), Some(Ok(ttl_ms)), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
+        let mut fields = head.split(' ');
+        let mut number = || fields.next()?.parse::<u64>().ok();
+        let (acquired_ms, expires_ms, ttl_ms) = (number()?, number()?, number()?);
+        let kind = parse_kind(fields.next())?;
+        if fields.next().is_some() {
             return None;
-        };
+        }
         Some(HolderValue {
             acquired_ms,
             expires_ms,
             ttl_ms,
+            kind,
             metadata,
         })
     }
@@ -243,7 +274,8 @@ impl HolderValue {
 }
 
 /// What a waiter key stores: `"<ttl ms> <attempt> <deadline ms> <owner>"`,
-/// then `\n` and the metadata's JSON when there is some: everything a
+/// then ` <kind>` when not exclusive (owner tokens have no spaces), then
+/// `\n` and the metadata's JSON when there is some: everything a
 /// release needs to hand the lock to it. Past its deadline (its max wait,
 /// by its process's clock) an entry is skipped: its waiter has given up,
 /// or its process is gone, or it was written by a call whose reply never
@@ -254,6 +286,7 @@ pub(super) struct WaiterValue {
     pub(super) attempt: u64,
     pub(super) deadline_ms: u64,
     pub(super) owner: String,
+    pub(super) kind: LockKind,
     pub(super) metadata: Option<LockMetadata>,
 }
 
@@ -268,6 +301,7 @@ impl WaiterValue {
             "{} {} {} {}",
             self.ttl_ms, self.attempt, self.deadline_ms, self.owner
         );
+        push_kind(&mut out, self.kind);
         if let Some(m) = &self.metadata {
             out.push('\n');
             out.push_str(m.as_json());
@@ -281,16 +315,18 @@ impl WaiterValue {
             Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
             None => (text, None),
         };
-        let mut fields = head.splitn(4, ' ');
+        let mut fields = head.splitn(5, ' ');
         let ttl_ms = fields.next()?.parse().ok()?;
         let attempt = fields.next()?.parse().ok()?;
         let deadline_ms = fields.next()?.parse().ok()?;
         let owner = fields.next()?.to_owned();
+        let kind = parse_kind(fields.next())?;
         Some(WaiterValue {
             ttl_ms,
             attempt,
             deadline_ms,
             owner,
+            kind,
             metadata,
         })
     }
@@ -320,6 +356,8 @@ impl Waiter {
 #[derive(Clone, Debug)]
 pub(super) struct HeldKey {
     pub(super) key: Vec<u8>,
+    /// The kind, as its key says.
+    pub(super) kind: LockKind,
     pub(super) owner: String,
     pub(super) attempt: u64,
     /// The fence: the revision that created the key.
@@ -330,15 +368,33 @@ pub(super) struct HeldKey {
 
 impl HeldKey {
     pub(super) fn from_kv(keys: &LockKeys, kv: &KeyValue) -> Option<Self> {
-        let (owner, attempt) = keys.parse_holder(kv.key())?;
+        let (kind, owner, attempt) = keys.parse_hold(kv.key())?;
         Some(HeldKey {
             key: kv.key().to_vec(),
+            kind,
             owner: owner.to_owned(),
             attempt,
             fence: u64::try_from(kv.create_revision()).ok()?,
             value: HolderValue::decode(kv.value())?,
             raw_value: kv.value().to_vec(),
         })
+    }
+}
+
+/// ` <kind>` after a value's fields, for a kind other than exclusive.
+fn push_kind(out: &mut String, kind: LockKind) {
+    if kind != LockKind::Exclusive {
+        out.push(' ');
+        out.push_str(&kind.to_string());
+    }
+}
+
+/// The optional kind field: exclusive when absent; `None` when malformed.
+fn parse_kind(field: Option<&str>) -> Option<LockKind> {
+    match field {
+        None => Some(LockKind::Exclusive),
+        // Written by push_kind only: "exclusive" is never stored.
+        Some(text) => text.parse().ok().filter(|k| *k != LockKind::Exclusive),
     }
 }
 
@@ -367,19 +423,22 @@ mod tests {
         let a = LockKeys::new("p/", &LockKey::global("a").unwrap());
         let b = LockKeys::new("p/", &LockKey::global("a/h/b").unwrap());
         let (start, end) = a.holders();
-        let hb = b.holder("o", 1);
+        let x = LockKind::Exclusive;
+        let hb = b.holder(x, "o", 1);
         assert!(!(hb >= start && hb < end), "another lock's holder in range");
         let (start, end) = a.owner_holders("o");
-        assert!(a.holder("o", 7) >= start && a.holder("o", 7) < end);
-        assert!(a.holder("o!", 7) >= end || a.holder("o!", 7) < start);
-        assert!(a.holder("oo", 7) >= end);
-        assert_eq!(a.parse_holder(&a.holder("x/y", 42)), Some(("x/y", 42)));
+        assert!(a.holder(x, "o", 7) >= start && a.holder(x, "o", 7) < end);
+        assert!(a.holder(x, "o!", 7) >= end || a.holder(x, "o!", 7) < start);
+        assert!(a.holder(x, "oo", 7) >= end);
+        assert_eq!(a.parse_holder(&a.holder(x, "x/y", 42)), Some(("x/y", 42)));
     }
 
     #[test]
     fn values_round_trip() {
         let meta = LockMetadata::new(json!({"by": "cron\nx"})).unwrap();
-        let v = HolderValue::new(SystemTime::now(), Duration::from_micros(1500), Some(&meta));
+        let now = SystemTime::now();
+        let exclusive = LockKind::Exclusive;
+        let v = HolderValue::new(now, Duration::from_micros(1500), exclusive, Some(&meta));
         assert_eq!(v.ttl_ms, 2);
         assert_eq!(HolderValue::decode(&v.encode()), Some(v));
         let w = WaiterValue {
@@ -387,9 +446,44 @@ mod tests {
             attempt: 9,
             deadline_ms: 1_795_000_000_000,
             owner: "o-1".into(),
+            kind: exclusive,
             metadata: Some(meta),
         };
         assert_eq!(WaiterValue::decode(&w.encode()), Some(w));
         assert_eq!(HolderValue::decode(b"1 2"), None);
+    }
+
+    #[test]
+    fn kinds_are_stored_and_exclusive_values_are_unchanged() {
+        // An exclusive hold stores what it stored before kinds existed.
+        let v = HolderValue::new(
+            from_ms(1_000),
+            Duration::from_secs(2),
+            LockKind::Exclusive,
+            None,
+        );
+        assert_eq!(v.encode(), b"1000 3000 2000");
+        for kind in [LockKind::Shared, LockKind::Permits(3)] {
+            let v = HolderValue::new(from_ms(1_000), Duration::from_secs(2), kind, None);
+            assert_eq!(HolderValue::decode(&v.encode()).map(|v| v.kind), Some(kind));
+            let w = WaiterValue {
+                ttl_ms: 1,
+                attempt: 2,
+                deadline_ms: 3,
+                owner: "o".into(),
+                kind,
+                metadata: None,
+            };
+            let back = WaiterValue::decode(&w.encode()).unwrap();
+            assert_eq!((back.owner.as_str(), back.kind), ("o", kind));
+        }
+        assert_eq!(
+            WaiterValue::decode(b"1 2 3 o").map(|w| w.kind),
+            Some(LockKind::Exclusive)
+        );
+        // Malformed kinds are refused, not read as exclusive.
+        assert_eq!(HolderValue::decode(b"1 2 3 permits=0"), None);
+        assert_eq!(HolderValue::decode(b"1 2 3 exclusive"), None);
+        assert_eq!(WaiterValue::decode(b"1 2 3 o bogus"), None);
     }
 }

@@ -9,11 +9,12 @@ use super::EtcdBackend;
 use super::conn::bad_reply;
 use super::handoff::{Giving, Passed};
 use super::keys::{HeldKey, index_range};
+use super::kinds::held_as;
 use super::ops::{after, kvs_at};
-use crate::backend::{HeldBy, LockStatus};
+use crate::backend::{HeldBy, Hold, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::owners_match;
+use crate::spec::{LockKind, owners_match};
 
 impl EtcdBackend {
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -21,13 +22,15 @@ impl EtcdBackend {
         let end = self.deadline();
         loop {
             let snapshot = self.snapshot(&keys, end).await?;
-            let Some(h) = snapshot.holder.clone() else {
+            if snapshot.holders.is_empty() {
                 self.adopt_orphan(&keys, snapshot, end).await?;
                 return Ok(false);
-            };
-            let from = Giving::Fence(&h.key, h.fence);
-            if let Passed::Done(_) = self.pass_on(&keys, snapshot, from, &[], end).await? {
-                self.shared.expiries.disarm_range(&h.key, &after(&h.key));
+            }
+            let freed: Vec<Vec<u8>> = snapshot.holders.iter().map(|h| h.key.clone()).collect();
+            if let Passed::Done = self.pass_on(&keys, snapshot, Giving::All, &[], end).await? {
+                for key in freed {
+                    self.shared.expiries.disarm_range(&key, &after(&key));
+                }
                 return Ok(true);
             }
         }
@@ -42,21 +45,22 @@ impl EtcdBackend {
         let end = self.deadline();
         for _ in 0..3 {
             // Read-only: a linearizable read, no Raft write.
-            let txn = Txn::new().and_then([keys.get_holder(), keys.count_queue()]);
+            let txn = Txn::new().and_then([keys.get_holders(), keys.count_queue()]);
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             let waiters = match reply.op_responses().get(1) {
                 Some(TxnOpResponse::Get(get)) => usize::try_from(get.count()).unwrap_or(0),
                 _ => return Err(bad_reply(WHAT)),
             };
-            let holder = match kvs_at(&reply, 0, WHAT)?.first() {
-                None => None,
-                Some(kv) => Some(HeldKey::from_kv(&keys, kv).ok_or_else(|| bad_reply(WHAT))?),
-            };
-            match holder {
-                Some(h) => {
+            let holders = kvs_at(&reply, 0, WHAT)?
+                .iter()
+                .map(|kv| HeldKey::from_kv(&keys, kv).ok_or_else(|| bad_reply(WHAT)))
+                .collect::<Result<Vec<_>, _>>()?;
+            match held_as(&holders) {
+                Some(LockKind::Exclusive) => {
+                    let h = &holders[0];
                     let v = &h.value;
                     let status = LockStatus::new(
-                        h.owner,
+                        h.owner.clone(),
                         h.fence,
                         v.acquired_at(),
                         v.expires_at(),
@@ -65,6 +69,11 @@ impl EtcdBackend {
                     .with_waiters(waiters)
                     .with_metadata(v.metadata.clone());
                     return Ok(Some(status));
+                }
+                Some(kind) => {
+                    let holds = holders.iter().map(hold_of).collect();
+                    let status = LockStatus::of_holders(kind, holds);
+                    return Ok(status.map(|s| s.with_waiters(waiters)));
                 }
                 None if waiters == 0 => return Ok(None),
                 None => {
@@ -105,9 +114,10 @@ impl EtcdBackend {
                 Some(lock) => self.status_inner(lock).await?,
                 None => None,
             };
-            match (lock, status) {
-                (Some(lock), Some(s)) if owners_match(&s.owner, owner) => {
-                    found.push(HeldBy::new(lock, s));
+            let mine = status.map_or_else(Vec::new, |s| of_owner(s, owner));
+            match lock {
+                Some(lock) if !mine.is_empty() => {
+                    found.extend(mine.into_iter().map(|s| HeldBy::new(lock.clone(), s)));
                 }
                 _ => stale.push(kv),
             }
@@ -127,4 +137,36 @@ impl EtcdBackend {
         found.truncate(limit);
         Ok(found)
     }
+}
+
+/// A hold of a group as the status lists it.
+fn hold_of(h: &HeldKey) -> Hold {
+    let v = &h.value;
+    Hold::new(
+        h.owner.clone(),
+        h.fence,
+        v.acquired_at(),
+        v.expires_at(),
+        v.remaining(),
+    )
+    .with_metadata(v.metadata.clone())
+}
+
+/// `owner`'s holds in `status`, as statuses of their own (one for an
+/// exclusive lock it holds).
+fn of_owner(status: LockStatus, owner: &str) -> Vec<LockStatus> {
+    if status.holders.is_empty() {
+        return if owners_match(&status.owner, owner) {
+            vec![status]
+        } else {
+            Vec::new()
+        };
+    }
+    let kind = status.kind;
+    status
+        .holders
+        .into_iter()
+        .filter(|h| owners_match(&h.owner, owner))
+        .filter_map(|h| LockStatus::of_holders(kind, vec![h]))
+        .collect()
 }

@@ -24,6 +24,17 @@
 //!   the same transaction: new fence, its TTL); a newcomer never barges
 //!   past the queue, also after a holder's lease ran out (whoever sees
 //!   that first hands the lock to the queue's head).
+//! - **Shared holds and permits** ([`LockKind`](crate::LockKind)): each
+//!   hold is a holder key of its own (own lease, fence, TTL, metadata);
+//!   the kind is in the key, so that each family is one key range a
+//!   transaction compares whole. A shared hold is granted in one
+//!   transaction (no writer, no permits, nobody queued); a permit beside
+//!   others after a read, by a transaction that fails if any hold was
+//!   made since. A request of another family is refused
+//!   ([`LockError::KindMismatch`]) in the same transaction that would
+//!   queue it, never queued. A hand-off grants the head of the queue and
+//!   every following waiter that fits (consecutive readers, permits while
+//!   there is room), one transaction each: each gets a greater fence.
 //! - **No polling, no herd**: each waiter watches one key, the waiter
 //!   before it (or the holder, when it is the oldest); the hand-off itself
 //!   wakes it, with its lease in the event. A jittered, capped re-read is
@@ -46,8 +57,8 @@
 //!
 //! | key | lease | value |
 //! |---|---|---|
-//! | `tower-lock/<n>:E/h/<owner> <attempt>` | the holder process's | `"<acquired ms> <expires ms> <ttl ms>"` and `\n<metadata JSON>`; its create revision is the fence |
-//! | `tower-lock/<n>:E/q/<id>` | the waiter process's | `"<ttl ms> <attempt> <deadline ms> <owner>"` and `\n<metadata JSON>`: one per waiting acquire call, ordered by create revision; skipped and deleted by a hand-off once its deadline (the max wait's end) has passed |
+//! | `tower-lock/<n>:E/h/<owner> <attempt>`; `…/h/ s <owner> <attempt>` for a shared hold, `…/h/ p<N> <owner> <attempt>` for one of `N` permits | the holder process's | `"<acquired ms> <expires ms> <ttl ms>"`, ` <kind>` for a shared hold or permit (`shared`, `permits=N`), and `\n<metadata JSON>`; its create revision is the fence. One per hold: an exclusive lock has one, a shared or permits group one per holder (sorted before an exclusive holder's) |
+//! | `tower-lock/<n>:E/q/<id>` | the waiter process's | `"<ttl ms> <attempt> <deadline ms> <owner>"`, ` <kind>` when not exclusive, and `\n<metadata JSON>`: one per waiting acquire call, ordered by create revision; skipped and deleted by a hand-off once its deadline (the max wait's end) has passed |
 //! | `tower-lock/<n>:E/r` | the publisher process's (deleted by its timer when no longer kept) | a single-flight's latest result (`E` = `f:<name>`): `"<seq> <fresh until ms>\n"` and its bytes |
 //! | `tower-lock/o/<owner> <n>:E` | the acquirer's | the owner index (opt-in, [`index_owners`](EtcdBackend::index_owners)): `E` unhashed; a hint checked on every lookup |
 //!
@@ -76,9 +87,11 @@ mod expiry;
 mod flight;
 mod handoff;
 mod keys;
+mod kinds;
 mod leases;
 mod lookup;
 mod ops;
+mod take;
 mod wait;
 mod watch;
 
@@ -319,10 +332,12 @@ impl LockBackend for EtcdBackend {
         "etcd"
     }
 
+    /// Every kind: exclusive, shared holds and permits.
+    fn supports(&self, _kind: crate::spec::LockKind) -> bool {
+        true
+    }
+
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
-        if let Some(refused) = super::exclusive_only(req) {
-            return refused;
-        }
         Box::pin(self.acquire_inner(req))
     }
 

@@ -4,19 +4,17 @@
 
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{
-    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
+use etcd_client::{KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::conn::bad_reply;
 use super::handoff::{Giving, Passed, Snapshot, delete_range};
-use super::keys::{HeldKey, HolderValue, LockKeys, WaiterValue, ceil_ms};
+use super::keys::{HeldKey, HolderValue, LockKeys, ceil_ms};
 use crate::backend::{Holder, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{AcquireRequest, owners_match, validate_ttl};
+use crate::spec::{LockKind, owners_match, validate_ttl};
 
 pub(super) enum Attempt {
     Acquired(Lease),
@@ -66,178 +64,6 @@ impl EtcdBackend {
         LockKeys::new(&self.prefix, key)
     }
 
-    /// One acquire attempt; `queue` is the entry id of a waiter, which joins
-    /// the queue when the lock is busy.
-    pub(super) async fn attempt(
-        &self,
-        req: &AcquireRequest,
-        keys: &LockKeys,
-        queue: Option<u64>,
-        wait_until: Option<SystemTime>,
-        end: Instant,
-    ) -> Result<Attempt, LockError> {
-        const WHAT: &str = "acquire";
-        let lease = self
-            .shared
-            .leases
-            .lease_for(&self.shared, req.ttl(), end)
-            .await?;
-        let holder_key = keys.holder(req.owner(), req.attempt());
-        loop {
-            let (now, at) = (SystemTime::now(), Instant::now());
-            let value = HolderValue::new(now, req.ttl(), req.metadata()).encode();
-            let with_lease = || Some(PutOptions::new().with_lease(lease));
-            let mut granted = vec![TxnOp::put(holder_key.clone(), value.clone(), with_lease())];
-            let mut busy = vec![keys.get_holder(), keys.get_head()];
-            if self.index_owners {
-                let index = TxnOp::put(
-                    keys.index(req.owner()),
-                    req.key().encoded(usize::MAX),
-                    with_lease(),
-                );
-                granted.push(index.clone());
-                busy.push(index);
-            }
-            let entry = queue.map(|id| keys.waiter(id));
-            if let Some(entry) = &entry {
-                let waiter = WaiterValue {
-                    ttl_ms: ceil_ms(req.ttl()),
-                    attempt: req.attempt(),
-                    deadline_ms: crate::time::unix_ms(wait_until.unwrap_or(now)),
-                    owner: req.owner().to_owned(),
-                    metadata: req.metadata().cloned(),
-                };
-                busy.push(TxnOp::put(entry.clone(), waiter.encode(), with_lease()));
-                let (start, stop) = keys.queue();
-                // The newest two entries: this one and the one before it.
-                busy.push(TxnOp::get(
-                    start,
-                    Some(
-                        GetOptions::new()
-                            .with_range(stop)
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(2)
-                            .with_keys_only(),
-                    ),
-                ));
-            }
-            let txn = Txn::new()
-                .when([keys.free(), keys.nobody_queued()])
-                .and_then(granted)
-                .or_else(busy);
-            // Armed before it is sent: if it lands and the reply is lost,
-            // it must still expire on time.
-            let expiries = &self.shared.expiries;
-            let deadline = at + req.ttl();
-            expiries.arm(
-                self,
-                req.key(),
-                holder_key.clone(),
-                value.clone(),
-                None,
-                deadline,
-            );
-            let reply = self.shared.conn.txn(WHAT, txn, end).await?;
-            let rev = revision(&reply, WHAT)?;
-            if reply.succeeded() {
-                let fence = u64::try_from(rev).map_err(|_| bad_reply(WHAT))?;
-                expiries.landed(&holder_key, &value, fence);
-                return Ok(Attempt::Acquired(Lease::new(fence, now, now, req.ttl())));
-            }
-            expiries.disarm_value(&holder_key, &value);
-            let snapshot = Snapshot::read(keys, &reply, 0, WHAT)?;
-            let queued = match &entry {
-                None => None,
-                Some(entry) => {
-                    let newest = kvs_at(&reply, reply.op_responses().len() - 1, WHAT)?;
-                    Some(Queued {
-                        entry: entry.clone(),
-                        revision: rev,
-                        before: newest.get(1).map(|kv| kv.key().to_vec()),
-                    })
-                }
-            };
-            match snapshot.holder {
-                Some(h) if h.key == holder_key => {
-                    // A retry of our own acquisition: same fence, TTL
-                    // refreshed (and the entry it just made dropped).
-                    if let Some(lease) = self.refresh(req, &h, lease, queued.as_ref(), end).await? {
-                        return Ok(Attempt::Acquired(lease));
-                    }
-                }
-                Some(h) => {
-                    return Ok(Attempt::Busy {
-                        retry_after: h.value.remaining(),
-                        queued,
-                    });
-                }
-                None => {
-                    // Waiters left without a holder: hand to the oldest,
-                    // then see again (we are a newcomer behind them).
-                    self.adopt_orphan(keys, snapshot, end).await?;
-                    if let Some(queued) = queued {
-                        return Ok(Attempt::Busy {
-                            retry_after: Duration::ZERO,
-                            queued: Some(queued),
-                        });
-                    }
-                }
-            }
-            if Instant::now() >= end {
-                return Err(super::conn::timed_out("acquiring an etcd lock"));
-            }
-        }
-    }
-
-    /// Refresh the TTL of our own acquisition `h`; `None` when it changed
-    /// meanwhile.
-    async fn refresh(
-        &self,
-        req: &AcquireRequest,
-        h: &HeldKey,
-        lease: i64,
-        queued: Option<&Queued>,
-        end: Instant,
-    ) -> Result<Option<Lease>, LockError> {
-        let (now, at) = (SystemTime::now(), Instant::now());
-        let value = HolderValue {
-            expires_ms: crate::time::unix_ms(now).saturating_add(ceil_ms(req.ttl())),
-            ttl_ms: ceil_ms(req.ttl()),
-            ..h.value.clone()
-        }
-        .encode();
-        let mut ops = vec![TxnOp::put(
-            h.key.clone(),
-            value.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        )];
-        if let Some(q) = queued {
-            ops.push(TxnOp::delete(q.entry.clone(), None));
-        }
-        let txn = Txn::new().when([fence_is(&h.key, h.fence)]).and_then(ops);
-        let expiries = &self.shared.expiries;
-        expiries.arm(
-            self,
-            req.key(),
-            h.key.clone(),
-            value.clone(),
-            Some(h.fence),
-            at + req.ttl(),
-        );
-        let reply = self.shared.conn.txn("acquire (retry)", txn, end).await?;
-        if !reply.succeeded() {
-            expiries.disarm_value(&h.key, &value);
-            return Ok(None);
-        }
-        expiries.disarm_others(&h.key, &value);
-        Ok(Some(Lease::new(
-            h.fence,
-            h.value.acquired_at(),
-            now,
-            req.ttl(),
-        )))
-    }
-
     pub(super) async fn release_inner(
         &self,
         key: &LockKey,
@@ -257,26 +83,30 @@ impl EtcdBackend {
                 keys.nobody_queued(),
             ])
             .and_then(ops)
-            .or_else([keys.get_holder(), keys.get_head()]);
+            .or_else([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {
             self.shared.expiries.disarm_range(&start, &stop);
             return Ok(());
         }
         let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
-        let Some(h) = snapshot.holder.clone() else {
-            self.shared.expiries.disarm_range(&start, &stop);
-            return Err(LockError::NotFound);
-        };
-        if !holder.matches(&h.owner, h.fence) {
+        let Some(h) = snapshot.find(holder).cloned() else {
+            if snapshot.holders.is_empty() {
+                self.shared.expiries.disarm_range(&start, &stop);
+                return Err(LockError::NotFound);
+            }
             return Err(LockError::OwnershipMismatch);
-        }
+        };
         let outcome = self
             .pass_on(&keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
             .await?;
-        self.shared.expiries.disarm_range(&start, &stop);
+        if h.kind == LockKind::Exclusive {
+            self.shared.expiries.disarm_range(&start, &stop);
+        } else {
+            self.shared.expiries.disarm_range(&h.key, &after(&h.key));
+        }
         match outcome {
-            Passed::Done(_) => Ok(()),
+            Passed::Done => Ok(()),
             // Released or expired meanwhile.
             Passed::NotHeld => Err(LockError::NotFound),
         }
@@ -292,25 +122,27 @@ impl EtcdBackend {
         validate_ttl(ttl)?;
         let keys = self.keys(key);
         let end = self.deadline();
-        let (start, stop) = keys.owner_holders(holder.owner());
+        let (start, stop) = keys.holders();
+        let of_owner = |k: &[u8]| {
+            keys.parse_holder(k)
+                .is_some_and(|(o, _)| o == holder.owner())
+        };
         // What this process wrote last needs no read; else read it.
         let mut known = self
             .shared
             .expiries
-            .known(&start, &stop, holder.fence())
+            .known(&start, &stop, holder.fence(), of_owner)
             .and_then(|k| Some((k.key, k.fence, HolderValue::decode(&k.value)?)));
         let lease = self.shared.leases.lease_for(&self.shared, ttl, end).await?;
         for _ in 0..2 {
             let (holder_key, fence, old) = match known.take() {
                 Some(k) => k,
                 None => {
-                    let h = self.snapshot(&keys, end).await?.holder;
-                    match h {
-                        None => return Err(LockError::NotFound),
-                        Some(h) if !holder.matches(&h.owner, h.fence) => {
-                            return Err(LockError::OwnershipMismatch);
-                        }
-                        Some(h) => (h.key, h.fence, h.value),
+                    let snapshot = self.snapshot(&keys, end).await?;
+                    match snapshot.find(holder) {
+                        Some(h) => (h.key.clone(), h.fence, h.value.clone()),
+                        None if snapshot.holders.is_empty() => return Err(LockError::NotFound),
+                        None => return Err(LockError::OwnershipMismatch),
                     }
                 }
             };
@@ -361,8 +193,17 @@ impl EtcdBackend {
         };
         let keys = self.keys(key);
         let end = self.deadline();
-        let Some(h) = self.snapshot(&keys, end).await?.holder else {
-            return Err(LockError::NotFound);
+        let snapshot = self.snapshot(&keys, end).await?;
+        // Claimed already by this very call, or the hold it names.
+        let again = snapshot
+            .holders
+            .iter()
+            .find(|h| owners_match(&h.owner, holder.owner()) && h.attempt == attempt);
+        let Some(h) = again.or_else(|| snapshot.find(holder)).cloned() else {
+            if snapshot.holders.is_empty() {
+                return Err(LockError::NotFound);
+            }
+            return Err(LockError::OwnershipMismatch);
         };
         let expiries = &self.shared.expiries;
         let lease_of = |h: &HeldKey, fence: u64| Lease {
@@ -394,7 +235,7 @@ impl EtcdBackend {
             .leases
             .lease_for(&self.shared, remaining, end)
             .await?;
-        let new_key = keys.holder(holder.owner(), attempt);
+        let new_key = keys.holder(h.kind, holder.owner(), attempt);
         let txn = Txn::new()
             .when([fence_is(&h.key, h.fence)])
             .and_then([
@@ -405,7 +246,7 @@ impl EtcdBackend {
                     Some(PutOptions::new().with_lease(lease)),
                 ),
             ])
-            .or_else([keys.get_holder()]);
+            .or_else([keys.get_holders()]);
         expiries.arm(
             self,
             key,

@@ -21,6 +21,7 @@ use super::EtcdBackend;
 use super::conn::bad_reply;
 use super::handoff::{Giving, Passed, Snapshot};
 use super::keys::{HeldKey, LockKeys, Waiter};
+use super::kinds::{earliest_end, fits};
 use super::ops::{Attempt, Queued, kvs_at, revision};
 use super::watch::Note;
 use crate::backend::Lease;
@@ -126,7 +127,7 @@ impl EtcdBackend {
                         note = watch.next() => match note {
                             Note::Events(events) => {
                                 // Handed over: our holder key was created.
-                                let mine = keys.holder(req.owner(), req.attempt());
+                                let mine = keys.holder(req.kind(), req.owner(), req.attempt());
                                 let granted = events
                                     .iter()
                                     .find(|(put, kv)| *put && kv.key() == mine.as_slice());
@@ -241,7 +242,7 @@ impl EtcdBackend {
         end: Instant,
     ) -> Result<Seen, LockError> {
         const WHAT: &str = "waiting";
-        let mine = keys.holder(req.owner(), req.attempt());
+        let mine = keys.holder(req.kind(), req.owner(), req.attempt());
         for _ in 0..4 {
             let (start, stop) = keys.queue();
             let before = TxnOp::get(
@@ -256,28 +257,25 @@ impl EtcdBackend {
                 ),
             );
             let txn = Txn::new().and_then([
-                keys.get_holder(),
+                keys.get_holders(),
                 before,
                 TxnOp::get(place.entry.clone(), None),
             ]);
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             let read_at = revision(&reply, WHAT)?;
-            let holder = kvs_at(&reply, 0, WHAT)?;
-            let holder_kv = holder.first();
-            let holder = match holder_kv {
-                Some(kv) => Some(HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(WHAT))?),
-                None => None,
-            };
-            if let (Some(h), Some(kv)) = (&holder, holder_kv)
-                && h.key == mine
-            {
+            let holder_kvs = kvs_at(&reply, 0, WHAT)?;
+            let holders = holder_kvs
+                .iter()
+                .map(|kv| HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(WHAT)))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some((h, kv)) = holders.iter().zip(&holder_kvs).find(|(h, _)| h.key == mine) {
                 return Ok(Seen::Granted(self.granted(req, h, kv.lease())));
             }
             let Some(entry) = kvs_at(&reply, 2, WHAT)?.first().and_then(Waiter::from_kv) else {
                 return Ok(Seen::Lost);
             };
             let before = kvs_at(&reply, 1, WHAT)?.first().map(|kv| kv.key().to_vec());
-            if before.is_some() || holder.is_some() {
+            if before.is_some() || !fits(req.kind(), &holders) {
                 return Ok(Seen::Waiting(Place {
                     entry: place.entry.clone(),
                     revision: place.revision,
@@ -285,12 +283,15 @@ impl EtcdBackend {
                     read_at,
                 }));
             }
-            // The oldest, and nobody holds it: take it.
+            // The oldest, and it fits beside the holds (nobody holds it,
+            // or a hand-off stopped short of it): take it.
             let snapshot = Snapshot {
-                holder: None,
+                holders,
                 head: Some(entry),
+                at: read_at,
             };
-            self.pass_on(keys, snapshot, Giving::Free, &[], end).await?;
+            self.pass_on(keys, snapshot, Giving::Nothing, &[], end)
+                .await?;
         }
         Err(bad_reply(WHAT))
     }
@@ -316,23 +317,20 @@ impl EtcdBackend {
         let reply = self.shared.conn.txn("leaving the queue", txn, end).await?;
         guard.entry = None;
         let last = reply.op_responses().len().saturating_sub(1);
-        let holder = kvs_at(&reply, last, "leaving the queue")?;
-        match holder.first() {
-            Some(kv) => match HeldKey::from_kv(keys, kv) {
-                Some(h) if h.key == keys.holder(req.owner(), req.attempt()) => {
-                    Ok(self.granted(req, &h, kv.lease()))
-                }
-                Some(h) => Err(LockError::Timeout {
-                    waited: start.elapsed(),
-                    retry_after: Some(h.value.remaining()),
-                }),
-                None => Err(bad_reply("leaving the queue")),
-            },
-            None => Err(LockError::Timeout {
-                waited: start.elapsed(),
-                retry_after: Some(Duration::ZERO),
-            }),
+        let holders = kvs_at(&reply, last, "leaving the queue")?
+            .iter()
+            .map(|kv| Some((HeldKey::from_kv(keys, kv)?, kv.lease())))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad_reply("leaving the queue"))?;
+        let mine = keys.holder(req.kind(), req.owner(), req.attempt());
+        if let Some((h, lease)) = holders.iter().find(|(h, _)| h.key == mine) {
+            return Ok(self.granted(req, h, *lease));
         }
+        let holders: Vec<HeldKey> = holders.into_iter().map(|(h, _)| h).collect();
+        Err(LockError::Timeout {
+            waited: start.elapsed(),
+            retry_after: Some(earliest_end(&holders)),
+        })
     }
 }
 
@@ -368,7 +366,7 @@ impl Drop for WaitGuard<'_> {
         let key = self.key.clone();
         let keys = self.keys.clone();
         let owner = self.req.owner().to_owned();
-        let mine = keys.holder(&owner, self.req.attempt());
+        let mine = keys.holder(self.req.kind(), &owner, self.req.attempt());
         let until = self.until;
         runtime.spawn(async move {
             // Now, and once more when the entry's deadline has passed: the
@@ -407,12 +405,12 @@ impl EtcdBackend {
         let txn = self.leaving(keys, owner, entry.to_vec());
         self.shared.conn.txn("leaving the queue", txn, end).await?;
         let snapshot = self.snapshot(keys, end).await?;
-        let Some(h) = snapshot.holder.clone() else {
-            return Ok(());
-        };
         // Not ours, or an acquisition of the same owner and attempt this
         // process knows it holds (a retry of the same request).
-        if h.key != mine || self.shared.expiries.tracks(&h.key) {
+        let Some(h) = snapshot.hold(mine).cloned() else {
+            return Ok(());
+        };
+        if self.shared.expiries.tracks(&h.key) {
             return Ok(());
         }
         let (start, stop) = (h.key.clone(), super::ops::after(&h.key));
@@ -433,8 +431,8 @@ impl EtcdBackend {
         let mut ops = vec![TxnOp::delete(entry, None)];
         let mut unindexed = ops.clone();
         unindexed.push(TxnOp::delete(keys.index(owner), None));
-        ops.push(keys.get_holder());
-        unindexed.push(keys.get_holder());
+        ops.push(keys.get_holders());
+        unindexed.push(keys.get_holders());
         if !self.index_owners {
             return Txn::new().and_then(ops);
         }

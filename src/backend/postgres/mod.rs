@@ -123,7 +123,9 @@ mod build;
 mod conn;
 mod error;
 mod flight;
+mod kinds;
 mod listen;
+mod lookup;
 mod notify;
 mod ops;
 mod pins;
@@ -362,14 +364,12 @@ impl LockBackend for PostgresBackend {
         "postgres"
     }
 
-    /// A lock with metadata costs one more statement, after the
-    /// acquisition.
-    /// Every kind (the holds of a shared or permit key are rows of
-    /// `<table>_holds`, under the key's row).
+    /// Every kind (a shared/permit key's holds are rows of `<table>_holds`).
     fn supports(&self, _kind: crate::spec::LockKind) -> bool {
         true
     }
 
+    /// A lock with metadata costs one more statement, after the acquisition.
     fn acquire<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(async move {
             let lease = self.acquire_inner(req).await?;

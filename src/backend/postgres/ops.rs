@@ -12,8 +12,9 @@ use tokio_postgres::Row;
 use super::PostgresBackend;
 use super::conn::Caller;
 use super::error::bad_reply;
+use super::kinds::{holds, read_kind, stored_kind};
 use super::statements::Statement;
-use crate::backend::{HeldBy, Hold, Holder, Lease, LockStatus};
+use crate::backend::{Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
@@ -29,7 +30,7 @@ pub(super) fn server_time(us: i64) -> SystemTime {
 }
 
 /// A non-negative number of microseconds as a duration.
-fn micros(us: i64) -> Duration {
+pub(super) fn micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
@@ -59,27 +60,6 @@ fn stored_fence(holder: Holder<'_>) -> Result<Option<i64>, LockError> {
         .fence()
         .map(|f| i64::try_from(f).map_err(|_| LockError::OwnershipMismatch))
         .transpose()
-}
-
-/// A kind as stored: (kind, permits): 0 exclusive, 1 shared, 2 permits.
-fn stored_kind(kind: LockKind) -> (i16, Option<i32>) {
-    match kind {
-        LockKind::Exclusive => (0, None),
-        LockKind::Shared => (1, None),
-        LockKind::Permits(n) => (2, Some(i32::try_from(n).unwrap_or(i32::MAX))),
-    }
-}
-
-/// The kind of a stored (kind, permits).
-fn read_kind(kind: i16, permits: Option<i32>, what: &str) -> Result<LockKind, LockError> {
-    match (kind, permits) {
-        (0, _) => Ok(LockKind::Exclusive),
-        (1, _) => Ok(LockKind::Shared),
-        (2, Some(n)) => u32::try_from(n)
-            .map(LockKind::Permits)
-            .map_err(|_| bad_reply(what)),
-        _ => Err(bad_reply(what)),
-    }
 }
 
 /// An attempt id as stored: the same 64 bits as a `bigint`.
@@ -427,60 +407,6 @@ impl PostgresBackend {
             .map(drop)
     }
 
-    /// The locks `owner` holds, at most `limit`, by key. A lock whose stored
-    /// key is hashed (its encoding was longer than the column's limit)
-    /// cannot name its key and is left out.
-    pub(super) async fn held_by_inner(
-        &self,
-        owner: &str,
-        limit: usize,
-    ) -> Result<Vec<HeldBy>, LockError> {
-        const WHAT: &str = "held by";
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let row = self
-            .shared
-            .conns
-            .query_one(
-                Statement::HeldBy,
-                &[&owner, &limit],
-                None,
-                self.deadline(),
-                self.op_timeout,
-            )
-            .await?;
-        let keys: Vec<String> = col(&row, 0, WHAT)?;
-        let fences: Vec<i64> = col(&row, 1, WHAT)?;
-        let acquired: Vec<i64> = col(&row, 2, WHAT)?;
-        let expires: Vec<i64> = col(&row, 3, WHAT)?;
-        let metadata: Vec<Option<String>> = col(&row, 4, WHAT)?;
-        let now_us: i64 = col(&row, 5, WHAT)?;
-        let mut found = Vec::with_capacity(keys.len());
-        for (i, stored) in keys.iter().enumerate() {
-            let Some(key) = LockKey::from_encoded(stored) else {
-                continue;
-            };
-            let (Some(&f), Some(&a), Some(&e), Some(m)) = (
-                fences.get(i),
-                acquired.get(i),
-                expires.get(i),
-                metadata.get(i),
-            ) else {
-                return Err(bad_reply(WHAT));
-            };
-            let status = LockStatus::new(
-                owner.to_owned(),
-                u64::try_from(f).map_err(|_| bad_reply(WHAT))?,
-                server_time(a),
-                server_time(e),
-                micros(e.saturating_sub(now_us)),
-            )
-            .with_metadata(m.as_deref().and_then(|m| LockMetadata::from_json(m).ok()));
-            found.push(HeldBy::new(key, status));
-        }
-        found.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(found)
-    }
-
     /// One bounded sweep step from `from_block`: (next block, rows removed).
     pub(super) async fn sweep_step(
         &self,
@@ -501,46 +427,6 @@ impl PostgresBackend {
             .await?;
         Ok((col(&row, 0, WHAT)?, col(&row, 1, WHAT)?))
     }
-}
-
-/// The live holds of a shared/permit key, from the status row's arrays
-/// (columns 9 to 13: owners, fences, acquired µs, expires µs, metadata).
-fn holds(row: &Row, now_us: i64, what: &str) -> Result<Vec<Hold>, LockError> {
-    let owners: Option<Vec<String>> = col(row, 9, what)?;
-    let fences: Option<Vec<i64>> = col(row, 10, what)?;
-    let acquired: Option<Vec<i64>> = col(row, 11, what)?;
-    let expires: Option<Vec<i64>> = col(row, 12, what)?;
-    let metadata: Option<Vec<Option<String>>> = col(row, 13, what)?;
-    let (owners, fences, acquired, expires, metadata) = (
-        owners.unwrap_or_default(),
-        fences.unwrap_or_default(),
-        acquired.unwrap_or_default(),
-        expires.unwrap_or_default(),
-        metadata.unwrap_or_default(),
-    );
-    let n = owners.len();
-    if [fences.len(), acquired.len(), expires.len(), metadata.len()] != [n; 4] {
-        return Err(bad_reply(what));
-    }
-    let mut out = Vec::with_capacity(n);
-    for (i, owner) in owners.into_iter().enumerate() {
-        let fence = u64::try_from(fences[i]).map_err(|_| bad_reply(what))?;
-        out.push(
-            Hold::new(
-                owner,
-                fence,
-                server_time(acquired[i]),
-                server_time(expires[i]),
-                micros(expires[i].saturating_sub(now_us)),
-            )
-            .with_metadata(
-                metadata[i]
-                    .as_deref()
-                    .and_then(|m| LockMetadata::from_json(m).ok()),
-            ),
-        );
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

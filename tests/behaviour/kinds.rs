@@ -167,11 +167,26 @@ pub async fn consecutive_queued_readers_are_granted_together(h: Harness) {
         ));
         h.until_queued(&key, i + 1).await;
     }
+    let mut queued = queued.into_iter();
+    // Each waiter is told of its grant before its hold is given back, as
+    // a real client is: a grant released before its waiter saw it would
+    // be gone for that waiter, which then queues again.
+    let mut served = move || {
+        let waiter = queued.next().expect("a waiter left");
+        async move {
+            waiter
+                .await
+                .unwrap()
+                .expect("every waiter was served")
+                .fence
+        }
+    };
     release(&h, &key, "w1").await;
     assert_eq!(
         holders(&h, &key).await,
         (LockKind::Shared, vec!["r1".into(), "r2".into()], 2)
     );
+    let mut fences = vec![served().await, served().await];
     release(&h, &key, "r1").await;
     assert_eq!(
         holders(&h, &key).await.1,
@@ -183,13 +198,11 @@ pub async fn consecutive_queued_readers_are_granted_together(h: Harness) {
         holders(&h, &key).await,
         (LockKind::Exclusive, vec!["w2".into()], 1)
     );
+    fences.push(served().await);
     release(&h, &key, "w2").await;
     assert_eq!(holders(&h, &key).await.1, vec!["r3".to_owned()]);
+    fences.push(served().await);
     release(&h, &key, "r3").await;
-    let mut fences = Vec::new();
-    for q in queued {
-        fences.push(q.await.unwrap().expect("every waiter was served").fence);
-    }
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences in grant order: {fences:?}"

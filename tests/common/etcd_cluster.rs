@@ -12,7 +12,10 @@
 //! The data directories live in `/dev/shm` when there is one: etcd fsyncs
 //! its log on every write, and on tmpfs that costs nothing, which keeps the
 //! test suite fast. A killed member keeps its data there and restarts from
-//! it. Benchmarks run on a real disk (`scripts/bench.sh`).
+//! it. Benchmarks run on a real disk (`scripts/bench.sh`). The shared
+//! cluster is never dropped (it lives until the binary exits), and a killed
+//! test binary drops nothing: each start first removes the directories of
+//! test processes that are gone, so that they never pile up in memory.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -87,6 +90,8 @@ impl EtcdCluster {
         } else {
             std::env::temp_dir()
         };
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| sweep_dead(&base));
         let mut members = Vec::with_capacity(n);
         for i in 0..n {
             let dir = base.join(format!(
@@ -309,6 +314,32 @@ impl Drop for EtcdCluster {
                 let _ = child.wait();
             }
             let _ = std::fs::remove_dir_all(&m.dir);
+        }
+    }
+}
+
+/// Remove the member directories under `base` left by test processes that
+/// are gone (named `tower-lock-etcd-<pid>-…`).
+fn sweep_dead(base: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tower-lock-etcd-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+        #[allow(unsafe_code)]
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }

@@ -185,11 +185,13 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
     let probe = Probe::new(&h.backend);
     let backend = probe.backend();
     let key = gkey("k");
+    // Only `b` needs a short TTL (it runs out); the others hold long, so
+    // that a loaded machine's slow status read never finds them gone.
     let ttl = h.units(2);
     let mut fences = Vec::new();
 
     let lease = backend
-        .acquire(&areq(&key, "a", ttl, Duration::ZERO))
+        .acquire(&areq(&key, "a", h.units(30), Duration::ZERO))
         .await
         .unwrap();
     assert_eq!(status_of(&backend, &key).await.unwrap().fence, lease.fence);
@@ -209,7 +211,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
     // After an expiry.
     h.advance(h.units(3)).await;
     let lease = backend
-        .acquire(&areq(&key, "c", ttl, Duration::ZERO))
+        .acquire(&areq(&key, "c", h.units(30), Duration::ZERO))
         .await
         .unwrap();
     assert_eq!(status_of(&backend, &key).await.unwrap().fence, lease.fence);
@@ -227,7 +229,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
     // Handed to a waiter.
     let waiter = tokio::spawn({
         let backend = backend.clone();
-        let req = areq(&key, "e", ttl, h.units(5));
+        let req = areq(&key, "e", h.units(30), h.units(60));
         async move { backend.acquire(&req).await }
     });
     probe.acquires_started(5).await;

@@ -83,6 +83,16 @@ MUTANTS = [
     ("kinds-postgres-expired-holds-kept", "src/backend/postgres/functions.sql",
      "DELETE FROM \"{schema}\".\"{table}_holds\" AS x WHERE x.key = p_key AND x.expires_at <= v_at;",
      "DELETE FROM \"{schema}\".\"{table}_holds\" AS x WHERE false;"),
+    # The fast paths of a key held shared or under permits with nobody queued.
+    ("kinds-postgres-fast-release-ignores-the-queue", "src/backend/postgres/functions.sql",
+     "    IF FOUND AND NOT r.queued THEN",
+     "    IF FOUND THEN"),
+    ("kinds-postgres-fast-acquire-barges-past-the-queue", "src/backend/postgres/functions.sql",
+     "  IF p_kind <> 0 AND r.kind = p_kind AND NOT r.queued AND r.expires_at > v_now",
+     "  IF p_kind <> 0 AND r.kind = p_kind AND r.expires_at > v_now"),
+    ("kinds-postgres-fast-acquire-ignores-a-retry", "src/backend/postgres/functions.sql",
+     "    IF NOT v_mine AND (p_kind = 1 OR v_live < p_permits) THEN",
+     "    IF (p_kind = 1 OR v_live < p_permits) THEN"),
     # The same mechanisms in Redis' scripts (MUTANTS_TESTS="behaviour kinds_across_processes"
     # MUTANTS_FILTER=kinds_suite::redis scripts/mutants.py kinds-redis).
     ("kinds-redis-fast-path-ignores-holds", "src/backend/redis/acquire.lua",

@@ -303,6 +303,9 @@ DECLARE
   v_now timestamptz := now();
   v_ttl interval := p_ttl_ms * interval '1 millisecond';
   v_handed bigint;
+  v_live bigint;
+  v_mine boolean;
+  v_fence bigint;
   r "{schema}"."{table}"%ROWTYPE;
   h record;
 BEGIN
@@ -335,6 +338,30 @@ BEGIN
     -- Not found: the row was deleted (released) since the insert saw it.
     EXIT WHEN FOUND;
   END LOOP;
+
+  IF p_kind <> 0 AND r.kind = p_kind AND NOT r.queued AND r.expires_at > v_now
+     AND r.permits IS NOT DISTINCT FROM p_permits THEN
+    -- Fast path: one more hold of the kind the key is held as, with
+    -- nobody queued (so nobody to barge past): it fits unless every permit
+    -- is taken (full, or a retry of a hold of this attempt: _acquire_kind).
+    SELECT count(*) FILTER (WHERE x.expires_at > v_now),
+           coalesce(bool_or(x.owner = p_owner AND x.attempt = p_attempt AND x.expires_at > v_now), false)
+      INTO v_live, v_mine
+      FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
+    IF NOT v_mine AND (p_kind = 1 OR v_live < p_permits) THEN
+      v_fence := nextval('"{schema}"."{table}_fence"');
+      INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
+        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl);
+      UPDATE "{schema}"."{table}" AS l SET
+          fence = v_fence, acquired_at = v_now,
+          expires_at = greatest(l.expires_at, v_now + v_ttl)
+        WHERE l.key = p_key;
+      code := 1;
+      fence := v_fence;
+      acquired_us := now_us;
+      RETURN;
+    END IF;
+  END IF;
 
   IF r.kind <> 0 OR p_kind <> 0 THEN
     SELECT * INTO code, fence, acquired_us, now_us, remaining_us, created
@@ -446,6 +473,16 @@ BEGIN
                                          WHERE y.key = p_key AND y.owner = p_owner
                                            AND y.expires_at > v_now))
       RETURNING x.expires_at INTO r.expires_at;
+    IF FOUND AND NOT r.queued THEN
+      -- Fast path: nobody queued, so nobody to hand the room to. Holds that
+      -- ran out go too; the row goes with the last hold (else it keeps the
+      -- latest expiry it had: never earlier than a hold's).
+      DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key AND x.expires_at <= v_now;
+      IF NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key) THEN
+        DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+      END IF;
+      RETURN CASE WHEN r.expires_at > v_now THEN 1 ELSE 0 END;
+    END IF;
     IF NOT FOUND THEN
       IF EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS x
                  WHERE x.key = p_key AND x.expires_at > v_now) THEN

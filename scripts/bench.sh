@@ -6,6 +6,7 @@
 #   scripts/bench.sh                      # 5 s per run
 #   SECONDS_PER_RUN=10 scripts/bench.sh
 #   BACKENDS=memory scripts/bench.sh      # or BACKENDS="redis postgres etcd"
+#   LOCKBENCH_BIN=path scripts/bench.sh   # a lockbench built already (before/after)
 #
 # Output: target/bench/results.jsonl (one JSON line per run), a markdown table
 # and the target checks (PASS/MISS) on stdout; progress on stderr.
@@ -42,7 +43,7 @@ log "building (release)"
 features="redis"
 [[ " $BACKENDS " == *" postgres "* ]] && features="redis,postgres"
 [[ " $BACKENDS " == *" etcd "* ]] && features="$features,etcd"
-BIN=$(FEATURES=$features scripts/build-example.sh lockbench)
+BIN=${LOCKBENCH_BIN:-$(FEATURES=$features scripts/build-example.sh lockbench)}
 [ -x "$BIN" ] || { log "could not find the lockbench binary"; exit 1; }
 
 # A private Redis on a free port, stopped on exit.

@@ -137,7 +137,7 @@ impl EtcdBackend {
         let mut watch = self
             .shared
             .watches
-            .watch(&self.shared, result_key, None, rev + 1, end)
+            .watch(&self.shared, result_key, None, Some(rev + 1), end)
             .await?;
         let _ = key;
         Ok(FlightStart::Busy(FlightWait {
@@ -157,6 +157,7 @@ impl EtcdBackend {
                                 }
                             }
                         }
+                        Note::Created(_) => {}
                         Note::Gone => return Err(gone()),
                     }
                 }

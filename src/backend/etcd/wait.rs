@@ -11,6 +11,14 @@
 //! the queue again: it watches its new predecessor, or, oldest with no
 //! holder, hands the lock to itself. A jittered, capped re-read is only a
 //! safety net for a watch that went quiet.
+//!
+//! Each watch starts at the revision etcd sets it up at, never at a past
+//! one: a watch from the past starts unsynced, and etcd delivers its events
+//! only on its next catch-up pass (every 100 ms), which made every hand-off
+//! under contention wait for one (≈ 40 ms each). Once etcd says the watch
+//! is set up, the waiter reads the queue again if anything changed since
+//! its last read (the watch's revision says), and keeps the watch across
+//! re-reads while it watches the same key.
 
 use std::time::{Duration, SystemTime};
 
@@ -51,6 +59,34 @@ impl From<Queued> for Place {
             revision: q.revision,
             before: q.before,
             read_at: q.revision,
+        }
+    }
+}
+
+/// What a waiter watches: the entry just before its own, or (the oldest)
+/// the holders' range.
+#[derive(Clone, PartialEq, Eq)]
+enum Target {
+    Before(Vec<u8>),
+    Holders(Vec<u8>, Vec<u8>),
+}
+
+impl Target {
+    fn of(place: &Place, keys: &LockKeys) -> Self {
+        match &place.before {
+            Some(before) => Target::Before(before.clone()),
+            None => {
+                let (start, stop) = keys.holders();
+                Target::Holders(start, stop)
+            }
+        }
+    }
+
+    /// The key and range end to watch.
+    fn into_parts(self) -> (Vec<u8>, Option<Vec<u8>>) {
+        match self {
+            Target::Before(key) => (key, None),
+            Target::Holders(start, stop) => (start, Some(stop)),
         }
     }
 }
@@ -99,32 +135,41 @@ impl EtcdBackend {
             }
         };
         let mut recheck = RECHECK_FIRST;
+        // The open watch and what it watches: kept across re-reads while the
+        // target stays (a synced watch misses nothing from its creation on).
+        let mut watching: Option<(Target, super::watch::Watch)> = None;
         loop {
             if Instant::now() >= deadline {
                 return self.give_up(&mut guard, start, hard_end).await;
             }
             let end = (Instant::now() + self.op_timeout).min(hard_end);
-            // What to watch: the entry before ours, or the holder.
-            let (key, range_end) = match &place.before {
-                Some(before) => (before.clone(), None),
-                None => {
-                    let (start, stop) = keys.holders();
-                    (start, Some(stop))
+            // What to watch: the entry before ours, or the holders.
+            let target = Target::of(&place, &keys);
+            if watching.as_ref().is_none_or(|(t, _)| *t != target) {
+                // (The old watch, if any, is cancelled as it drops.)
+                watching = None;
+                let (key, range_end) = target.clone().into_parts();
+                if let Ok(watch) = self
+                    .shared
+                    .watches
+                    .watch(&self.shared, key, range_end, None, end)
+                    .await
+                {
+                    watching = Some((target, watch));
                 }
-            };
-            let watched = self
-                .shared
-                .watches
-                .watch(&self.shared, key, range_end, place.read_at + 1, end)
-                .await;
+            }
             let wake_at = (Instant::now() + jitter(recheck)).min(deadline);
             recheck = (recheck * 2).min(RECHECK_MAX);
-            if let Ok(mut watch) = watched {
+            if let Some((_, watch)) = watching.as_mut() {
                 let mut woken = false;
                 while !woken {
                     tokio::select! {
                         biased;
                         note = watch.next() => match note {
+                            // Set up: what changed between our read and
+                            // then reached no watch; read again unless
+                            // nothing did.
+                            Note::Created(at) => woken = at != place.read_at,
                             Note::Events(events) => {
                                 // Handed over: our holder key was created.
                                 let mine = keys.holder(req.kind(), req.owner(), req.attempt());
@@ -143,7 +188,10 @@ impl EtcdBackend {
                                     !*put || keys.parse_holder(kv.key()).is_none()
                                 });
                             }
-                            Note::Gone => woken = true,
+                            Note::Gone => {
+                                watching = None;
+                                break;
+                            }
                         },
                         () = sleep_until(wake_at) => woken = true,
                     }

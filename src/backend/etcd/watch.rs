@@ -23,6 +23,9 @@ use crate::error::LockError;
 
 /// What a watch hears.
 pub(super) enum Note {
+    /// etcd set the watch up, at this revision (its header's): from then
+    /// on every change of the watched keys reaches it as it happens.
+    Created(i64),
     /// Changes of the watched keys: `true` for a put, `false` for a
     /// delete, with the key-value (a delete's has only key and revision).
     Events(Vec<(bool, KeyValue)>),
@@ -76,19 +79,27 @@ impl Drop for Watch {
 }
 
 impl Watches {
-    /// Watch `key` (or `[key, range_end)`) from revision `from`.
+    /// Watch `key` (or `[key, range_end)`) from revision `from`, or, with
+    /// `None`, from when etcd sets the watch up ([`Note::Created`] says
+    /// when).
+    ///
+    /// A watch from a past revision starts *unsynced*: etcd catches it up
+    /// in a loop that runs every 100 ms, and holds back every later event
+    /// for it until then. One from now is synced at once: the waiters use
+    /// that, and read what changed before it themselves.
     pub(super) async fn watch(
         &self,
         shared: &Arc<Shared>,
         key: Vec<u8>,
         range_end: Option<Vec<u8>>,
-        from: i64,
+        from: Option<i64>,
         end: Instant,
     ) -> Result<Watch, LockError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_watch_id(id);
+        let mut options = WatchOptions::new().with_watch_id(id);
+        if let Some(from) = from {
+            options = options.with_start_revision(from);
+        }
         if let Some(range_end) = range_end {
             options = options.with_range(range_end);
         }
@@ -207,6 +218,10 @@ async fn open(
                     if reply.canceled() {
                         stream.tell(id, Note::Gone);
                         continue;
+                    }
+                    if reply.created() {
+                        let at = reply.header().map_or(0, |h| h.revision());
+                        stream.tell(id, Note::Created(at));
                     }
                     let events: Vec<(bool, KeyValue)> = reply
                         .events()

@@ -480,6 +480,12 @@ MUTANTS = [
      "        let _ = kept_until;"),
     # etcd's shared holds and permits (issue 23; MUTANTS_TESTS=behaviour
     # MUTANTS_FILTER=etcd:: scripts/mutants.py kinds-etcd).
+    # A flight's result that came (and went) between a follower's begin and
+    # its watch: the gap watch from the begin's revision (the lib's
+    # flight_gap_test).
+    ("etcd-flight-gap-not-watched", "src/backend/etcd/flight.rs",
+     "Note::Created(at) if at > rev && gap.is_none() => {",
+     "Note::Created(at) if false && at > rev && gap.is_none() => {"),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",
      "} else if mismatched(kind, &snapshot.holders) {",
      "} else if false {"),

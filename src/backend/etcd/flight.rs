@@ -2,9 +2,8 @@
 //! like any other under its `f:` key; its latest result is the key `…/r`,
 //! `"<seq> <fresh until ms>\n"` and the result's bytes, on a lease of its
 //! own that ends when the result is no longer kept. Callers that wait for
-//! the result watch that key from the revision after their begin: the
-//! result's put wakes them with its value, and nothing published after the
-//! begin is missed. A begin is one transaction (two when a stale result
+//! the result watch that key (see `flight_wait`): the result's put wakes
+//! them with its value, and nothing published after the begin is missed. A begin is one transaction (two when a stale result
 //! must be checked again), a publish one transaction, as a release.
 
 use std::time::SystemTime;
@@ -124,8 +123,15 @@ impl EtcdBackend {
         Err(super::conn::timed_out("beginning an etcd flight"))
     }
 
-    /// A caller's wait for the next result with a seq above `seen`, watched
-    /// from the revision after `rev` (the begin's).
+    /// A caller's wait for the next result with a seq above `seen`,
+    /// published after the revision `rev` (the begin's).
+    ///
+    /// Watched from when etcd sets the watch up (a watch from a past
+    /// revision starts unsynced: etcd delivers its events only on its next
+    /// catch-up pass, every 100 ms). When the revision moved between the
+    /// begin and then, a second watch from the revision after the begin
+    /// covers that gap: a result published (and maybe removed) in it still
+    /// reaches the caller, on that pass.
     async fn flight_wait(
         &self,
         key: &LockKey,
@@ -137,14 +143,31 @@ impl EtcdBackend {
         let mut watch = self
             .shared
             .watches
-            .watch(&self.shared, result_key, None, Some(rev + 1), end)
+            .watch(&self.shared, result_key.clone(), None, None, end)
             .await?;
         let _ = key;
+        let this = self.clone();
         Ok(FlightStart::Busy(FlightWait {
             seen,
             result: Box::pin(async move {
+                let mut gap: Option<super::watch::Watch> = None;
                 loop {
-                    match watch.next().await {
+                    let note = match gap.as_mut() {
+                        None => watch.next().await,
+                        Some(gap) => tokio::select! {
+                            note = watch.next() => note,
+                            note = gap.next() => note,
+                        },
+                    };
+                    match note {
+                        Note::Created(at) if at > rev && gap.is_none() => {
+                            let end = this.deadline();
+                            let shared = &this.shared;
+                            let from = Some(rev + 1);
+                            let key = result_key.clone();
+                            gap = Some(shared.watches.watch(shared, key, None, from, end).await?);
+                        }
+                        Note::Created(_) => {}
                         Note::Events(events) => {
                             for (put, kv) in &events {
                                 if let Some((seq, _, bytes)) = put.then(|| decode(kv)).flatten()
@@ -157,7 +180,6 @@ impl EtcdBackend {
                                 }
                             }
                         }
-                        Note::Created(_) => {}
                         Note::Gone => return Err(gone()),
                     }
                 }
@@ -261,3 +283,7 @@ impl EtcdBackend {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "flight_gap_test.rs"]
+mod gap_test;

@@ -486,6 +486,11 @@ MUTANTS = [
     ("etcd-flight-gap-not-watched", "src/backend/etcd/flight.rs",
      "Note::Created(at) if at > rev && gap.is_none() => {",
      "Note::Created(at) if false && at > rev && gap.is_none() => {"),
+    # A cancelled waiter with nothing in flight leaves once, and no task
+    # outlives the leave (etcd_failover's cancelled_waiters_leave_no_task_behind).
+    ("etcd-cancelled-waiter-sleeps-to-its-deadline", "src/backend/etcd/wait.rs",
+     "let rounds = if self.in_flight { 2 } else { 1 };",
+     "let rounds = 2;"),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",
      "} else if mismatched(kind, &snapshot.holders) {",
      "} else if false {"),

@@ -461,3 +461,85 @@ async fn a_newcomer_never_barges_past_the_queue_when_a_holders_lease_ran_out() {
     let status = newcomer.status(&key).await.unwrap().expect("handed over");
     assert_eq!(status.owner, "queued");
 }
+
+/// Waiters cancelled while queued (a client gone) leave the queue, and leave
+/// no task behind: with nothing of theirs in flight, the leave is all there
+/// is to do, whatever their max wait (an hour here). Counted as tasks alive
+/// in the runtime: back to what it was before they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_no_task_behind() {
+    const WAITERS: usize = 16;
+    let cluster = EtcdCluster::shared();
+    let backend = EtcdBackend::from_endpoints(cluster.endpoints())
+        .unwrap()
+        .prefix(format!("cancelled-{}/", std::process::id()));
+    let key = LockKey::global("k").unwrap();
+    let long = Duration::from_secs(60);
+    backend
+        .acquire(&req("k", "holder", long, Duration::ZERO))
+        .await
+        .unwrap();
+    // One waiter first, cancelled and gone: the watch stream, leases and
+    // timers every waiter shares are up from here on.
+    let warm = tokio::spawn({
+        let backend = backend.clone();
+        let r = req("k", "warm", long, Duration::from_secs(3600));
+        async move { backend.acquire(&r).await }
+    });
+    until_queued(&backend, &key, 1).await;
+    warm.abort();
+    let _ = warm.await;
+    until_queued_exactly(&backend, &key, 0).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = until_settled(&metrics).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let backend = backend.clone();
+            let r = req("k", &format!("w{i}"), long, Duration::from_secs(3600));
+            tokio::spawn(async move { backend.acquire(&r).await })
+        })
+        .collect();
+    until_queued(&backend, &key, WAITERS).await;
+    for w in waiters {
+        w.abort();
+        let _ = w.await;
+    }
+    until_queued_exactly(&backend, &key, 0).await;
+    let after = until_settled(&metrics).await;
+    // (The client's own tasks, connections and timers, vary by a few; a
+    // task per cancelled waiter, asleep for its max wait, adds 16.)
+    assert!(
+        after < before + WAITERS / 2,
+        "{after} tasks alive after {WAITERS} cancelled waiters left, {before} before"
+    );
+    backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+}
+
+async fn until_queued_exactly(backend: &EtcdBackend, key: &LockKey, n: usize) {
+    for _ in 0..2000 {
+        if let Ok(Some(s)) = backend.status(key).await
+            && s.waiters == n
+        {
+            return;
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the queue never had {n} waiters");
+}
+
+/// The number of tasks alive once it has stayed the same for a second
+/// (leaves finishing, the client's connections settling).
+async fn until_settled(metrics: &tokio::runtime::RuntimeMetrics) -> usize {
+    let mut last = metrics.num_alive_tasks();
+    let mut same = 0;
+    while same < 50 {
+        sleep(Duration::from_millis(20)).await;
+        let now = metrics.num_alive_tasks();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}

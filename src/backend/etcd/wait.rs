@@ -126,6 +126,7 @@ impl EtcdBackend {
             keys: &keys,
             req,
             entry: None,
+            in_flight: false,
             until: std::time::SystemTime::now() + req.max_wait().min(MAX_TTL),
         };
         let mut place = match self.join(&mut guard, hard_end).await? {
@@ -240,9 +241,13 @@ impl EtcdBackend {
         let id = crate::spec::new_attempt_id();
         guard.entry = Some(guard.keys.waiter(id));
         let until = Some(guard.until);
+        // Until its reply is read, the attempt may still land (and queue the
+        // entry again after a leave).
+        guard.in_flight = true;
         let attempt = self
             .attempt(guard.req, guard.keys, Some(id), until, end)
             .await?;
+        guard.in_flight = false;
         if let Attempt::Acquired(_) = attempt {
             // Taken at once: no entry was made.
             guard.entry = None;
@@ -393,6 +398,9 @@ struct WaitGuard<'a> {
     keys: &'a LockKeys,
     req: &'a AcquireRequest,
     entry: Option<Vec<u8>>,
+    /// A call that can make the entry is sent and its reply not read (it
+    /// was cancelled, or failed): it may land after the leave.
+    in_flight: bool,
     /// The entry's deadline (the max wait's end).
     until: SystemTime,
 }
@@ -416,12 +424,15 @@ impl Drop for WaitGuard<'_> {
         let owner = self.req.owner().to_owned();
         let mine = keys.holder(self.req.kind(), &owner, self.req.attempt());
         let until = self.until;
+        // Now, and, when the call that queues the entry may still land (its
+        // reply was lost, or it was cancelled in flight) and queue it again
+        // after the first leave, once more when the entry's deadline has
+        // passed: from then on, no hand-off goes to it. Only then does the
+        // task outlive the leave (a cancelled waiter with a long max wait
+        // otherwise left a task asleep for all of it).
+        let rounds = if self.in_flight { 2 } else { 1 };
         runtime.spawn(async move {
-            // Now, and once more when the entry's deadline has passed: the
-            // last call may still land after the first leave (its reply was
-            // lost, or it was cancelled in flight) and queue the entry
-            // again; from the deadline on, no hand-off goes to it.
-            for round in 0..2 {
+            for round in 0..rounds {
                 if round == 1 {
                     let left = until.duration_since(SystemTime::now()).unwrap_or_default();
                     sleep(left + Duration::from_millis(10)).await;

@@ -33,23 +33,6 @@ mkdir -p "$OUT_DIR"
 
 log() { echo "bench-kinds: $*" >&2; }
 
-# Print the executable cargo reports building for target $1 (stdin: cargo's
-# JSON messages), so CARGO_TARGET_DIR is honoured.
-exe_of() {
-  python3 -c '
-import json, sys
-name, exe = sys.argv[1], None
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == name and msg.get("executable"):
-        exe = msg["executable"]
-print(exe or "")
-' "$1"
-}
-
 if [[ " $TOOLS " == *" lockbench "* ]] && [ -z "${LOCKBENCH_BIN:-}" ]; then
   log "building lockbench (release, features ${LOCKBENCH_FEATURES:-redis,postgres})"
   LOCKBENCH_BIN=$(FEATURES="${LOCKBENCH_FEATURES:-redis,postgres}" scripts/build-example.sh lockbench)
@@ -60,75 +43,14 @@ PEER_DIR=benches/peers/distributed-lock
 if [[ " $TOOLS " == *" peer "* ]] && [ -z "${PEER_BIN:-}" ]; then
   log "building the distributed-lock peer (release)"
   PEER_BIN=$(cargo build --release --manifest-path "$PEER_DIR/Cargo.toml" \
-    --message-format=json-render-diagnostics | exe_of distributed-lock-peer-bench)
+    --message-format=json-render-diagnostics | python3 scripts/exe-of.py distributed-lock-peer-bench)
   [ -x "$PEER_BIN" ] || { log "could not build the peer"; exit 1; }
 fi
 
-REDIS_PID="" REDIS_DIR="" PG_PID="" PG_DIR=""
-cleanup() {
-  if [ -n "$REDIS_PID" ]; then
-    kill "$REDIS_PID" 2>/dev/null || true
-    wait "$REDIS_PID" 2>/dev/null || true
-  fi
-  if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
-  if [ -n "$PG_PID" ]; then
-    # $PG_PID is runuser, which does not pass signals on: stop the
-    # postmaster itself (immediate shutdown), then wait for both.
-    if [ -f "$PG_DIR/data/postmaster.pid" ]; then
-      kill -QUIT "$(head -n 1 "$PG_DIR/data/postmaster.pid")" 2>/dev/null || true
-    fi
-    kill -QUIT "$PG_PID" 2>/dev/null || true
-    wait "$PG_PID" 2>/dev/null || true
-  fi
-  if [ -n "$PG_DIR" ]; then rm -rf "$PG_DIR"; fi
-}
-trap cleanup EXIT INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-# A private Redis on a free port, as scripts/bench.sh starts it.
-if [[ " $BACKENDS " == *" redis "* ]]; then
-  PORT=$(free_port)
-  REDIS_DIR=$(mktemp -d)
-  redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "$REDIS_DIR" --logfile "$REDIS_DIR/redis.log" --daemonize no &
-  REDIS_PID=$!
-  for _ in $(seq 1 100); do
-    redis-cli -p "$PORT" PING >/dev/null 2>&1 && break
-    sleep 0.05
-  done
-  redis-cli -p "$PORT" PING >/dev/null || { log "redis-server did not start"; exit 1; }
-  REDIS_URL="redis://127.0.0.1:$PORT"
-  log "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on $REDIS_URL"
-fi
-
-# A private PostgreSQL on a free port, as scripts/bench.sh and the tests
-# start theirs: initdb into a temp dir (as the postgres user when root), a
-# private socket directory, fsync off.
-if [[ " $BACKENDS " == *" postgres "* ]]; then
-  PG_BIN=$(pg_config --bindir)
-  PG_PORT=$(free_port)
-  PG_DIR=$(mktemp -d)
-  as_pg=()
-  if [ "$(id -u)" -eq 0 ]; then
-    chown postgres "$PG_DIR"
-    as_pg=(runuser -u postgres --)
-  fi
-  "${as_pg[@]}" "$PG_BIN/initdb" -D "$PG_DIR/data" -U postgres -A trust --no-sync >/dev/null
-  "${as_pg[@]}" "$PG_BIN/postgres" -D "$PG_DIR/data" -p "$PG_PORT" -k "$PG_DIR" \
-    -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
-    > "$PG_DIR/server.log" 2>&1 &
-  PG_PID=$!
-  for _ in $(seq 1 200); do
-    "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT" >/dev/null 2>&1 && break
-    sleep 0.05
-  done
-  "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT" >/dev/null || { log "postgres did not start"; exit 1; }
-  PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
-  log "$("$PG_BIN/postgres" --version) on $PG_URL"
-fi
+# The private servers, as scripts/bench.sh starts them (scripts/servers.sh).
+. scripts/servers.sh
+if [[ " $BACKENDS " == *" redis "* ]]; then start_redis; fi
+if [[ " $BACKENDS " == *" postgres "* ]]; then start_postgres; fi
 
 peer_version=$(sed -n '/^name = "distributed-lock-core"$/{n;s/^version = "\(.*\)"$/\1/p}' "$PEER_DIR/Cargo.lock" 2>/dev/null || true)
 echo "# run $(date -u +%Y-%m-%dT%H:%M:%SZ), ${SECONDS_PER_RUN} s per run, $ROUNDS round(s);" \

@@ -7,15 +7,4 @@ cd "$(dirname "$0")/.."
 name="$1"
 cargo build --release --example "$name" ${FEATURES:+--features "$FEATURES"} \
   --message-format=json-render-diagnostics |
-  python3 -c '
-import json, sys
-name, exe = sys.argv[1], None
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == name and msg.get("executable"):
-        exe = msg["executable"]
-print(exe or "")
-' "$name"
+  python3 scripts/exe-of.py "$name"

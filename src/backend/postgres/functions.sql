@@ -474,12 +474,15 @@ BEGIN
                                            AND y.expires_at > v_now))
       RETURNING x.expires_at INTO r.expires_at;
     IF FOUND AND NOT r.queued THEN
-      -- Fast path: nobody queued, so nobody to hand the room to. Holds that
-      -- ran out go too; the row goes with the last hold (else it keeps the
-      -- latest expiry it had: never earlier than a hold's).
-      DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key AND x.expires_at <= v_now;
-      IF NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key) THEN
-        DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+      -- Fast path: nobody queued, so nobody to hand the room to. The row
+      -- goes with the last live hold, and holds that ran out with it (else
+      -- it keeps the latest expiry it had: never earlier than a hold's).
+      DELETE FROM "{schema}"."{table}" AS l
+        WHERE l.key = p_key
+          AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS x
+                          WHERE x.key = p_key AND x.expires_at > v_now);
+      IF FOUND THEN
+        DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
       END IF;
       RETURN CASE WHEN r.expires_at > v_now THEN 1 ELSE 0 END;
     END IF;

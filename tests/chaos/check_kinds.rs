@@ -11,8 +11,10 @@
 //!    (`kind-mix`: permits beside shared or exclusive, or two `n`s).
 //! 10. **Another family is refused at once.** An acquisition of another
 //!     family than a lease that surely held the key when it was asked
-//!     (granted before, not over yet) must answer `KindMismatch`: granted,
-//!     busy or timed out, it was queued or weighed as a waiter
+//!     (granted before, not over yet) and still did when the server
+//!     weighed it (it was answered, or known queued, before the lease's end
+//!     was asked for) must answer `KindMismatch`: granted, busy or timed
+//!     out, it was queued or weighed as a waiter
 //!     (`kind-mismatch-not-refused`).
 //! 11. **Readers at the head are granted together** (see [`together`]):
 //!     `readers-not-together`.
@@ -170,10 +172,13 @@ pub(super) fn mismatches(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<V
             continue;
         };
         let asked = kind_of(op);
-        let Some(other) = ls
-            .iter()
-            .find(|l| l.sure <= op.inv && op.inv < l.end && !l.kind.same_family(asked))
-        else {
+        // Weighed beside the lease: answered, or known queued, before its
+        // end was even asked for (a call answered later may have reached
+        // the server after that end).
+        let weighed = |end: u64| op.ret <= end || op.queued.iter().any(|&q| q <= end);
+        let Some(other) = ls.iter().find(|l| {
+            l.sure <= op.inv && op.inv < l.end && weighed(l.end) && !l.kind.same_family(asked)
+        }) else {
             continue;
         };
         out.push(Violation {
@@ -600,6 +605,7 @@ mod tests {
         let mut mixed = grant(2, 5, 120, 2, 100, P2);
         mixed.wait_ms = 1_000;
         mixed.start = Some(110 * MS);
+        mixed.queued = vec![6 * MS];
         let found = kinds(vec![
             grant(1, 0, 1, 1, 100, SHARED),
             release(1, 110, 111, 1),
@@ -609,6 +615,41 @@ mod tests {
         // Refused: as documented.
         let refused = op(2, 0, Kind::Acquire, 5, 6, Outcome::KindMismatch);
         assert!(kinds(vec![grant(1, 0, 1, 1, 100, SHARED), refused]).is_empty());
+    }
+
+    /// Seed 2 on Redis Cluster (CI, a build beside it): permits asked at 51
+    /// ms while a shared hold held, answered Ok at 55; the hold's release
+    /// was asked at 53. The request may have reached the server after the
+    /// release: nothing says it was weighed beside the hold. It was if it
+    /// was queued before the release was asked, or answered before it.
+    #[test]
+    fn a_request_that_may_have_come_after_the_release_is_not_a_mismatch() {
+        let ops = |queued: Option<u64>, outcome: Outcome, ret: u64| {
+            let mut permit = grant(2, 51, ret, 2, 100, P2);
+            permit.wait_ms = 1_000;
+            permit.start = Some(54 * MS);
+            if outcome != Outcome::Ok {
+                permit.fence = None;
+            }
+            permit.outcome = outcome;
+            permit.queued = queued.map(|q| vec![q * MS]).unwrap_or_default();
+            vec![
+                grant(1, 0, 1, 1, 100, SHARED),
+                release(1, 53, 54, 1),
+                permit,
+            ]
+        };
+        assert!(kinds(ops(None, Outcome::Ok, 55)).is_empty());
+        // Queued while the hold held: weighed beside it.
+        assert_eq!(
+            kinds(ops(Some(52), Outcome::Ok, 55)),
+            ["kind-mismatch-not-refused"]
+        );
+        // Answered busy before the release was even asked.
+        assert_eq!(
+            kinds(ops(None, Outcome::Busy, 52)),
+            ["kind-mismatch-not-refused"]
+        );
     }
 
     /// Seed 1009 on Redis: a writer held fence 1, Redis restarted without

@@ -248,9 +248,15 @@ impl EtcdBackend {
             .attempt(guard.req, guard.keys, Some(id), until, end)
             .await?;
         guard.in_flight = false;
-        if let Attempt::Acquired(_) = attempt {
+        match &attempt {
             // Taken at once: no entry was made.
-            guard.entry = None;
+            Attempt::Acquired(_) => guard.entry = None,
+            // Our place in the queue dates from here (the same event as the
+            // other backends'; the chaos checker's first-come rule reads it).
+            Attempt::Busy {
+                queued: Some(_), ..
+            } => tracing::debug!(key = %guard.key.digest(), "lock busy: waiting"),
+            Attempt::Busy { .. } => {}
         }
         Ok(attempt)
     }

@@ -73,6 +73,12 @@ CHECKED = [
     ("kinds-memory-hand-off-grants-one-reader", "memory"),
     ("kinds-memory-mismatch-queues", "memory"),
     ("kinds-memory-ran-out-holds-kept", "memory"),
+    ("kinds-redis-permits-over-n", "redis"),
+    ("kinds-redis-writer-beside-readers", "redis"),
+    ("kinds-postgres-permits-over-n", "postgres"),
+    ("kinds-postgres-writer-beside-readers", "postgres"),
+    ("kinds-etcd-permits-over-n", "etcd"),
+    ("kinds-etcd-shared-beside-a-writer", "etcd"),
 ]
 
 

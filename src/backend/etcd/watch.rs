@@ -23,8 +23,11 @@ use crate::error::LockError;
 
 /// What a watch hears.
 pub(super) enum Note {
-    /// etcd set the watch up, at this revision (its header's): from then
-    /// on every change of the watched keys reaches it as it happens.
+    /// etcd set the watch up at this revision (its header's): the watch
+    /// starts at the one after it (etcd reads the revision, then registers
+    /// the watch from the next: a write between the two still reaches it),
+    /// so no change after it is missed, and from then on every change of
+    /// the watched keys reaches it as it happens.
     Created(i64),
     /// Changes of the watched keys: `true` for a put, `false` for a
     /// delete, with the key-value (a delete's has only key and revision).

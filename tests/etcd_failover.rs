@@ -500,6 +500,9 @@ async fn cancelled_waiters_leave_no_task_behind() {
         })
         .collect();
     until_queued(&backend, &key, WAITERS).await;
+    // Every waiter past its join (its reply read: nothing of its own left in
+    // flight) and watching: the count stops moving.
+    until_settled(&metrics).await;
     for w in waiters {
         w.abort();
         let _ = w.await;

@@ -488,7 +488,7 @@ MUTANTS = [
      "Note::Created(at) if false && at > rev && gap.is_none() => {"),
     # A cancelled waiter with nothing in flight leaves once, and no task
     # outlives the leave (etcd_failover's cancelled_waiters_leave_no_task_behind).
-    ("etcd-cancelled-waiter-sleeps-to-its-deadline", "src/backend/etcd/wait.rs",
+    ("etcd-cancelled-waiter-sleeps-to-its-deadline", "src/backend/etcd/leave.rs",
      "let rounds = if self.in_flight { 2 } else { 1 };",
      "let rounds = 2;"),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",

@@ -89,6 +89,7 @@ mod handoff;
 mod keys;
 mod kinds;
 mod leases;
+mod leave;
 mod lookup;
 mod ops;
 mod take;

@@ -22,6 +22,7 @@ last run.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -539,12 +540,18 @@ MUTANTS = [
 
 def run_tests():
     started = time.monotonic()
+    # In a session of its own, so that a timeout stops the test binaries
+    # cargo started too (killing cargo alone left a hung one running, with
+    # its servers, for hours).
+    proc = subprocess.Popen(TEST_CMD, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(TEST_CMD, cwd=ROOT, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return "timeout", time.monotonic() - started, ""
-    out = proc.stdout + proc.stderr
+    out = stdout + stderr
     if proc.returncode == 0:
         return "passed", time.monotonic() - started, out
     if "error[E" in out or "could not compile" in out:

@@ -12,12 +12,11 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use super::EtcdBackend;
-use super::conn::bad_reply;
 use super::handoff::{Giving, Passed, Snapshot, delete_range};
 use super::keys::{HolderValue, ceil_ms};
 use super::ops::{kvs_at, revision};
 use super::watch::Note;
-use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Lease};
+use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -71,24 +70,15 @@ impl EtcdBackend {
                     keys.get_head(),
                     TxnOp::get(result_key.clone(), None),
                 ]);
-            let expiries = &self.shared.expiries;
-            let deadline = at + req.ttl();
-            expiries.arm(
-                self,
-                req.key(),
-                holder_key.clone(),
-                value.clone(),
-                None,
-                deadline,
-            );
-            let reply = self.shared.conn.txn(WHAT, txn, end).await?;
+            let granting = (holder_key.as_slice(), value.as_slice());
+            let reply = match self
+                .grant_txn(WHAT, req, granting, (now, at), txn, end)
+                .await?
+            {
+                Ok(lease) => return Ok(FlightStart::Leader(lease)),
+                Err(reply) => reply,
+            };
             let rev = revision(&reply, WHAT)?;
-            if reply.succeeded() {
-                let fence = u64::try_from(rev).map_err(|_| bad_reply(WHAT))?;
-                expiries.landed(&holder_key, &value, fence);
-                return Ok(FlightStart::Leader(Lease::new(fence, now, now, req.ttl())));
-            }
-            expiries.disarm_value(&holder_key, &value);
             let stored = kvs_at(&reply, 2, WHAT)?;
             let stored = stored.first();
             let result = stored.and_then(decode);

@@ -56,6 +56,37 @@ pub(super) fn kvs_at(
 }
 
 impl EtcdBackend {
+    /// Send `txn`, whose success puts `value` under `holder_key` (a grant to
+    /// `req`, dated `now`/`at`), with the expiry armed before it is sent (if
+    /// it lands and the reply is lost, it must still expire on time):
+    /// on success the lease (its fence the reply's revision, the expiry
+    /// told so), else the reply, the expiry disarmed.
+    pub(super) async fn grant_txn(
+        &self,
+        what: &'static str,
+        req: &crate::spec::AcquireRequest,
+        (holder_key, value): (&[u8], &[u8]),
+        (now, at): (SystemTime, Instant),
+        txn: Txn,
+        end: Instant,
+    ) -> Result<Result<Lease, TxnResponse>, LockError> {
+        let expiries = &self.shared.expiries;
+        let deadline = at + req.ttl();
+        let (key, val) = (holder_key.to_vec(), value.to_vec());
+        expiries.arm(self, req.key(), key, val, None, deadline);
+        let reply = self.shared.conn.txn(what, txn, end).await?;
+        let rev = revision(&reply, what)?;
+        if reply.succeeded() {
+            let fence = u64::try_from(rev).map_err(|_| bad_reply(what))?;
+            expiries.landed(holder_key, value, fence);
+            return Ok(Ok(Lease::new(fence, now, now, req.ttl())));
+        }
+        expiries.disarm_value(holder_key, value);
+        Ok(Err(reply))
+    }
+}
+
+impl EtcdBackend {
     pub(super) fn deadline(&self) -> Instant {
         Instant::now() + self.op_timeout
     }

@@ -92,26 +92,15 @@ impl EtcdBackend {
                 .when(keys.grant_when(kind, room_at))
                 .and_then(granted)
                 .or_else(busy);
-            // Armed before it is sent: if it lands and the reply is lost,
-            // it must still expire on time.
-            let expiries = &self.shared.expiries;
-            let deadline = at + req.ttl();
-            expiries.arm(
-                self,
-                req.key(),
-                holder_key.clone(),
-                value.clone(),
-                None,
-                deadline,
-            );
-            let reply = self.shared.conn.txn(WHAT, txn, end).await?;
+            let granting = (holder_key.as_slice(), value.as_slice());
+            let reply = match self
+                .grant_txn(WHAT, req, granting, (now, at), txn, end)
+                .await?
+            {
+                Ok(lease) => return Ok(Attempt::Acquired(lease)),
+                Err(reply) => reply,
+            };
             let rev = revision(&reply, WHAT)?;
-            if reply.succeeded() {
-                let fence = u64::try_from(rev).map_err(|_| bad_reply(WHAT))?;
-                expiries.landed(&holder_key, &value, fence);
-                return Ok(Attempt::Acquired(Lease::new(fence, now, now, req.ttl())));
-            }
-            expiries.disarm_value(&holder_key, &value);
             let mut snapshot = Snapshot::read(keys, &reply, 0, WHAT)?;
             let queued = match &entry {
                 None => None,

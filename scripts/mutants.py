@@ -492,6 +492,17 @@ MUTANTS = [
     ("etcd-cancelled-waiter-sleeps-to-its-deadline", "src/backend/etcd/leave.rs",
      "let rounds = if self.in_flight { 2 } else { 1 };",
      "let rounds = 2;"),
+    # A release that starts from the state this process's hand-off read
+    # (`Handed`): a stale one must be checked again by the hand-off's
+    # conditions, and a hold it no longer shows answered as the plain
+    # release would (the behaviour suite's a_release_after_*;
+    # MUTANTS_TESTS=behaviour MUTANTS_FILTER=a_release_after).
+    ("etcd-kept-hand-off-trusts-its-head", "src/backend/etcd/handoff.rs",
+     "            when.push(Compare::mod_revision(\n                head.key.clone(),\n                CompareOp::Equal,\n                head.mod_revision,\n            ));\n",
+     ""),
+    ("etcd-kept-hand-off-release-answers-for-a-lost-hold", "src/backend/etcd/ops.rs",
+     "if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {",
+     "if self.pass_on(&keys, snapshot, from, &[], end).await? != Passed::Done || true {"),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",
      "} else if mismatched(kind, &snapshot.holders) {",
      "} else if false {"),

@@ -175,6 +175,8 @@ for_each_backend! {
             release_hands_the_lock_to_the_oldest_waiter_at_once,
             waiters_are_served_in_the_order_they_came,
             a_cancelled_waiter_does_not_hold_the_queue_up,
+            a_release_after_the_queue_changed_reaches_the_live_waiter,
+            a_release_after_a_force_release_is_refused,
             // Lifecycle beyond one request.
             lost_signal_fires_when_force_released_under_a_handler,
             token_hand_off_across_handles,

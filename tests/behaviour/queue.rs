@@ -191,3 +191,95 @@ pub async fn a_waiter_gets_the_lock_when_the_holders_ttl_ends(h: Harness) {
     assert!(lease.fence > held.fence);
     assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "next");
 }
+
+/// Wait until `key`'s queue is exactly `n` long (a cancelled waiter's leave
+/// goes out from a task of its own).
+async fn until_queue_is(h: &Harness, key: &tower_lock::LockKey, n: usize) {
+    for _ in 0..20_000 {
+        if status_of(&h.backend, key)
+            .await
+            .is_some_and(|s| s.waiters == n)
+        {
+            return;
+        }
+        h.tick().await;
+    }
+    panic!("the queue never became {n} long");
+}
+
+/// A lock handed over with waiters behind, then the next waiter leaves:
+/// the new holder's release goes to the live waiter behind it (whatever a
+/// backend remembered of the queue at the hand-off is checked again, never
+/// trusted).
+pub async fn a_release_after_the_queue_changed_reaches_the_live_waiter(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&h.backend, areq(&key, "first", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    let gone = spawn_acquire(&h.backend, areq(&key, "gone", LONG, PATIENT));
+    h.until_queued(&key, 2).await;
+    let next = spawn_acquire(&h.backend, areq(&key, "next", LONG, PATIENT));
+    h.until_queued(&key, 3).await;
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().expect("first was handed the lock");
+
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    until_queue_is(&h, &key, 1).await;
+    h.backend
+        .release(&key, Holder::new("first", first.fence))
+        .await
+        .unwrap();
+    let st = status_of(&h.backend, &key)
+        .await
+        .expect("handed to the live waiter");
+    assert_eq!((st.owner.as_str(), st.waiters), ("next", 0));
+    let lease = next.await.unwrap().expect("next was handed the lock");
+    assert_eq!(lease.fence, st.fence);
+    assert!(lease.fence > first.fence);
+    h.backend
+        .release(&key, Holder::owner_only("next"))
+        .await
+        .unwrap();
+}
+
+/// A holder handed the lock with a waiter behind loses it (force release:
+/// the lock goes on to that waiter). Its release is refused as someone
+/// else's lock, and the waiter keeps it.
+pub async fn a_release_after_a_force_release_is_refused(h: Harness) {
+    let key = gkey("k");
+    h.backend
+        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&h.backend, areq(&key, "first", LONG, PATIENT));
+    h.until_queued(&key, 1).await;
+    let second = spawn_acquire(&h.backend, areq(&key, "second", LONG, PATIENT));
+    h.until_queued(&key, 2).await;
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().expect("first was handed the lock");
+
+    assert!(h.backend.force_release(&key).await.unwrap());
+    let second = second.await.unwrap().expect("second was handed the lock");
+    assert_eq!(
+        h.backend
+            .release(&key, Holder::new("first", first.fence))
+            .await,
+        Err(LockError::OwnershipMismatch)
+    );
+    let st = status_of(&h.backend, &key).await.expect("second keeps it");
+    assert_eq!((st.owner.as_str(), st.fence), ("second", second.fence));
+    h.backend
+        .release(&key, Holder::new("second", second.fence))
+        .await
+        .unwrap();
+}

@@ -24,7 +24,7 @@ use super::kinds::fits;
 use crate::error::LockError;
 
 /// The holders and the oldest waiter of a lock, as one read saw them.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Snapshot {
     /// Oldest grant first.
     pub(super) holders: Vec<HeldKey>,
@@ -236,6 +236,7 @@ impl EtcdBackend {
                     given = true;
                     from = Giving::Nothing;
                     snapshot = Snapshot::read(keys, &reply, read_at, WHAT)?;
+                    self.shared.handed.keep(keys, &snapshot);
                 }
                 Ok(reply) => snapshot = Snapshot::read(keys, &reply, 0, WHAT)?,
                 Err(_gone) => {
@@ -335,6 +336,49 @@ impl EtcdBackend {
             Passed::Done => Ok(Expire::Done),
             Passed::NotHeld => Ok(Expire::Gone),
         }
+    }
+}
+
+/// The state each lock's last hand-off in this process left behind (read
+/// in the hand-off's own transaction, after its grant), while waiters stay
+/// queued behind the new holder: its release starts from it and gives the
+/// lock to the next waiter in one transaction, instead of reading first (a
+/// failed conditional release) and handing off after (a second Raft
+/// commit on the path from hold to hold). A state gone stale (the waiter
+/// left, a hold changed) only fails that transaction's conditions, whose
+/// failure branch reads the state afresh: no more than the read it saves.
+#[derive(Default)]
+pub(super) struct Handed(std::sync::Mutex<std::collections::HashMap<Vec<u8>, Snapshot>>);
+
+/// Locks whose last hand-off state is kept; beyond, the map starts over
+/// (a state is only a head start: any may go).
+const HANDED_MAX: usize = 1024;
+
+impl Handed {
+    /// Keep `snapshot` (a hand-off's state after its grant) for the next
+    /// release of the lock, if someone still waits behind few holds.
+    fn keep(&self, keys: &LockKeys, snapshot: &Snapshot) {
+        if snapshot.head.is_none() || snapshot.holders.len() > 8 {
+            return;
+        }
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= HANDED_MAX {
+            map.clear();
+        }
+        map.insert(keys.holders().0, snapshot.clone());
+    }
+
+    /// The kept state of the lock, if it shows `holder`'s hold and a
+    /// waiter behind it (taken: one release uses it).
+    pub(super) fn take(
+        &self,
+        keys: &LockKeys,
+        holder: crate::backend::Holder<'_>,
+    ) -> Option<(Snapshot, HeldKey)> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = keys.holders().0;
+        let h = map.get(&key)?.find(holder)?.clone();
+        map.remove(&key).map(|snapshot| (snapshot, h))
     }
 }
 

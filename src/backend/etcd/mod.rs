@@ -154,6 +154,7 @@ struct Shared {
     leases: Leases,
     expiries: Expiries,
     watches: Watches,
+    handed: handoff::Handed,
 }
 
 impl Shared {
@@ -165,6 +166,7 @@ impl Shared {
             leases: Leases::default(),
             expiries: Expiries::default(),
             watches: Watches::default(),
+            handed: handoff::Handed::default(),
         })
     }
 }

@@ -104,6 +104,16 @@ impl EtcdBackend {
         let keys = self.keys(key);
         let end = self.deadline();
         let (start, stop) = keys.owner_holders(holder.owner());
+        if let Some((snapshot, h)) = self.shared.handed.take(&keys, holder) {
+            // Handed the lock by this process with waiters behind: hand it
+            // on from the state that hand-off read (see `Handed`).
+            let from = Giving::Fence(&h.key, h.fence);
+            if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {
+                self.disarm_released(&h, (&start, &stop));
+                return Ok(());
+            }
+            // Not held as that state said: the release below says why.
+        }
         let mut ops = vec![delete_range(start.clone(), stop.clone())];
         if self.index_owners {
             ops.push(TxnOp::delete(keys.index(holder.owner()), None));
@@ -131,15 +141,21 @@ impl EtcdBackend {
         let outcome = self
             .pass_on(&keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
             .await?;
-        if h.kind == LockKind::Exclusive {
-            self.shared.expiries.disarm_range(&start, &stop);
-        } else {
-            self.shared.expiries.disarm_range(&h.key, &after(&h.key));
-        }
+        self.disarm_released(&h, (&start, &stop));
         match outcome {
             Passed::Done => Ok(()),
             // Released or expired meanwhile.
             Passed::NotHeld => Err(LockError::NotFound),
+        }
+    }
+
+    /// Forget the expiry of hold `h`, given back (an exclusive one: every
+    /// expiry in its owner's range `owner_range`).
+    fn disarm_released(&self, h: &HeldKey, (start, stop): (&[u8], &[u8])) {
+        if h.kind == LockKind::Exclusive {
+            self.shared.expiries.disarm_range(start, stop);
+        } else {
+            self.shared.expiries.disarm_range(&h.key, &after(&h.key));
         }
     }
 

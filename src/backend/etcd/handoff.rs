@@ -22,6 +22,7 @@ use super::conn::{bad_reply, timed_out};
 use super::keys::{HeldKey, HolderValue, LockKeys, Waiter};
 use super::kinds::fits;
 use crate::error::LockError;
+use crate::spec::LockKind;
 
 /// The holders and the oldest waiter of a lock, as one read saw them.
 #[derive(Clone, Debug, Default)]
@@ -356,9 +357,13 @@ const HANDED_MAX: usize = 1024;
 
 impl Handed {
     /// Keep `snapshot` (a hand-off's state after its grant) for the next
-    /// release of the lock, if someone still waits behind few holds.
+    /// release of the lock, if it shows one exclusive holder with someone
+    /// waiting behind. (Not for shared holds and permits: a hold given back
+    /// beside others also decides, from the holds read, whether its owner's
+    /// index entry goes, and other holds come and go between.)
     fn keep(&self, keys: &LockKeys, snapshot: &Snapshot) {
-        if snapshot.head.is_none() || snapshot.holders.len() > 8 {
+        let exclusive = matches!(&snapshot.holders[..], [h] if h.kind == LockKind::Exclusive);
+        if snapshot.head.is_none() || !exclusive {
             return;
         }
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -368,8 +373,8 @@ impl Handed {
         map.insert(keys.holders().0, snapshot.clone());
     }
 
-    /// The kept state of the lock, if it shows `holder`'s hold and a
-    /// waiter behind it (taken: one release uses it).
+    /// The kept state of the lock, if it shows `holder`'s exclusive hold
+    /// and a waiter behind it (taken: one release uses it).
     pub(super) fn take(
         &self,
         keys: &LockKeys,

@@ -207,27 +207,43 @@ async fn until_queue_is(h: &Harness, key: &tower_lock::LockKey, n: usize) {
     panic!("the queue never became {n} long");
 }
 
+/// `holder` takes `key`, then `first` and each of `behind` queue in turn,
+/// and the holder's release hands the lock to `first`: its lease, and the
+/// acquisitions still waiting behind it.
+async fn handed_to_first<const N: usize>(
+    h: &Harness,
+    key: &tower_lock::LockKey,
+    behind: [&str; N],
+) -> (Lease, [JoinHandle<Result<Lease, LockError>>; N]) {
+    h.backend
+        .acquire(&areq(key, "holder", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&h.backend, areq(key, "first", LONG, PATIENT));
+    h.until_queued(key, 1).await;
+    let mut waiting = Vec::new();
+    for (i, owner) in behind.into_iter().enumerate() {
+        waiting.push(spawn_acquire(&h.backend, areq(key, owner, LONG, PATIENT)));
+        h.until_queued(key, i + 2).await;
+    }
+    h.backend
+        .release(key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().expect("first was handed the lock");
+    let Ok(waiting) = waiting.try_into() else {
+        unreachable!("one acquisition per owner")
+    };
+    (first, waiting)
+}
+
 /// A lock handed over with waiters behind, then the next waiter leaves:
 /// the new holder's release goes to the live waiter behind it (whatever a
 /// backend remembered of the queue at the hand-off is checked again, never
 /// trusted).
 pub async fn a_release_after_the_queue_changed_reaches_the_live_waiter(h: Harness) {
     let key = gkey("k");
-    h.backend
-        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
-        .await
-        .unwrap();
-    let first = spawn_acquire(&h.backend, areq(&key, "first", LONG, PATIENT));
-    h.until_queued(&key, 1).await;
-    let gone = spawn_acquire(&h.backend, areq(&key, "gone", LONG, PATIENT));
-    h.until_queued(&key, 2).await;
-    let next = spawn_acquire(&h.backend, areq(&key, "next", LONG, PATIENT));
-    h.until_queued(&key, 3).await;
-    h.backend
-        .release(&key, Holder::owner_only("holder"))
-        .await
-        .unwrap();
-    let first = first.await.unwrap().expect("first was handed the lock");
+    let (first, [gone, next]) = handed_to_first(&h, &key, ["gone", "next"]).await;
 
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
@@ -254,19 +270,7 @@ pub async fn a_release_after_the_queue_changed_reaches_the_live_waiter(h: Harnes
 /// else's lock, and the waiter keeps it.
 pub async fn a_release_after_a_force_release_is_refused(h: Harness) {
     let key = gkey("k");
-    h.backend
-        .acquire(&areq(&key, "holder", LONG, Duration::ZERO))
-        .await
-        .unwrap();
-    let first = spawn_acquire(&h.backend, areq(&key, "first", LONG, PATIENT));
-    h.until_queued(&key, 1).await;
-    let second = spawn_acquire(&h.backend, areq(&key, "second", LONG, PATIENT));
-    h.until_queued(&key, 2).await;
-    h.backend
-        .release(&key, Holder::owner_only("holder"))
-        .await
-        .unwrap();
-    let first = first.await.unwrap().expect("first was handed the lock");
+    let (first, [second]) = handed_to_first(&h, &key, ["second"]).await;
 
     assert!(h.backend.force_release(&key).await.unwrap());
     let second = second.await.unwrap().expect("second was handed the lock");

@@ -289,11 +289,13 @@ async fn a_grant_whose_reply_was_lost_expires_at_its_ttl() {
         .unwrap()
         .op_timeout(OP_TIMEOUT);
     let direct = EtcdBackend::from_endpoints(cluster.endpoints()).unwrap();
-    let key = LockKey::global("lost-reply").unwrap();
     // Warm up (connection, lease of the same TTL bucket), then lose a
-    // reply: the first data etcd sends after the flag is set, which is the
-    // acquisition's reply unless a lease keep-alive's came first (then the
-    // acquisition succeeds, and is tried again).
+    // reply: the first data etcd sends after the flag is set. That is the
+    // acquisition's reply, unless other data came first: a lease
+    // keep-alive's reply (then the acquisition succeeds, and is tried
+    // again) or a frame etcd sent before running the call, whose reset
+    // cancelled it (then a 503 and nothing landed: tried again, on a key of
+    // its own, so that a late landing cannot be taken for this one's).
     // Long enough to outlive the failed call's op timeout and the status
     // read after it on a loaded machine (the holder's process frees the
     // lock at its TTL), short enough for the waiter's max wait below.
@@ -305,38 +307,31 @@ async fn a_grant_whose_reply_was_lost_expires_at_its_ttl() {
         .await
         .unwrap();
     let mut lost = None;
-    for _ in 0..5 {
+    for i in 0..10 {
+        let attempt = req(&format!("lost-reply-{i}"), "ghost", ttl, Duration::ZERO);
+        let key = attempt.key().clone();
         proxy.drop_next_reply();
-        match backend
-            .acquire(&req("lost-reply", "ghost", ttl, Duration::ZERO))
-            .await
-        {
+        match backend.acquire(&attempt).await {
             Ok(l) => backend
                 .release(&key, Holder::new("ghost", l.fence))
                 .await
                 .unwrap(),
             Err(e) => {
-                lost = Some(e);
-                break;
+                assert!(unavailable(&e), "{e:?}");
+                // Landed, with its reply lost?
+                let landed = retry(|| direct.status(&key)).await;
+                if landed.is_some_and(|s| s.owner == "ghost") {
+                    lost = Some(key);
+                    break;
+                }
             }
         }
     }
-    assert!(
-        matches!(lost, Some(LockError::BackendUnavailable(_))),
-        "{lost:?}"
-    );
-    let landed = retry(|| direct.status(&key)).await;
-    assert_eq!(
-        landed.map(|s| s.owner).as_deref(),
-        Some("ghost"),
-        "it landed"
-    );
+    let key = lost.expect("no acquisition landed with its reply lost in 10 tries");
     // A waiter gets it when its TTL ends: the lease it is on is kept alive
     // as long as this process lives, and would keep it as long.
-    let next = direct
-        .acquire(&req("lost-reply", "next", LONG, Duration::from_secs(10)))
-        .await
-        .unwrap();
+    let wait = AcquireRequest::new(key.clone(), "next", LONG, Duration::from_secs(10)).unwrap();
+    let next = direct.acquire(&wait).await.unwrap();
     assert_eq!(
         direct.status(&key).await.unwrap().unwrap().fence,
         next.fence

@@ -129,14 +129,26 @@ impl Harness {
     /// Wait until at least `n` acquirers are queued on `key` (state, read
     /// through `LockStatus::waiters`).
     pub async fn until_queued(&self, key: &LockKey, n: usize) {
+        self.until_waiters(key, |w| w >= n, &format!("{n} waiters never queued"))
+            .await;
+    }
+
+    /// Wait until exactly `n` acquirers are queued on `key` (a cancelled
+    /// waiter's leave goes out from a task of its own).
+    pub async fn until_queue_is(&self, key: &LockKey, n: usize) {
+        self.until_waiters(key, |w| w == n, &format!("the queue never became {n} long"))
+            .await;
+    }
+
+    async fn until_waiters(&self, key: &LockKey, done: impl Fn(usize) -> bool, never: &str) {
         for _ in 0..20_000 {
             let queued = self.backend.status(key).await.expect("status");
-            if queued.is_some_and(|s| s.waiters >= n) {
+            if queued.is_some_and(|s| done(s.waiters)) {
                 return;
             }
             self.tick().await;
         }
-        panic!("{n} waiters never queued");
+        panic!("{never}");
     }
 
     /// Wait until `key` is free (state, read through `status`): for a lock

@@ -192,21 +192,6 @@ pub async fn a_waiter_gets_the_lock_when_the_holders_ttl_ends(h: Harness) {
     assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "next");
 }
 
-/// Wait until `key`'s queue is exactly `n` long (a cancelled waiter's leave
-/// goes out from a task of its own).
-async fn until_queue_is(h: &Harness, key: &tower_lock::LockKey, n: usize) {
-    for _ in 0..20_000 {
-        if status_of(&h.backend, key)
-            .await
-            .is_some_and(|s| s.waiters == n)
-        {
-            return;
-        }
-        h.tick().await;
-    }
-    panic!("the queue never became {n} long");
-}
-
 /// `holder` takes `key`, then `first` and each of `behind` queue in turn,
 /// and the holder's release hands the lock to `first`: its lease, and the
 /// acquisitions still waiting behind it.
@@ -247,7 +232,7 @@ pub async fn a_release_after_the_queue_changed_reaches_the_live_waiter(h: Harnes
 
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
-    until_queue_is(&h, &key, 1).await;
+    h.until_queue_is(&key, 1).await;
     h.backend
         .release(&key, Holder::new("first", first.fence))
         .await

@@ -150,7 +150,7 @@ impl EtcdBackend {
     }
 
     /// Forget the expiry of hold `h`, given back (an exclusive one: every
-    /// expiry in its owner's range `owner_range`).
+    /// expiry in its owner's holder range `[start, stop)`).
     fn disarm_released(&self, h: &HeldKey, (start, stop): (&[u8], &[u8])) {
         if h.kind == LockKind::Exclusive {
             self.shared.expiries.disarm_range(start, stop);

@@ -11,7 +11,7 @@
 #       long_run -- --ignored --nocapture   # replay one schedule
 #   scripts/check.sh --mutants              # prove it: each breakage found?
 #
-# Backends: memory redis redis-cluster redis-cluster-failover postgres.
+# Backends: memory redis redis-cluster redis-cluster-failover postgres etcd.
 # Knobs: CHAOS_SCHEDULES (200), CHAOS_SEED_BASE (1000), CHAOS_RUN_MS (2500),
 # CHAOS_PROCESSES (2), CHAOS_TASKS (3), CHAOS_FAULTS (3), CHAOS_KINDS_TASKS (2 per
 # process on the shared/permits keys; 0: none; skipped with a note where the
@@ -25,7 +25,7 @@ if [ "${1:-}" = "--mutants" ]; then
   exec python3 scripts/chaos_mutants.py "$@"
 fi
 
-BACKENDS="${BACKENDS:-memory redis redis-cluster redis-cluster-failover postgres}"
+BACKENDS="${BACKENDS:-memory redis redis-cluster redis-cluster-failover postgres etcd}"
 export CHAOS_SCHEDULES="${CHAOS_SCHEDULES:-200}"
 mkdir -p target/chaos
 cargo test --all-features --test chaos --no-run -q

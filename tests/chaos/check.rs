@@ -613,7 +613,8 @@ fn cut(segments: Vec<(u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
 /// and held by the rules until `until`, given `p`'s stops: with a
 /// `stopped_ns` bound, a stop while it may hold keeps it until the process
 /// resumes (and its own expiry runs, within an op timeout) or the bound
-/// passes, whichever comes first.
+/// passes, whichever comes first. A process killed, or one that exited,
+/// never resumes.
 fn stopped_hold(
     faults: &[Fault],
     p: u32,
@@ -625,11 +626,21 @@ fn stopped_hold(
     if stopped_ns == 0 {
         return until;
     }
-    faults
-        .iter()
-        .filter(|f| f.process == Some(p) && f.at < until && f.until > asked)
-        .map(|f| (f.until + op_timeout).min(f.at + stopped_ns))
-        .fold(until, u64::max)
+    let mut stops: Vec<&Fault> = faults.iter().filter(|f| f.process == Some(p)).collect();
+    stops.sort_by_key(|f| f.at);
+    // In time order: a stop that begins while an earlier one keeps the
+    // grant (two stops back to back) keeps it further.
+    stops.into_iter().fold(until, |until, f| {
+        if f.at < until && f.resumes() > asked {
+            until.max(
+                f.resumes()
+                    .saturating_add(op_timeout)
+                    .min(f.at + stopped_ns),
+            )
+        } else {
+            until
+        }
+    })
 }
 
 /// A stretch in which a call (process, operation) might have held a key.
@@ -649,9 +660,19 @@ fn wakeups(
     // unknown until its wait and TTL could have ended; and which call it
     // was, so a waiter's own grant does not count against it.
     let mut holds: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
+    let exits = h.exits.iter().map(|&(p, at)| Fault {
+        what: format!("p{p} exited"),
+        at,
+        until: at,
+        process: Some(p),
+        loses_locks: false,
+        resets_fences: false,
+        crash: true,
+    });
+    let stops: Vec<Fault> = h.faults.iter().cloned().chain(exits).collect();
     let stopped = |p: u32, asked: u64, until: u64| {
         stopped_hold(
-            &h.faults,
+            &stops,
             p,
             asked,
             until,
@@ -728,7 +749,7 @@ fn wakeups(
         let own_pause = h
             .faults
             .iter()
-            .any(|f| f.process == Some(op.p) && f.at < op.ret && f.until > op.inv);
+            .any(|f| f.process == Some(op.p) && f.at < op.ret && f.resumes() > op.inv);
         // How the wait ended, and until when it slept.
         let (ended, slept_until) = match &op.outcome {
             Outcome::Ok => {
@@ -949,6 +970,84 @@ mod tests {
         assert!(kinds(&h).is_empty());
     }
 
+    fn etcd_bounds() -> Bounds {
+        Bounds {
+            stopped_holder_ns: 3_500 * MS,
+            ..Bounds::default()
+        }
+    }
+
+    fn stop(p: u32, at: u64, until: u64) -> Fault {
+        Fault {
+            what: format!("sigstop p{p}"),
+            at: at * MS,
+            until: until * MS,
+            process: Some(p),
+            loses_locks: false,
+            resets_fences: false,
+            crash: false,
+        }
+    }
+
+    /// p1 holds (TTL 100 ms, never released); p2 waits 3 s for it.
+    fn held_by_a_process_that_went(waiter: Outcome, ret: u64) -> History {
+        let mut w = op(2, 0, Kind::Acquire, 10, ret, waiter);
+        w.wait_ms = 3_000;
+        w.ttl_ms = 100;
+        w.queued = vec![12 * MS];
+        if w.outcome == Outcome::Ok {
+            w.fence = Some(2);
+            w.start = Some((ret - 1) * MS);
+            w.lease_ms = 100;
+        }
+        history(vec![grant(1, 0, 0, 1, 1, 100), w])
+    }
+
+    #[test]
+    fn a_holder_stopped_twice_in_a_row_keeps_its_lock_through_both() {
+        // etcd, seed 1031 (a release build beside it): p2 was stopped at
+        // 499 ms for 1,066 ms and again at once for 813 ms. etcd's TTLs run
+        // in the holder's process: it held its lock through both stops,
+        // and the waiter got it when p2 ran again.
+        let mut h = held_by_a_process_that_went(Outcome::Ok, 2_050);
+        h.faults = vec![stop(1, 50, 1_000), stop(1, 1_000, 2_000)];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert!(found.is_empty(), "{found:?}");
+        // One stop alone keeps it until its process runs again (and its
+        // expiry lands), not through a later stop that does not touch it.
+        h.faults = vec![stop(1, 50, 1_000), stop(1, 1_500, 2_000)];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert_eq!(found, ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn a_process_gone_holding_keeps_its_lock_until_its_lease_runs_out_on_etcd() {
+        // etcd, seed 1031: p1 ended its run holding a lock it never let go
+        // (its task cut off); etcd kept it until p1's lease ran out, and a
+        // waiter timed out. Killed (SIGKILL) or exited, the same.
+        let mut h = held_by_a_process_that_went(Outcome::Timeout, 3_010);
+        h.exits = vec![(1, 50 * MS)];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert!(found.is_empty(), "{found:?}");
+        h.exits.clear();
+        h.faults = vec![Fault {
+            crash: true,
+            ..stop(1, 50, 50)
+        }];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert!(found.is_empty(), "{found:?}");
+        // Where the server keeps every TTL itself (Redis, PostgreSQL), the
+        // lock runs out at its TTL whoever went: the waiter slept through.
+        assert_eq!(kinds(&h), ["lost-wake-up"]);
+        // And on etcd, until the lease runs out, no longer.
+        let mut h = held_by_a_process_that_went(Outcome::Timeout, 3_010);
+        h.ops[1].wait_ms = 5_000;
+        h.ops[1].ret = 5_010 * MS;
+        h.exits = vec![(1, 50 * MS)];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert_eq!(found, ["lost-wake-up"]);
+    }
+
     #[test]
     fn a_release_ends_the_lease_whatever_a_renewal_beside_it_did() {
         // The watchdog's renewal was invoked after the release and answered
@@ -1094,6 +1193,7 @@ mod tests {
             process: Some(2),
             loses_locks: false,
             resets_fences: false,
+            crash: false,
         });
         assert!(!kinds(&h).contains(&"barging"));
         // The same fault in another process says nothing of the waiter.
@@ -1139,6 +1239,7 @@ mod tests {
             process: None,
             loses_locks: true,
             resets_fences: true,
+            crash: false,
         };
         let mut h = history(vec![
             grant(2, 0, 0, 1, 2, 300),

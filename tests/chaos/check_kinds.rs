@@ -665,6 +665,7 @@ mod tests {
             process: None,
             loses_locks: true,
             resets_fences: true,
+            crash: false,
         };
         let mut extend = op(1, 7, Kind::Extend, 220, 221, Outcome::Ok);
         extend.fence_in = Some(1);

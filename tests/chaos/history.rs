@@ -121,6 +121,17 @@ pub struct Fault {
     /// Fences may start over after it (a server restarted without its data).
     #[serde(default)]
     pub resets_fences: bool,
+    /// The process (`process`) was killed (SIGKILL) at `at`: it never
+    /// resumes, and what it held the server keeps until it runs out.
+    #[serde(default)]
+    pub crash: bool,
+}
+
+impl Fault {
+    /// When the process it stopped runs again (never, after a crash).
+    pub fn resumes(&self) -> u64 {
+        if self.crash { u64::MAX } else { self.until }
+    }
 }
 
 /// The operations of one process, shared by its tasks.
@@ -133,6 +144,19 @@ pub struct Log {
     in_flight: Arc<Mutex<BTreeMap<u64, Op>>>,
     /// Told when the last call in flight answers.
     settled: Arc<Notify>,
+    /// A client process's journal: every call written down as it begins
+    /// and as it ends, so that a process killed mid-run leaves its history
+    /// (see [`read_journal`]).
+    journal: Option<Arc<Mutex<std::fs::File>>>,
+}
+
+/// One line of a journal.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Entry {
+    Begin(Op),
+    Done(Op),
+    Forget(u64),
 }
 
 impl Log {
@@ -143,6 +167,27 @@ impl Log {
             ops: Arc::default(),
             in_flight: Arc::default(),
             settled: Arc::default(),
+            journal: None,
+        }
+    }
+
+    /// A client process's log, journalled to `path` as it goes.
+    pub fn journalled(p: u32, path: &std::path::Path) -> Self {
+        let file = std::fs::File::create(path).expect("journal");
+        Log {
+            journal: Some(Arc::new(Mutex::new(file))),
+            ..Log::new(p)
+        }
+    }
+
+    fn write(&self, entry: &Entry) {
+        use std::io::Write;
+        if let Some(journal) = &self.journal {
+            let mut line = serde_json::to_vec(entry).expect("JSON");
+            line.push(b'\n');
+            // One write(2) per line, unbuffered: a SIGKILL loses no line
+            // that was written, and cuts none in half but the last.
+            let _ = lock(journal).write_all(&line);
         }
     }
 
@@ -172,11 +217,13 @@ impl Log {
     /// `op` (a backend call) is on its way: until it is pushed, [`Log::take`]
     /// records it as cancelled.
     pub fn begin(&self, op: &Op) {
+        self.write(&Entry::Begin(op.clone()));
         lock(&self.in_flight).insert(op.id, op.clone());
     }
 
     /// `op` needs no record after all (it was not sent).
     pub fn forget(&self, op: &Op) {
+        self.write(&Entry::Forget(op.id));
         self.answered(op.id);
     }
 
@@ -189,6 +236,7 @@ impl Log {
 
     pub fn push(&self, op: Op) {
         let id = op.id;
+        self.write(&Entry::Done(op.clone()));
         lock(&self.ops).push(op);
         self.answered(id);
     }
@@ -233,6 +281,37 @@ impl Log {
     }
 }
 
+/// The history of a client process killed at `killed` (ns), from its
+/// journal: every call it finished, and the calls still in flight as
+/// cancelled at the kill (what they did on the server is unknown).
+pub fn read_journal(path: &std::path::Path, killed: u64) -> Vec<Op> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut ops = Vec::new();
+    let mut in_flight = BTreeMap::new();
+    // A line the kill cut short does not parse: the call it began counts
+    // as never sent, the call it ended as still in flight.
+    for entry in text.lines().filter_map(|l| serde_json::from_str(l).ok()) {
+        match entry {
+            Entry::Begin(op) => {
+                in_flight.insert(op.id, op);
+            }
+            Entry::Done(op) => {
+                in_flight.remove(&op.id);
+                ops.push(op);
+            }
+            Entry::Forget(id) => {
+                in_flight.remove(&id);
+            }
+        }
+    }
+    ops.extend(in_flight.into_values().map(|mut op| {
+        op.ret = killed.max(op.inv);
+        op.outcome = Outcome::Cancelled;
+        op
+    }));
+    ops
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -248,6 +327,10 @@ pub struct History {
     pub end: u64,
     /// Keys found held (or queued) by nobody alive after the run.
     pub stuck: Vec<String>,
+    /// When each client process that ran to its end exited (process, ns):
+    /// what it still held the server keeps until it runs out, as after a
+    /// crash (see `Fault::crash`).
+    pub exits: Vec<(u32, u64)>,
     /// The op timeout of the backend under test, in ms.
     pub op_timeout_ms: u64,
 }
@@ -274,6 +357,40 @@ mod tests {
             (Kind::Release, &Outcome::Cancelled)
         );
         assert!(ops[1].ret >= ops[1].inv);
+    }
+
+    #[test]
+    fn a_killed_process_leaves_its_history_in_its_journal() {
+        let path = std::env::temp_dir().join(format!("chaos-journal-{}", std::process::id()));
+        let log = Log::journalled(1, &path);
+        let mut done = log.start(Kind::Acquire, "k".into());
+        log.begin(&done);
+        done.outcome = Outcome::Ok;
+        log.push(done);
+        let waiting = log.start(Kind::Acquire, "k".into());
+        log.begin(&waiting);
+        let unsent = log.start(Kind::Release, "k".into());
+        log.begin(&unsent);
+        log.forget(&unsent);
+        // Killed here: no `take`, no history file; and a line cut short.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(b"{\"done\":{\"p\":1,").unwrap();
+        }
+        let ops = read_journal(&path, waiting.inv + 5);
+        let _ = std::fs::remove_file(&path);
+        let seen: Vec<(u64, &Outcome, u64)> =
+            ops.iter().map(|o| (o.id, &o.outcome, o.ret)).collect();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[0].1, &Outcome::Ok);
+        assert_eq!(
+            (seen[1].0, seen[1].1, seen[1].2),
+            (waiting.id, &Outcome::Cancelled, waiting.inv + 5)
+        );
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 //! owners, multi-lock requests through a `LockLayer`, force releases,
 //! single-flight runs, calls cancelled at random points, pauses inside
 //! critical sections) and the nemesis's faults (client processes stopped
-//! with SIGSTOP, server restarts with and without their data, connections
+//! with SIGSTOP or killed with SIGKILL, server restarts with and without their data, connections
 //! reset, replies lost, traffic held back through a TCP proxy, the
 //! wake-up connections killed, cluster primaries killed, etcd leaders
 //! killed and members stopped). Tasks of their own take shared and
@@ -16,7 +16,8 @@
 //! (`kinds_work.rs`; skipped, with a note, on a backend that answers
 //! `Unsupported` for them). Client processes
 //! (two per schedule; tasks of one process for the in-memory backend) record
-//! every backend call on the machine's monotonic clock; the coordinator
+//! every backend call on the machine's monotonic clock, journalled as it
+//! goes so that a killed process leaves its history; the coordinator
 //! serves the fenced store, injects the faults, and checks the merged
 //! history afterwards.
 //!
@@ -194,7 +195,7 @@ async fn long_run() {
         other => panic!("unknown CHAOS_BACKEND {other}"),
     };
     let started = std::time::Instant::now();
-    let (mut ops, mut schedules, mut faults) = (0usize, 0usize, 0usize);
+    let (mut ops, mut schedules, mut faults, mut crashes) = (0usize, 0usize, 0usize, 0usize);
     let (mut kinds_ops, mut kinds_skipped) = (0usize, 0usize);
     let mut violations: Vec<String> = Vec::new();
     let mut first: Option<(u64, f64)> = None;
@@ -203,8 +204,11 @@ async fn long_run() {
         schedules += 1;
         ops += report.ops;
         faults += report.faults.len();
+        let killed = report.faults.iter().filter(|f| f.crash).count();
+        crashes += killed;
         println!(
-            "chaos {backend} seed {seed}: {} ops, {} faults, {} violations",
+            "chaos {backend} seed {seed}: {} ops, {} faults ({killed} client process killed), \
+             {} violations",
             report.ops,
             report.faults.len(),
             report.violations.len()
@@ -232,6 +236,7 @@ async fn long_run() {
             "kinds_ops": kinds_ops,
             "kinds_skipped_schedules": kinds_skipped,
             "faults": faults,
+            "client_processes_killed": crashes,
             "violations": violations.len(),
             "first_violation_seed": first.map(|f| f.0),
             "first_violation_after_s": first.map(|f| f.1),

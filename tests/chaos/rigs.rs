@@ -16,6 +16,10 @@ use super::run::BackendSpec;
 pub enum FaultKind {
     /// SIGSTOP a client process for a while (longer than most TTLs).
     Pause,
+    /// SIGKILL a client process (never the last one): its locks and queue
+    /// entries stay on the server with nobody to release or leave them.
+    /// The run does it, not the rig (see `run::crash`).
+    Crash,
     /// SIGKILL the server, start it again on its data.
     Restart,
     /// The server forgets everything (restart without persistence).
@@ -72,6 +76,7 @@ fn fault(what: String, at: u64) -> Fault {
         process: None,
         loses_locks: false,
         resets_fences: false,
+        crash: false,
     }
 }
 
@@ -184,6 +189,7 @@ mod redis {
             &[
                 Pause,
                 Pause,
+                Crash,
                 Restart,
                 Wipe,
                 Reset,
@@ -307,6 +313,7 @@ mod postgres {
             &[
                 Pause,
                 Pause,
+                Crash,
                 Restart,
                 Reset,
                 DropReply,
@@ -456,9 +463,9 @@ mod cluster {
         fn menu(&self) -> &'static [FaultKind] {
             use FaultKind::*;
             if self.failover {
-                &[Pause, KillSubscriber, KillPrimary]
+                &[Pause, Crash, KillSubscriber, KillPrimary]
             } else {
-                &[Pause, Pause, KillSubscriber]
+                &[Pause, Pause, Crash, KillSubscriber]
             }
         }
         fn client_backend(&self) -> BackendSpec {
@@ -587,7 +594,7 @@ mod etcd {
         fn menu(&self) -> &'static [FaultKind] {
             use FaultKind::*;
             &[
-                Pause, Pause, KillLeader, StopMember, Reset, DropReply, Delay,
+                Pause, Pause, Crash, KillLeader, StopMember, Reset, DropReply, Delay,
             ]
         }
         fn client_backend(&self) -> BackendSpec {

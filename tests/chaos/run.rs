@@ -13,7 +13,7 @@ use tower_lock::{LockError, LockKey, LockKind, MemoryBackend, SharedBackend};
 use super::check::{self, Bounds, Violation};
 use super::client::{self, ClientConfig, KindsConfig, Mix};
 use super::clock::{MS, now_ns};
-use super::history::{Fault, History, Log, Op};
+use super::history::{Fault, History, Log, Op, read_journal};
 use super::queued;
 use super::recorder::Recorder;
 use super::rigs::{FaultKind, Rig};
@@ -150,7 +150,7 @@ pub async fn child_main() {
     };
     let child: Child = serde_json::from_str(&json).expect("child config");
     queued::install();
-    let log = Log::new(child.client.process);
+    let log = Log::journalled(child.client.process, &journal_of(&child.history));
     let backend = backend(
         &child.backend,
         Duration::from_millis(child.op_timeout_ms),
@@ -163,8 +163,45 @@ pub async fn child_main() {
     log.settle(now_ns() + (2 * child.op_timeout_ms + 200) * MS)
         .await;
     let ops = log.take();
-    std::fs::write(&child.history, serde_json::to_vec(&ops).expect("JSON")).expect("history");
+    // The process exits right after: its exit time, for what it still holds.
+    let exit = (ops, now_ns());
+    std::fs::write(&child.history, serde_json::to_vec(&exit).expect("JSON")).expect("history");
+    let ops = exit.0;
     println!("CHAOS-CLIENT-DONE {}", ops.len());
+}
+
+/// Where a client process journals its calls as it goes (read instead of
+/// its history when it was killed).
+fn journal_of(history: &std::path::Path) -> PathBuf {
+    history.with_extension("journal")
+}
+
+/// Kill one of the client processes still running (`pids`: process, pid),
+/// never the last one: it leaves its locks and queue entries on the server.
+fn crash(pids: &mut Vec<(u32, u32)>, rng: &mut Rng) -> Fault {
+    let at = now_ns();
+    let mut f = Fault {
+        what: "crash skipped (one client process left)".into(),
+        at,
+        until: at,
+        process: None,
+        loses_locks: false,
+        resets_fences: false,
+        crash: false,
+    };
+    if pids.len() < 2 {
+        return f;
+    }
+    let (p, pid) = pids.remove(rng.range(0, pids.len() as u64 - 1) as usize);
+    // SAFETY: kill(2) takes two integers; the child is not reaped yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+    f.what = format!("sigkill p{p}");
+    f.process = Some(p);
+    f.crash = true;
+    f
 }
 
 /// The faults of schedule `seed`: (ms into the run, what).
@@ -213,6 +250,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     let spec = rig.client_backend();
     let start = now_ns();
     let mut ops: Vec<Op> = Vec::new();
+    let mut exits = Vec::new();
     let mut violations = Vec::new();
     let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
 
@@ -255,7 +293,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                     .expect("spawn a client process");
                 children.push((p + 1, process, history));
             }
-            let pids: Vec<(u32, u32)> = children
+            let mut pids: Vec<(u32, u32)> = children
                 .iter()
                 .map(|(p, c, _)| (*p, c.id().expect("pid")))
                 .collect();
@@ -267,18 +305,35 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                     tokio::time::sleep(Duration::from_nanos(at - now)).await;
                 }
                 let mut rng = Rng::new(seed).fork(at_ms);
-                let fault = rig.inject(kind, &pids, &mut rng).await;
+                let fault = if kind == FaultKind::Crash {
+                    crash(&mut pids, &mut rng)
+                } else {
+                    rig.inject(kind, &pids, &mut rng).await
+                };
                 faults.lock().unwrap().push(fault);
             }
+            let killed: Vec<(u32, u64)> = faults
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|f| f.crash)
+                .filter_map(|f| Some((f.process?, f.at)))
+                .collect();
             for (p, mut child, history) in children {
                 let waited =
                     tokio::time::timeout(Duration::from_millis(s.run_ms + 45_000), child.wait())
                         .await;
+                if let Some(&(_, at)) = killed.iter().find(|k| k.0 == p) {
+                    ops.append(&mut read_journal(&journal_of(&history), at));
+                    continue;
+                }
                 match waited {
                     Ok(Ok(status)) if status.success() => {
                         let bytes = std::fs::read(&history).unwrap_or_default();
-                        let mut read: Vec<Op> = serde_json::from_slice(&bytes).unwrap_or_default();
+                        let (mut read, exit): (Vec<Op>, u64) =
+                            serde_json::from_slice(&bytes).unwrap_or_default();
                         ops.append(&mut read);
+                        exits.push((p, exit));
                     }
                     Ok(_) => {
                         let out = child.wait_with_output().await;
@@ -310,6 +365,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         store: store.snapshot(),
         end: workload_end,
         stuck,
+        exits,
         op_timeout_ms: s.op_timeout_ms,
     };
     let mut bounds = s.bounds;

@@ -16,7 +16,8 @@
 # CHAOS_PROCESSES (2), CHAOS_TASKS (3), CHAOS_FAULTS (3), CHAOS_KINDS_TASKS (2 per
 # process on the shared/permits keys; 0: none; skipped with a note where the
 # backend answers Unsupported), CHAOS_WAKE_BOUND_MS (250). Each backend prints one line per schedule and a
-# `CHAOS-SUMMARY {json}` line; the logs go to target/chaos/.
+# `CHAOS-SUMMARY {json}` line; the logs go to target/chaos/, with the timeline
+# of each failing schedule in target/chaos/<backend>.dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +33,11 @@ cargo test --all-features --test chaos --no-run -q
 status=0
 for backend in $BACKENDS; do
   log="target/chaos/$backend.log"
+  rm -f "target/chaos/$backend.dump"
   echo "== $backend: $CHAOS_SCHEDULES schedules (log: $log)"
-  if ! CHAOS_BACKEND="$backend" cargo test --all-features -q --test chaos long_run \
+  # A failing schedule's timeline (and its history's JSON beside it).
+  if ! CHAOS_DUMP="${CHAOS_DUMP:-$PWD/target/chaos/$backend.dump}" \
+      CHAOS_BACKEND="$backend" cargo test --all-features -q --test chaos long_run \
       -- --ignored --nocapture >"$log" 2>&1; then
     status=1
     grep -E "VIOLATION|panicked" "$log" | head -20 || true

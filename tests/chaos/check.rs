@@ -614,7 +614,8 @@ fn cut(segments: Vec<(u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
 /// `stopped_ns` bound, a stop while it may hold keeps it until the process
 /// resumes (and its own expiry runs, within an op timeout) or the bound
 /// passes, whichever comes first. A process killed, or one that exited,
-/// never resumes.
+/// never resumes. A server fault while it may hold keeps it until the
+/// server is back (within an op timeout), for a stop to keep it further.
 fn stopped_hold(
     faults: &[Fault],
     p: u32,
@@ -626,19 +627,26 @@ fn stopped_hold(
     if stopped_ns == 0 {
         return until;
     }
-    let mut stops: Vec<&Fault> = faults.iter().filter(|f| f.process == Some(p)).collect();
+    let mut stops: Vec<&Fault> = faults
+        .iter()
+        .filter(|f| f.process.is_none_or(|q| q == p))
+        .collect();
     stops.sort_by_key(|f| f.at);
     // In time order: a stop that begins while an earlier one keeps the
-    // grant (two stops back to back) keeps it further.
+    // grant (two stops back to back) keeps it further; so does a server
+    // fault (its expiry or release could not land until the server was
+    // back, and a stop then keeps it from landing at all).
     stops.into_iter().fold(until, |until, f| {
-        if f.at < until && f.resumes() > asked {
+        if f.at >= until || f.resumes() <= asked {
+            until
+        } else if f.process.is_none() {
+            until.max(f.until + op_timeout)
+        } else {
             until.max(
                 f.resumes()
                     .saturating_add(op_timeout)
                     .min(f.at + stopped_ns),
             )
-        } else {
-            until
         }
     })
 }
@@ -692,9 +700,31 @@ fn wakeups(
         kind_of.insert((l.p, l.id), l.kind);
     }
     let writers = kinds::writers(ops, op_timeout);
+    let own_stop = |op: &Op| {
+        h.faults
+            .iter()
+            .any(|f| f.process == Some(op.p) && f.at < op.ret && f.resumes() > op.inv)
+    };
     for op in ops {
         let indeterminate = matches!(op.outcome, Outcome::Cancelled | Outcome::Unavailable)
             && matches!(op.kind, Kind::Acquire | Kind::FlightBegin | Kind::Claim);
+        // A waiter whose process was stopped while it waited may have been
+        // handed the lock before its max wait ran out and seen the grant
+        // only after (by then run out, or given back): it answered Timeout
+        // but held the key meanwhile, for a TTL at most.
+        let stopped_waiter = op.kind == Kind::Acquire
+            && op.wait_ms > 0
+            && op.outcome == Outcome::Timeout
+            && own_stop(op);
+        if stopped_waiter {
+            let until = op.inv + op.wait_ms * MS + op.ttl_ms * MS + op_timeout;
+            holds.entry(&op.key).or_default().push((
+                op.inv,
+                stopped(op.p, op.inv, until),
+                (op.p, op.id),
+            ));
+            kind_of.insert((op.p, op.id), kinds::kind_of(op));
+        }
         if indeterminate {
             let until = op.ret.max(op.inv + op.wait_ms * MS) + op.ttl_ms * MS + op_timeout;
             let until = stopped(op.p, op.inv, until);
@@ -746,10 +776,7 @@ fn wakeups(
         .filter(|o| o.kind == Kind::Acquire && o.wait_ms > 0)
     {
         let deadline = op.inv + op.wait_ms * MS;
-        let own_pause = h
-            .faults
-            .iter()
-            .any(|f| f.process == Some(op.p) && f.at < op.ret && f.resumes() > op.inv);
+        let own_pause = own_stop(op);
         // How the wait ended, and until when it slept.
         let (ended, slept_until) = match &op.outcome {
             Outcome::Ok => {
@@ -1046,6 +1073,59 @@ mod tests {
         h.exits = vec![(1, 50 * MS)];
         let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
         assert_eq!(found, ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn a_waiter_that_timed_out_in_a_stopped_process_may_have_held_the_lock() {
+        // Redis Cluster, seeds 1017 and 1033 (two long runs and a build on
+        // the machine): p2's waiter was handed the lock while p2 was
+        // stopped, before its max wait ran out; the grant ran out by its TTL
+        // before p2 ran again, and p2 answered Timeout. Meanwhile p3, queued
+        // behind it, waited for a lock that looked free.
+        let mut gone = op(2, 0, Kind::Acquire, 10, 701, Outcome::Timeout);
+        gone.wait_ms = 200;
+        gone.ttl_ms = 300;
+        gone.queued = vec![12 * MS];
+        let mut behind = op(3, 0, Kind::Acquire, 30, 631, Outcome::Timeout);
+        behind.wait_ms = 600;
+        behind.queued = vec![32 * MS];
+        let mut h = history(vec![
+            grant(1, 0, 0, 1, 1, 100),
+            release(1, 1, 50, 51, 1),
+            gone,
+            behind,
+        ]);
+        h.faults = vec![stop(2, 20, 700)];
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // Not stopped, its Timeout says it never held: p3 slept through.
+        h.faults.clear();
+        assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn an_etcd_holder_cut_off_by_a_server_fault_then_stopped_keeps_its_lock() {
+        // etcd, seed 1004: p1's lock ran out by its TTL while the leader was
+        // down, so p1's own expiry could not land; then p1 was stopped, and
+        // the lock stayed until p1 ran again.
+        let mut waiter = op(2, 0, Kind::Acquire, 10, 1_351, Outcome::Ok);
+        waiter.wait_ms = 2_000;
+        waiter.ttl_ms = 100;
+        waiter.fence = Some(2);
+        waiter.start = Some(1_350 * MS);
+        waiter.lease_ms = 100;
+        waiter.queued = vec![12 * MS];
+        let mut h = history(vec![grant(1, 0, 0, 1, 1, 100), waiter]);
+        h.faults = vec![
+            Fault {
+                process: None,
+                ..stop(0, 50, 300)
+            },
+            stop(1, 300, 1_300),
+        ];
+        let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
+        assert!(found.is_empty(), "{found:?}");
+        // Where the server keeps TTLs (Redis, PostgreSQL), it ran out.
+        assert_eq!(kinds(&h), ["lost-wake-up"]);
     }
 
     #[test]

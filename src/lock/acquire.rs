@@ -61,7 +61,7 @@ pub(crate) fn acquired(
         }
     });
     result.map(|lease| {
-        let expiry = started + lease.ttl;
+        let expiry = started + granted_for(&lease);
         // The minimum hold counts from when the TTL started.
         let hold_until = req.min_hold().map(|d| started + d);
         let extras = HeldExtras::new(req.metadata().cloned(), hold_until, req.kind());
@@ -147,6 +147,19 @@ pub(crate) async fn acquire_guarded(
         _ => sent,
     };
     acquired(req, result, sent, started, meter, &span)
+}
+
+/// How long a lease lasts from its start: its TTL, or less where the
+/// backend says it ends sooner (etcd: a waiter's entry went on a lease that
+/// etcd may drop before the whole TTL has run). Measured between the
+/// lease's two times, both on the backend's clock, so skew cannot shorten
+/// it.
+fn granted_for(lease: &Lease) -> std::time::Duration {
+    lease
+        .expires_at
+        .duration_since(lease.acquired_at)
+        .unwrap_or_default()
+        .min(lease.ttl)
 }
 
 /// When a lock granted after a wait started its TTL, by this process's
@@ -301,6 +314,56 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::time::Instant;
+
+    #[test]
+    fn a_lease_that_ends_before_its_ttl_is_believed_only_until_it_ends() {
+        // etcd, fault-schedule seed 1073: a waiter handed the lock while
+        // etcd could not confirm its lease's keep-alives was told the lock
+        // ends in 307 ms (its lease's known end), with a TTL of 381 ms. The
+        // handle believed the TTL, said "held" past the end, and a write
+        // under its fence landed after the next holder was granted.
+        let at = SystemTime::now();
+        let ttl = Duration::from_millis(381);
+        let short = Lease {
+            fence: 1,
+            acquired_at: at,
+            expires_at: at + Duration::from_millis(307),
+            ttl,
+        };
+        assert_eq!(granted_for(&short), Duration::from_millis(307));
+        let req = AcquireRequest::new(
+            crate::LockKey::global("k").unwrap(),
+            "o",
+            ttl,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let lock = acquired(
+            &req,
+            Ok(short.clone()),
+            started,
+            started,
+            &Meter::default(),
+            &tracing::Span::none(),
+        )
+        .unwrap();
+        assert_eq!(lock.expiry(), started + Duration::from_millis(307));
+        // A lease dated later than its start (a restore, a retry that kept
+        // the first acquisition's date) still runs its TTL.
+        let later = Lease {
+            acquired_at: at - Duration::from_secs(5),
+            expires_at: at + ttl,
+            ..short.clone()
+        };
+        assert_eq!(granted_for(&later), ttl);
+        // Already over by the backend's word: over.
+        let over = Lease {
+            expires_at: at - Duration::from_millis(1),
+            ..short
+        };
+        assert_eq!(granted_for(&over), Duration::ZERO);
+    }
 
     #[test]
     fn ttl_start_after_a_wait_is_dated_by_the_lease() {

@@ -654,6 +654,31 @@ fn stopped_hold(
 /// A stretch in which a call (process, operation) might have held a key.
 type Hold = (u64, u64, (u32, u64));
 
+/// How late a grant may come after a waiter's max wait by the history's
+/// clock (the backend counts the wait from a moment after the invocation).
+const GRANT_SLACK: u64 = 50 * MS;
+
+/// The first moment from `op`'s invocation up to `by` at which no other
+/// acquisition surely held its key (from the reply that told its holder to
+/// the earliest end the rules allow): the earliest an exclusive grant to
+/// `op` can have come. `None`: the key was surely held all along.
+fn first_chance(leases: &[Lease], op: &Op, by: u64) -> Option<u64> {
+    let mut held: Vec<(u64, u64)> = leases
+        .iter()
+        .filter(|l| l.key == op.key && (l.p, l.id) != (op.p, op.id) && l.sure < l.end)
+        .map(|l| (l.sure, l.end))
+        .collect();
+    held.sort_unstable();
+    let mut t = op.inv;
+    for (a, b) in held {
+        if a > t {
+            break;
+        }
+        t = t.max(b);
+    }
+    (t <= by).then_some(t)
+}
+
 fn wakeups(
     ops: &[&Op],
     leases: &[Lease],
@@ -716,24 +741,35 @@ fn wakeups(
             && op.wait_ms > 0
             && op.outcome == Outcome::Timeout
             && own_stop(op);
-        if stopped_waiter {
-            let until = op.inv + op.wait_ms * MS + op.ttl_ms * MS + op_timeout;
-            holds.entry(&op.key).or_default().push((
-                op.inv,
-                stopped(op.p, op.inv, until),
-                (op.p, op.id),
-            ));
-            kind_of.insert((op.p, op.id), kinds::kind_of(op));
+        if !(stopped_waiter || indeterminate) {
+            continue;
         }
-        if indeterminate {
-            let until = op.ret.max(op.inv + op.wait_ms * MS) + op.ttl_ms * MS + op_timeout;
-            let until = stopped(op.p, op.inv, until);
-            holds
-                .entry(&op.key)
-                .or_default()
-                .push((op.inv, until, (op.p, op.id)));
-            kind_of.insert((op.p, op.id), kinds::kind_of(op));
-        }
+        let deadline = op.inv + op.wait_ms * MS;
+        let until = if stopped_waiter {
+            deadline + op.ttl_ms * MS + op_timeout
+        } else {
+            op.ret.max(deadline) + op.ttl_ms * MS + op_timeout
+        };
+        // When it can have been granted at the earliest: an exclusive
+        // waiter only once nobody else surely held the key, and never after
+        // its max wait (nor, if cancelled, after its call ended).
+        let from = if op.kind == Kind::Acquire
+            && op.wait_ms > 0
+            && kinds::kind_of(op) == LockKind::Exclusive
+        {
+            let by = op.ret.max(deadline) + GRANT_SLACK;
+            match first_chance(leases, op, by) {
+                Some(t) => t,
+                None => continue,
+            }
+        } else {
+            op.inv
+        };
+        holds
+            .entry(&op.key)
+            .or_default()
+            .push((from, stopped(op.p, op.inv, until), (op.p, op.id)));
+        kind_of.insert((op.p, op.id), kinds::kind_of(op));
     }
     // A stretch of at least the bound in `[from, to)` in which nobody but
     // `op` itself could hold its key and no server or network fault ran
@@ -1100,6 +1136,53 @@ mod tests {
         // Not stopped, its Timeout says it never held: p3 slept through.
         h.faults.clear();
         assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    /// p1 holds from 0 until its release at `released` (ms); p2, killed at
+    /// 100 ms while it waited (max wait 200 ms), leaves its queue entry;
+    /// p3, queued behind it, is granted at 1,400 ms.
+    fn behind_a_dead_waiter(released: u64) -> History {
+        let mut dead = op(2, 0, Kind::Acquire, 10, 100, Outcome::Cancelled);
+        dead.wait_ms = 200;
+        dead.ttl_ms = 300;
+        let mut live = op(3, 0, Kind::Acquire, 20, 1_401, Outcome::Ok);
+        live.wait_ms = 2_000;
+        live.ttl_ms = 100;
+        live.fence = Some(3);
+        live.start = Some(1_400 * MS);
+        live.lease_ms = 100;
+        live.queued = vec![22 * MS];
+        let mut h = history(vec![
+            grant(1, 0, 0, 1, 1, 5_000),
+            release(1, 1, released, released + 1, 1),
+            dead,
+            live,
+        ]);
+        h.faults = vec![Fault {
+            crash: true,
+            ..stop(2, 100, 100)
+        }];
+        h
+    }
+
+    #[test]
+    fn a_dead_waiter_can_have_been_granted_only_within_its_max_wait() {
+        // etcd-hand-off-to-a-waiter-past-its-deadline, with a client killed:
+        // the key was surely p1's until 500 ms, after the dead waiter's max
+        // wait (210 ms) ran out, so it cannot have been handed the lock; p3
+        // slept through a free lock while etcd kept the dead waiter's
+        // entry, and its lease, for seconds.
+        let found: Vec<_> = check(&behind_a_dead_waiter(500), etcd_bounds())
+            .iter()
+            .map(|v| v.kind)
+            .collect();
+        assert_eq!(found, ["lost-wake-up"]);
+        // Released within its max wait: it may hold (its lease keeps it).
+        let found: Vec<_> = check(&behind_a_dead_waiter(150), etcd_bounds())
+            .iter()
+            .map(|v| v.kind)
+            .collect();
+        assert!(found.is_empty(), "{found:?}");
     }
 
     #[test]

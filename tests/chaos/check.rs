@@ -85,6 +85,11 @@ pub struct Bounds {
     /// stopped process's locks go when its lease runs out (the README's
     /// etcd limits). Until then, or until it resumes.
     pub stopped_holder_ns: u64,
+    /// How far apart the backend may grant readers at the head of the queue
+    /// that one release frees (rule 11): one script or statement on Redis
+    /// and PostgreSQL; on etcd one transaction each (each grant's revision
+    /// is its fence, so two grants never share one), a Raft commit apart.
+    pub together_ns: u64,
 }
 
 impl Default for Bounds {
@@ -94,6 +99,7 @@ impl Default for Bounds {
             late_ns: 300 * MS,
             belief_ns: 50 * MS,
             stopped_holder_ns: 0,
+            together_ns: 10 * MS,
         }
     }
 }
@@ -143,7 +149,14 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
-    kinds::together(&ops, &h.faults, t0, op_timeout, &mut out);
+    kinds::together(
+        &ops,
+        &h.faults,
+        t0,
+        op_timeout,
+        bounds.together_ns,
+        &mut out,
+    );
     let reused = reused_fences(&ops, &leases, &h.faults);
     for (key, value, writes) in &h.store {
         if value != writes && !reused.contains(key.as_str()) {

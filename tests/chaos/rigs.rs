@@ -60,6 +60,11 @@ pub trait Rig: Send {
     fn stopped_holder_ms(&self) -> u64 {
         0
     }
+    /// How far apart one release may grant the readers at the head of the
+    /// queue (see `Bounds::together_ns`).
+    fn together_ms(&self) -> u64 {
+        10
+    }
     fn inject<'a>(
         &'a mut self,
         kind: FaultKind,
@@ -616,6 +621,12 @@ mod etcd {
             // The workload's TTLs (600 ms at most) go on 2 s leases, kept
             // alive every 500 ms, reaped by etcd up to 500 ms late.
             3_500
+        }
+        fn together_ms(&self) -> u64 {
+            // One Raft commit per reader: seed 1038 of a long run beside
+            // another and two builds saw two 15 ms apart; up to 3 readers
+            // follow the first in the workload.
+            100
         }
         fn inject<'a>(
             &'a mut self,

@@ -370,6 +370,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
     };
     let mut bounds = s.bounds;
     bounds.stopped_holder_ns = rig.stopped_holder_ms() * MS;
+    bounds.together_ns = rig.together_ms() * MS;
     violations.extend(check::check(&history, bounds));
     let dump_all = std::env::var("CHAOS_DUMP_ALL").is_ok_and(|v| v == "1");
     if let Ok(path) = std::env::var("CHAOS_DUMP")

@@ -490,8 +490,19 @@ MUTANTS = [
     # A cancelled waiter with nothing in flight leaves once, and no task
     # outlives the leave (etcd_failover's cancelled_waiters_leave_no_task_behind).
     ("etcd-cancelled-waiter-sleeps-to-its-deadline", "src/backend/etcd/leave.rs",
-     "let rounds = if self.in_flight { 2 } else { 1 };",
-     "let rounds = 2;"),
+     "            if in_flight {\n                leave.late(until).await;",
+     "            if true {\n                leave.late(until).await;"),
+    # A dropped waiter whose queueing attempt lands after its leave leaves
+    # again when it lands (or the lock is handed to it), not only at its
+    # deadline; and a timer the dropped call armed for a grant it never made
+    # is no sign that this process holds a lock handed to the entry (the
+    # lib's etcd leave_test).
+    ("etcd-dropped-waiter-leaves-again-only-at-its-deadline", "src/backend/etcd/leave.rs",
+     "        while Instant::now() < deadline {\n",
+     "        sleep_until(deadline).await;\n        while Instant::now() < deadline {\n"),
+    ("etcd-leave-trusts-any-timer", "src/backend/etcd/expiry.rs",
+     ".is_some_and(|t| t.iter().any(|t| *t.value == *value))",
+     ".is_some_and(|t| !t.is_empty() || value.is_empty())"),
     # A release that starts from the state this process's hand-off read
     # (`Handed`): a stale one must be checked again by the hand-off's
     # conditions, and a hold it no longer shows answered as the plain

@@ -190,11 +190,13 @@ impl Expiries {
         }
     }
 
-    /// Whether a timer is armed for `key` (an acquisition this process
-    /// knows it holds).
-    pub(super) fn tracks(&self, key: &[u8]) -> bool {
+    /// Whether a timer is armed for `key` storing `value`: this process
+    /// wrote that very hold (an acquisition it knows it holds).
+    pub(super) fn tracks(&self, key: &[u8], value: &[u8]) -> bool {
         let armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        armed.get(key).is_some_and(|t| !t.is_empty())
+        armed
+            .get(key)
+            .is_some_and(|t| t.iter().any(|t| *t.value == *value))
     }
 
     /// At `deadline`, delete `key` if it still stores `value` (a flight's

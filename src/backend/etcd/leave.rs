@@ -5,11 +5,12 @@
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Txn, TxnOp};
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, sleep_until};
 
 use super::EtcdBackend;
 use super::handoff::{Giving, Passed};
 use super::keys::LockKeys;
+use super::watch::Note;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -51,29 +52,110 @@ impl Drop for WaitGuard<'_> {
         let owner = self.req.owner().to_owned();
         let mine = keys.holder(self.req.kind(), &owner, self.req.attempt());
         let until = self.until;
-        // Now, and, when the call that queues the entry may still land (its
-        // reply was lost, or it was cancelled in flight) and queue it again
-        // after the first leave, once more when the entry's deadline has
-        // passed: from then on, no hand-off goes to it. Only then does the
-        // task outlive the leave (a cancelled waiter with a long max wait
-        // otherwise left a task asleep for all of it).
-        let rounds = if self.in_flight { 2 } else { 1 };
+        let in_flight = self.in_flight;
         runtime.spawn(async move {
-            for round in 0..rounds {
-                if round == 1 {
-                    let left = until.duration_since(SystemTime::now()).unwrap_or_default();
-                    sleep(left + Duration::from_millis(10)).await;
-                }
-                let mut pause = LEAVE_RETRY_FIRST;
-                while let Err(LockError::BackendUnavailable(e)) =
-                    backend.leave(&keys, &owner, &entry, &mine).await
-                {
-                    tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
-                    sleep(pause).await;
-                    pause = (pause * 2).min(LEAVE_RETRY_MAX);
-                }
+            let leave = Leave {
+                backend: &backend,
+                key: &key,
+                keys: &keys,
+                owner: &owner,
+                entry: &entry,
+                mine: &mine,
+            };
+            leave.now().await;
+            // The call that queues the entry may still land (its reply was
+            // lost, or it was cancelled in flight) and queue it again after
+            // that leave, and a release may hand the lock to it: until the
+            // entry's deadline (from then on no hand-off goes to it), leave
+            // again whenever it lands or the lock is handed to it. Only then
+            // does the task outlive the leave.
+            if in_flight {
+                leave.late(until).await;
             }
         });
+    }
+}
+
+/// A dropped waiter's leave, with what it needs.
+struct Leave<'a> {
+    backend: &'a EtcdBackend,
+    key: &'a LockKey,
+    keys: &'a LockKeys,
+    owner: &'a str,
+    entry: &'a [u8],
+    mine: &'a [u8],
+}
+
+impl Leave<'_> {
+    /// Leave, tried again (backing off) until etcd answers.
+    async fn now(&self) {
+        let mut pause = LEAVE_RETRY_FIRST;
+        while let Err(LockError::BackendUnavailable(e)) = self
+            .backend
+            .leave(self.keys, self.owner, self.entry, self.mine)
+            .await
+        {
+            tracing::debug!(key = %self.key.digest(), error = %e, "leaving the lock queue failed; retrying");
+            sleep(pause).await;
+            pause = (pause * 2).min(LEAVE_RETRY_MAX);
+        }
+    }
+
+    /// Until `until` (the entry's deadline): watch the entry and our holder
+    /// key, and leave again when either is written; then leave once more.
+    async fn late(&self, until: SystemTime) {
+        let deadline = Instant::now()
+            + until.duration_since(SystemTime::now()).unwrap_or_default()
+            + Duration::from_millis(10);
+        let shared = &self.backend.shared;
+        let mut pause = LEAVE_RETRY_FIRST;
+        while Instant::now() < deadline {
+            let end = (Instant::now() + self.backend.op_timeout).min(deadline);
+            let watched = async {
+                let entry = shared
+                    .watches
+                    .watch(shared, self.entry.to_vec(), None, None, end);
+                let mine = shared
+                    .watches
+                    .watch(shared, self.mine.to_vec(), None, None, end);
+                Ok::<_, LockError>((entry.await?, mine.await?))
+            };
+            let Ok((mut entry, mut mine)) = watched.await else {
+                // No watch now: look again after a pause.
+                sleep_until((Instant::now() + pause).min(deadline)).await;
+                pause = (pause * 2).min(LEAVE_RETRY_MAX);
+                self.now().await;
+                continue;
+            };
+            pause = LEAVE_RETRY_FIRST;
+            // Both set up (or gone): what landed before is seen by this
+            // leave, what lands after by the watches.
+            let mut set_up = 0;
+            loop {
+                let note = tokio::select! {
+                    note = entry.next() => note,
+                    note = mine.next() => note,
+                    () = sleep_until(deadline) => break,
+                };
+                match note {
+                    Note::Created(_) => {
+                        set_up += 1;
+                        if set_up == 2 {
+                            self.now().await;
+                        }
+                    }
+                    Note::Events(events) if events.iter().any(|(put, _)| *put) => {
+                        self.now().await;
+                    }
+                    Note::Events(_) => {}
+                    Note::Gone => {
+                        self.now().await;
+                        break;
+                    }
+                }
+            }
+        }
+        self.now().await;
     }
 }
 
@@ -92,11 +174,14 @@ impl EtcdBackend {
         self.shared.conn.txn("leaving the queue", txn, end).await?;
         let snapshot = self.snapshot(keys, end).await?;
         // Not ours, or an acquisition of the same owner and attempt this
-        // process knows it holds (a retry of the same request).
+        // process knows it holds (a retry of the same request): it wrote
+        // that very value and keeps its expiry. (A timer armed for another
+        // value, such as that of a grant the dropped call sent, says
+        // nothing of a hand-off to the entry.)
         let Some(h) = snapshot.hold(mine).cloned() else {
             return Ok(());
         };
-        if self.shared.expiries.tracks(&h.key) {
+        if self.shared.expiries.tracks(&h.key, &h.raw_value) {
             return Ok(());
         }
         let (start, stop) = (h.key.clone(), super::ops::after(&h.key));
@@ -128,3 +213,7 @@ impl EtcdBackend {
             .or_else(ops)
     }
 }
+
+#[cfg(test)]
+#[path = "leave_test.rs"]
+mod leave_test;

@@ -1,0 +1,139 @@
+//! A waiter dropped while its call was out: the lock must never stay with
+//! its queue entry.
+//!
+//! Behavioural suite, etcd, under load (`dropped_waiter_does_not_keep_the_lock`,
+//! 2 runs in 40 beside two fault-schedule runs): a request dropped while its
+//! queueing attempt was in flight left the lock held for its whole TTL. Its
+//! first leave ran before the attempt landed, the next only at the entry's
+//! deadline; and that leave took a timer the dropped call had armed for a
+//! grant it never made as a sign that this process knew it held the lock.
+//! Both are called here at the seams, so the interleavings are exact.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::super::ops::Attempt;
+use super::*;
+use crate::backend::{Holder, LockBackend};
+use crate::spec::{AcquireRequest, new_attempt_id};
+
+// The integration tests' cluster helper (its own `unsafe` is for kill(2)).
+#[allow(unreachable_pub, missing_docs, dead_code)]
+#[path = "../../../tests/common/etcd_cluster.rs"]
+mod etcd_cluster;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn backend() -> EtcdBackend {
+    EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+        .unwrap()
+        .prefix(format!("leave-{}/", new_attempt_id()))
+}
+
+fn req(key: &LockKey, owner: &str, wait: Duration) -> AcquireRequest {
+    AcquireRequest::new(key.clone(), owner, TTL, wait).unwrap()
+}
+
+/// Queue `waiter` under entry `id`, as its attempt would.
+async fn queue(backend: &EtcdBackend, waiter: &AcquireRequest, id: u64, until: SystemTime) {
+    let keys = backend.keys(waiter.key());
+    let attempt = backend
+        .attempt(waiter, &keys, Some(id), Some(until), backend.deadline())
+        .await
+        .unwrap();
+    assert!(matches!(
+        attempt,
+        Attempt::Busy {
+            queued: Some(_),
+            ..
+        }
+    ));
+}
+
+/// The lock comes free well before the TTL and the waiter's deadline.
+async fn comes_free(backend: &EtcdBackend, key: &LockKey) {
+    let probe = req(key, "probe", Duration::from_secs(5));
+    backend
+        .acquire(&probe)
+        .await
+        .expect("the dropped waiter's lock passed on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_lands_after_the_leave_is_left_again() {
+    let backend = backend();
+    let key = LockKey::global("k").unwrap();
+    backend
+        .acquire(&req(&key, "holder", Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = req(&key, "waiter", Duration::from_secs(20));
+    let keys = backend.keys(&key);
+    let id = new_attempt_id();
+    let until = SystemTime::now() + Duration::from_secs(20);
+    // Dropped while its queueing attempt is out: it leaves at once (there
+    // is nothing to leave yet)...
+    drop(WaitGuard {
+        backend: &backend,
+        key: &key,
+        keys: &keys,
+        req: &waiter,
+        entry: Some(keys.waiter(id)),
+        in_flight: true,
+        until,
+    });
+    // ...and the attempt lands after that leave. (The leave is a read and
+    // a write away; if it came later, the test would prove nothing, not
+    // fail: it was red before the fix.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    queue(&backend, &waiter, id, until).await;
+    backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    comes_free(&backend, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_for_a_grant_never_made_does_not_keep_a_handed_lock() {
+    let backend = backend();
+    let key = LockKey::global("k").unwrap();
+    backend
+        .acquire(&req(&key, "holder", Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = req(&key, "waiter", Duration::from_secs(20));
+    let keys = backend.keys(&key);
+    let id = new_attempt_id();
+    let until = SystemTime::now() + Duration::from_secs(20);
+    queue(&backend, &waiter, id, until).await;
+    // The dropped call had armed the expiry of a grant it might have made
+    // (armed before sending, with that grant's value).
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    backend.shared.expiries.arm(
+        &backend,
+        &key,
+        mine.clone(),
+        b"a grant never made".to_vec(),
+        None,
+        Instant::now() + TTL,
+    );
+    // The release hands the lock to the entry before its leave runs.
+    backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let status = backend.status(&key).await.unwrap().unwrap();
+    assert_eq!(status.owner, "waiter");
+    drop(WaitGuard {
+        backend: &backend,
+        key: &key,
+        keys: &keys,
+        req: &waiter,
+        entry: Some(keys.waiter(id)),
+        in_flight: false,
+        until,
+    });
+    comes_free(&backend, &key).await;
+}

@@ -16,10 +16,7 @@ use crate::backend::{FlightPublish, FlightStart, LockBackend};
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
 
-// The integration tests' cluster helper (its own `unsafe` is for kill(2)).
-#[allow(unreachable_pub, missing_docs)]
-#[path = "../../../tests/common/etcd_cluster.rs"]
-mod etcd_cluster;
+use super::super::etcd_cluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_published_before_the_followers_watch_still_reaches_it() {

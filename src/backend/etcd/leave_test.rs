@@ -18,10 +18,7 @@ use super::*;
 use crate::backend::{Holder, LockBackend};
 use crate::spec::{AcquireRequest, new_attempt_id};
 
-// The integration tests' cluster helper (its own `unsafe` is for kill(2)).
-#[allow(unreachable_pub, missing_docs, dead_code)]
-#[path = "../../../tests/common/etcd_cluster.rs"]
-mod etcd_cluster;
+use super::super::etcd_cluster;
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -462,3 +462,10 @@ mod tests {
         assert!(EtcdBackend::from_endpoints(["http://u:p@h:1"]).is_err());
     }
 }
+
+// The integration tests' cluster helper, for the tests at the seams (its
+// own `unsafe` is for kill(2)).
+#[cfg(test)]
+#[allow(unreachable_pub, missing_docs)]
+#[path = "../../../tests/common/etcd_cluster.rs"]
+mod etcd_cluster;

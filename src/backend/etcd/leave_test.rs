@@ -48,6 +48,49 @@ async fn queue(backend: &EtcdBackend, waiter: &AcquireRequest, id: u64, until: S
     ));
 }
 
+/// A backend whose lock "k" is held by "holder", and a waiter for it with a
+/// max wait of 20 s under a fresh entry id.
+async fn held() -> (EtcdBackend, AcquireRequest, u64, SystemTime) {
+    let backend = backend();
+    let key = LockKey::global("k").unwrap();
+    backend
+        .acquire(&req(&key, "holder", Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = req(&key, "waiter", Duration::from_secs(20));
+    let until = SystemTime::now() + Duration::from_secs(20);
+    (backend, waiter, new_attempt_id(), until)
+}
+
+/// Drop the guard of `waiter`'s call, entry `id` (`in_flight`: its
+/// queueing attempt may still land).
+fn drop_guard(
+    backend: &EtcdBackend,
+    waiter: &AcquireRequest,
+    id: u64,
+    in_flight: bool,
+    until: SystemTime,
+) {
+    let keys = backend.keys(waiter.key());
+    drop(WaitGuard {
+        backend,
+        key: waiter.key(),
+        keys: &keys,
+        req: waiter,
+        entry: Some(keys.waiter(id)),
+        in_flight,
+        until,
+    });
+}
+
+/// The holder lets go.
+async fn release(backend: &EtcdBackend, key: &LockKey) {
+    backend
+        .release(key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+}
+
 /// The lock comes free well before the TTL and the waiter's deadline.
 async fn comes_free(backend: &EtcdBackend, key: &LockKey) {
     let probe = req(key, "probe", Duration::from_secs(5));
@@ -59,78 +102,39 @@ async fn comes_free(backend: &EtcdBackend, key: &LockKey) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_that_lands_after_the_leave_is_left_again() {
-    let backend = backend();
-    let key = LockKey::global("k").unwrap();
-    backend
-        .acquire(&req(&key, "holder", Duration::ZERO))
-        .await
-        .unwrap();
-    let waiter = req(&key, "waiter", Duration::from_secs(20));
-    let keys = backend.keys(&key);
-    let id = new_attempt_id();
-    let until = SystemTime::now() + Duration::from_secs(20);
+    let (backend, waiter, id, until) = held().await;
     // Dropped while its queueing attempt is out: it leaves at once (there
     // is nothing to leave yet)...
-    drop(WaitGuard {
-        backend: &backend,
-        key: &key,
-        keys: &keys,
-        req: &waiter,
-        entry: Some(keys.waiter(id)),
-        in_flight: true,
-        until,
-    });
+    drop_guard(&backend, &waiter, id, true, until);
     // ...and the attempt lands after that leave. (The leave is a read and
     // a write away; if it came later, the test would prove nothing, not
     // fail: it was red before the fix.)
     tokio::time::sleep(Duration::from_millis(500)).await;
     queue(&backend, &waiter, id, until).await;
-    backend
-        .release(&key, Holder::owner_only("holder"))
-        .await
-        .unwrap();
-    comes_free(&backend, &key).await;
+    release(&backend, waiter.key()).await;
+    comes_free(&backend, waiter.key()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timer_for_a_grant_never_made_does_not_keep_a_handed_lock() {
-    let backend = backend();
-    let key = LockKey::global("k").unwrap();
-    backend
-        .acquire(&req(&key, "holder", Duration::ZERO))
-        .await
-        .unwrap();
-    let waiter = req(&key, "waiter", Duration::from_secs(20));
-    let keys = backend.keys(&key);
-    let id = new_attempt_id();
-    let until = SystemTime::now() + Duration::from_secs(20);
+    let (backend, waiter, id, until) = held().await;
     queue(&backend, &waiter, id, until).await;
     // The dropped call had armed the expiry of a grant it might have made
     // (armed before sending, with that grant's value).
+    let keys = backend.keys(waiter.key());
     let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
     backend.shared.expiries.arm(
         &backend,
-        &key,
-        mine.clone(),
+        waiter.key(),
+        mine,
         b"a grant never made".to_vec(),
         None,
         Instant::now() + TTL,
     );
     // The release hands the lock to the entry before its leave runs.
-    backend
-        .release(&key, Holder::owner_only("holder"))
-        .await
-        .unwrap();
-    let status = backend.status(&key).await.unwrap().unwrap();
+    release(&backend, waiter.key()).await;
+    let status = backend.status(waiter.key()).await.unwrap().unwrap();
     assert_eq!(status.owner, "waiter");
-    drop(WaitGuard {
-        backend: &backend,
-        key: &key,
-        keys: &keys,
-        req: &waiter,
-        entry: Some(keys.waiter(id)),
-        in_flight: false,
-        until,
-    });
-    comes_free(&backend, &key).await;
+    drop_guard(&backend, &waiter, id, false, until);
+    comes_free(&backend, waiter.key()).await;
 }

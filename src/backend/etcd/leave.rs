@@ -2,6 +2,8 @@
 //! was dropped (the guard below), deletes its entry and passes on a lock
 //! handed to it meanwhile.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Txn, TxnOp};
@@ -25,6 +27,8 @@ pub(super) struct WaitGuard<'a> {
     pub(super) key: &'a LockKey,
     pub(super) keys: &'a LockKeys,
     pub(super) req: &'a AcquireRequest,
+    /// Its holder key (what a hand-off to it writes).
+    mine: Vec<u8>,
     pub(super) entry: Option<Vec<u8>>,
     /// A call that can make the entry is sent and its reply not read (it
     /// was cancelled, or failed): it may land after the leave.
@@ -33,12 +37,66 @@ pub(super) struct WaitGuard<'a> {
     pub(super) until: SystemTime,
 }
 
+/// The holder keys this process's acquire calls are waiting for now, with
+/// how many calls wait for each: a grant to one of them is that call's to
+/// take (a retry of a request whose first call was dropped waits for the
+/// same key), never a dropped call's leave's to pass on.
+#[derive(Default)]
+pub(super) struct LiveWaits(Mutex<HashMap<Vec<u8>, usize>>);
+
+impl LiveWaits {
+    fn enter(&self, mine: &[u8]) {
+        let mut waits = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *waits.entry(mine.to_vec()).or_default() += 1;
+    }
+
+    fn exit(&self, mine: &[u8]) {
+        let mut waits = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = waits.get_mut(mine) {
+            *n -= 1;
+            if *n == 0 {
+                waits.remove(mine);
+            }
+        }
+    }
+
+    fn has(&self, mine: &[u8]) -> bool {
+        let waits = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        waits.contains_key(mine)
+    }
+}
+
+impl<'a> WaitGuard<'a> {
+    /// The guard of a call of `req` that waits until `until`, counted as
+    /// waiting for its holder key until it drops.
+    pub(super) fn new(
+        backend: &'a EtcdBackend,
+        keys: &'a LockKeys,
+        req: &'a AcquireRequest,
+        until: SystemTime,
+    ) -> Self {
+        let mine = keys.holder(req.kind(), req.owner(), req.attempt());
+        backend.shared.waits.enter(&mine);
+        WaitGuard {
+            backend,
+            key: req.key(),
+            keys,
+            req,
+            mine,
+            entry: None,
+            in_flight: false,
+            until,
+        }
+    }
+}
+
 /// First and largest pause between attempts to leave the queue.
 const LEAVE_RETRY_FIRST: Duration = Duration::from_millis(50);
 const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
+        self.backend.shared.waits.exit(&self.mine);
         let Some(entry) = self.entry.take() else {
             return;
         };
@@ -50,7 +108,7 @@ impl Drop for WaitGuard<'_> {
         let key = self.key.clone();
         let keys = self.keys.clone();
         let owner = self.req.owner().to_owned();
-        let mine = keys.holder(self.req.kind(), &owner, self.req.attempt());
+        let mine = std::mem::take(&mut self.mine);
         let until = self.until;
         let in_flight = self.in_flight;
         runtime.spawn(async move {
@@ -173,15 +231,16 @@ impl EtcdBackend {
         let txn = self.leaving(keys, owner, entry.to_vec());
         self.shared.conn.txn("leaving the queue", txn, end).await?;
         let snapshot = self.snapshot(keys, end).await?;
-        // Not ours, or an acquisition of the same owner and attempt this
+        // Not ours; or an acquisition of the same owner and attempt this
         // process knows it holds (a retry of the same request): it wrote
-        // that very value and keeps its expiry. (A timer armed for another
+        // that very value and keeps its expiry (a timer armed for another
         // value, such as that of a grant the dropped call sent, says
-        // nothing of a hand-off to the entry.)
+        // nothing of a hand-off to the entry); or one that a live call of
+        // this process (such a retry) is waiting for, and will take.
         let Some(h) = snapshot.hold(mine).cloned() else {
             return Ok(());
         };
-        if self.shared.expiries.tracks(&h.key, &h.raw_value) {
+        if self.shared.expiries.tracks(&h.key, &h.raw_value) || self.shared.waits.has(mine) {
             return Ok(());
         }
         let (start, stop) = (h.key.clone(), super::ops::after(&h.key));

@@ -72,15 +72,10 @@ fn drop_guard(
     until: SystemTime,
 ) {
     let keys = backend.keys(waiter.key());
-    drop(WaitGuard {
-        backend,
-        key: waiter.key(),
-        keys: &keys,
-        req: waiter,
-        entry: Some(keys.waiter(id)),
-        in_flight,
-        until,
-    });
+    let mut guard = WaitGuard::new(backend, &keys, waiter, until);
+    guard.entry = Some(keys.waiter(id));
+    guard.in_flight = in_flight;
+    drop(guard);
 }
 
 /// The holder lets go.
@@ -137,4 +132,27 @@ async fn a_timer_for_a_grant_never_made_does_not_keep_a_handed_lock() {
     assert_eq!(status.owner, "waiter");
     drop_guard(&backend, &waiter, id, false, until);
     comes_free(&backend, waiter.key()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_a_live_retry_waits_for_is_not_passed_on() {
+    let (backend, waiter, id, until) = held().await;
+    // The first call of the request was dropped with its attempt out; its
+    // leave now watches the request's holder key.
+    drop_guard(&backend, &waiter, id, true, until);
+    // A retry of the same request (same owner and attempt) is waiting,
+    // queued under an entry of its own.
+    let keys = backend.keys(waiter.key());
+    let retry = WaitGuard::new(&backend, &keys, &waiter, until);
+    queue(&backend, &waiter, new_attempt_id(), until).await;
+    // The hand-off writes that holder key: the retry's to take.
+    release(&backend, waiter.key()).await;
+    // (The dropped call's leave hears the write within milliseconds.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = backend.status(waiter.key()).await.unwrap().unwrap();
+    assert_eq!(
+        status.owner, "waiter",
+        "the dropped call's leave passed it on"
+    );
+    drop(retry);
 }

@@ -155,6 +155,7 @@ struct Shared {
     expiries: Expiries,
     watches: Watches,
     handed: handoff::Handed,
+    waits: leave::LiveWaits,
 }
 
 impl Shared {
@@ -167,6 +168,7 @@ impl Shared {
             expiries: Expiries::default(),
             watches: Watches::default(),
             handed: handoff::Handed::default(),
+            waits: leave::LiveWaits::default(),
         })
     }
 }

@@ -120,15 +120,8 @@ impl EtcdBackend {
         // arithmetic far from overflow.)
         let deadline = start + req.max_wait().min(MAX_TTL);
         let hard_end = deadline + self.op_timeout;
-        let mut guard = WaitGuard {
-            backend: self,
-            key: req.key(),
-            keys: &keys,
-            req,
-            entry: None,
-            in_flight: false,
-            until: std::time::SystemTime::now() + req.max_wait().min(MAX_TTL),
-        };
+        let until = std::time::SystemTime::now() + req.max_wait().min(MAX_TTL);
+        let mut guard = WaitGuard::new(self, &keys, req, until);
         let mut place = match self.join(&mut guard, hard_end).await? {
             Attempt::Acquired(lease) => return Ok(lease),
             Attempt::Busy { queued, .. } => {

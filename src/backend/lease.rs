@@ -38,6 +38,30 @@ impl Lease {
             ttl,
         }
     }
+
+    /// How long the lease lasts from its start: its TTL, or less where the
+    /// backend says it ends sooner (etcd: a waiter's queue entry went on a
+    /// lease etcd may drop before the whole TTL has run). Measured between
+    /// `acquired_at` and `expires_at`, both on the backend's clock, so skew
+    /// cannot shorten it. A lock handle lasts this long.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use tower_lock::backend::Lease;
+    ///
+    /// let at = SystemTime::now();
+    /// let full = Lease::new(1, at, at, Duration::from_secs(5));
+    /// assert_eq!(full.lasts(), Duration::from_secs(5));
+    /// let mut cut = full.clone();
+    /// cut.expires_at = at + Duration::from_secs(2);
+    /// assert_eq!(cut.lasts(), Duration::from_secs(2));
+    /// ```
+    pub fn lasts(&self) -> Duration {
+        self.expires_at
+            .duration_since(self.acquired_at)
+            .unwrap_or_default()
+            .min(self.ttl)
+    }
 }
 
 /// What a status lookup finds for a held lock.

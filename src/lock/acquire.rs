@@ -61,7 +61,7 @@ pub(crate) fn acquired(
         }
     });
     result.map(|lease| {
-        let expiry = started + granted_for(&lease);
+        let expiry = started + lease.lasts();
         // The minimum hold counts from when the TTL started.
         let hold_until = req.min_hold().map(|d| started + d);
         let extras = HeldExtras::new(req.metadata().cloned(), hold_until, req.kind());
@@ -147,19 +147,6 @@ pub(crate) async fn acquire_guarded(
         _ => sent,
     };
     acquired(req, result, sent, started, meter, &span)
-}
-
-/// How long a lease lasts from its start: its TTL, or less where the
-/// backend says it ends sooner (etcd: a waiter's entry went on a lease that
-/// etcd may drop before the whole TTL has run). Measured between the
-/// lease's two times, both on the backend's clock, so skew cannot shorten
-/// it.
-fn granted_for(lease: &Lease) -> std::time::Duration {
-    lease
-        .expires_at
-        .duration_since(lease.acquired_at)
-        .unwrap_or_default()
-        .min(lease.ttl)
 }
 
 /// When a lock granted after a wait started its TTL, by this process's
@@ -330,7 +317,7 @@ mod tests {
             expires_at: at + Duration::from_millis(307),
             ttl,
         };
-        assert_eq!(granted_for(&short), Duration::from_millis(307));
+        assert_eq!(short.lasts(), Duration::from_millis(307));
         let req = AcquireRequest::new(
             crate::LockKey::global("k").unwrap(),
             "o",
@@ -356,13 +343,13 @@ mod tests {
             expires_at: at + ttl,
             ..short.clone()
         };
-        assert_eq!(granted_for(&later), ttl);
+        assert_eq!(later.lasts(), ttl);
         // Already over by the backend's word: over.
         let over = Lease {
             expires_at: at - Duration::from_millis(1),
             ..short
         };
-        assert_eq!(granted_for(&over), Duration::ZERO);
+        assert_eq!(over.lasts(), Duration::ZERO);
     }
 
     #[test]

@@ -91,12 +91,7 @@ fn granted(op: &mut Op, lease: &Lease, waited: bool) {
     op.fence = Some(lease.fence);
     // What the handle believes, as the layer does: the TTL, or less where
     // the backend says the lease ends sooner.
-    let lasts = lease
-        .expires_at
-        .duration_since(lease.acquired_at)
-        .unwrap_or_default()
-        .min(lease.ttl);
-    op.lease_ms = lasts.as_millis() as u64;
+    op.lease_ms = lease.lasts().as_millis() as u64;
     op.start = Some(if waited {
         let age = SystemTime::now()
             .duration_since(lease.acquired_at)

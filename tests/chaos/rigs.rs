@@ -73,7 +73,7 @@ pub trait Rig: Send {
     ) -> BoxFuture<'a, Fault>;
 }
 
-fn fault(what: String, at: u64) -> Fault {
+pub fn fault(what: String, at: u64) -> Fault {
     Fault {
         what,
         at,
@@ -99,7 +99,7 @@ async fn pause(pids: &[(u32, u32)], rng: &mut Rng) -> Fault {
     f
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+pub fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) takes two integers; a process gone meanwhile is ESRCH.
     #[allow(unsafe_code)]
     unsafe {

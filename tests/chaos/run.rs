@@ -16,7 +16,7 @@ use super::clock::{MS, now_ns};
 use super::history::{Fault, History, Log, Op, read_journal};
 use super::queued;
 use super::recorder::Recorder;
-use super::rigs::{FaultKind, Rig};
+use super::rigs::{self, FaultKind, Rig};
 use super::rng::Rng;
 use super::store::Store;
 
@@ -164,9 +164,8 @@ pub async fn child_main() {
         .await;
     let ops = log.take();
     // The process exits right after: its exit time, for what it still holds.
-    let exit = (ops, now_ns());
-    std::fs::write(&child.history, serde_json::to_vec(&exit).expect("JSON")).expect("history");
-    let ops = exit.0;
+    let history = serde_json::to_vec(&(&ops, now_ns())).expect("JSON");
+    std::fs::write(&child.history, history).expect("history");
     println!("CHAOS-CLIENT-DONE {}", ops.len());
 }
 
@@ -180,25 +179,12 @@ fn journal_of(history: &std::path::Path) -> PathBuf {
 /// never the last one: it leaves its locks and queue entries on the server.
 fn crash(pids: &mut Vec<(u32, u32)>, rng: &mut Rng) -> Fault {
     let at = now_ns();
-    let mut f = Fault {
-        what: "crash skipped (one client process left)".into(),
-        at,
-        until: at,
-        process: None,
-        loses_locks: false,
-        resets_fences: false,
-        crash: false,
-    };
     if pids.len() < 2 {
-        return f;
+        return rigs::fault("crash skipped (one client process left)".into(), at);
     }
     let (p, pid) = pids.remove(rng.range(0, pids.len() as u64 - 1) as usize);
-    // SAFETY: kill(2) takes two integers; the child is not reaped yet.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGKILL);
-    }
-    f.what = format!("sigkill p{p}");
+    rigs::signal(pid, libc::SIGKILL);
+    let mut f = rigs::fault(format!("sigkill p{p}"), at);
     f.process = Some(p);
     f.crash = true;
     f

@@ -1362,15 +1362,7 @@ mod tests {
         // A fault stopping the waiter's process between its entries (long
         // over by the newcomer's call): its entry may have gone with it.
         let mut h = overtaken_again(vec![]);
-        h.faults.push(Fault {
-            what: "sigstop".into(),
-            at: 50 * MS,
-            until: 60 * MS,
-            process: Some(2),
-            loses_locks: false,
-            resets_fences: false,
-            crash: false,
-        });
+        h.faults.push(stop(2, 50, 60));
         assert!(!kinds(&h).contains(&"barging"));
         // The same fault in another process says nothing of the waiter.
         h.faults[0].process = Some(4);

@@ -494,8 +494,21 @@ async fn a_writer_behind_a_stream_of_readers_goes_before_later_readers(store: Ki
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     counters.add("writer-queued", 1).await;
-    // Let later readers come and queue behind the writer, then let go.
-    while counters.get("waiting-late").await < 1 {
+    // Let a later reader come and queue behind the writer, then let go. A
+    // reader that read the flag before it was set but asked after the
+    // writer queued waits behind the writer too (a second waiter): with both
+    // streams held up that way, no reader would ever see the flag, so that
+    // also counts as "a reader came after the writer".
+    loop {
+        let late = counters.get("waiting-late").await >= 1;
+        let behind = backend
+            .status(&key())
+            .await
+            .unwrap()
+            .is_some_and(|s| s.waiters >= 2);
+        if late || behind {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     backend

@@ -279,6 +279,22 @@ MUTANTS = [
     ("postgres-grant-to-a-gone-waiter-dropped", "src/backend/postgres/listen.rs",
      "        if let Some(key) = key {",
      "        if let Some(key) = key.filter(|_| false) {"),
+    # A waiter that comes to the head behind a hand-off (chaos seed 1096):
+    # told how long the new holder holds, by the server and by the
+    # listener; and it sleeps until then (postgres_races, section 7, and
+    # --lib postgres::listen).
+    ("postgres-hand-off-nudges-nobody", "src/backend/postgres/functions.sql",
+     "  IF fence IS NOT NULL THEN\n    PERFORM \"{schema}\".\"{table}_nudge\"(p_key, p_channel, p_ticket);",
+     "  IF false THEN\n    PERFORM \"{schema}\".\"{table}_nudge\"(p_key, p_channel, p_ticket);"),
+    ("postgres-extend-nudges-nobody", "src/backend/postgres/functions.sql",
+     "  IF FOUND THEN\n    IF r.queued THEN",
+     "  IF FOUND THEN\n    IF false THEN"),
+    ("postgres-nudge-not-delivered", "src/backend/postgres/listen.rs",
+     "let _ = tx.send(Wake::FreeIn(free_in));",
+     "let _ = (tx, free_in);"),
+    ("postgres-waiter-ignores-the-nudge", "src/backend/postgres/wait.rs",
+     "holder_expires = Instant::now() + free_in + Duration::from_millis(1);",
+     "let _ = free_in;"),
     ("postgres-claimed-grant-passed-on", "src/backend/postgres/functions.sql",
      "AS l SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL",
      "AS l SET expires_at = clock_timestamp() + v_ttl"),

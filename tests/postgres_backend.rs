@@ -242,7 +242,7 @@ async fn custom_schema_and_table_names() {
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'app' AND p.proname LIKE 'job_locks_%'"
         ),
-        15
+        16
     );
     assert!(
         PostgresBackend::builder()

@@ -22,6 +22,38 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_us"(t timestamptz) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigint $$;
 
+-- nudge: tell the live head of `p_key`'s queue (row locked by the caller),
+-- unless it is the caller (`p_channel`, `p_ticket`), how long until what
+-- now blocks it may end ('w <ticket> <µs>': the exclusive holder's expiry,
+-- else the earliest hold's). A waiter sleeps until the expiry its last
+-- attempt saw; a hand-off or an extend changes who holds and until when,
+-- and a TTL that runs out on the server tells nobody: without this, a head
+-- behind a holder that was handed the lock and walked away slept on the
+-- old holder's expiry (or its safety-net re-check, up to 2 s) while the
+-- lock lay free.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_nudge"(
+  p_key text, p_channel text, p_ticket bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_clock timestamptz := clock_timestamp();
+  v_free timestamptz;
+  w record;
+BEGIN
+  SELECT q.channel, q.ticket INTO w FROM "{schema}"."{table}_waiters" AS q
+    WHERE q.key = p_key AND q.deadline > v_clock ORDER BY q.place LIMIT 1;
+  IF NOT FOUND OR (w.channel = p_channel AND w.ticket = p_ticket) THEN
+    RETURN;
+  END IF;
+  SELECT CASE WHEN l.kind = 0 THEN l.expires_at
+              ELSE (SELECT min(x.expires_at) FROM "{schema}"."{table}_holds" AS x
+                    WHERE x.key = p_key AND x.expires_at > v_clock) END
+    INTO v_free FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
+  PERFORM pg_notify(w.channel, 'w ' || w.ticket || ' ' || greatest(0,
+    "{schema}"."{table}_us"(coalesce(v_free, v_clock)) - "{schema}"."{table}_us"(v_clock)));
+END
+$$;
+
 -- (Schema version 1 before round 3 had a `p_now` argument: replaced.)
 DROP FUNCTION IF EXISTS "{schema}"."{table}_hand_off"(text, timestamptz, text, bigint);
 
@@ -36,7 +68,8 @@ DROP FUNCTION IF EXISTS "{schema}"."{table}_hand_off"(text, timestamptz, text, b
 -- began, or even ended, before the grant), and its fence drawn then. Each
 -- new holder gets its own TTL from then and is told through its backend's
 -- channel ('<ticket> <fence> <granted us> <key>', delivered at commit),
--- unless it is the caller (`p_channel`, `p_ticket`). Returns the fence of
+-- unless it is the caller (`p_channel`, `p_ticket`); the waiter then at
+-- the head is told how long the new holds last (_nudge). Returns the fence of
 -- the caller's grant, else of the first grant (NULL: nobody granted; the
 -- caller then removes the row or takes the lock), the grants' time and
 -- whether one went to the caller.
@@ -113,6 +146,9 @@ BEGIN
     -- An exclusive grant: nothing fits beside it.
     EXIT WHEN w.kind = 0;
   END LOOP;
+  IF fence IS NOT NULL THEN
+    PERFORM "{schema}"."{table}_nudge"(p_key, p_channel, p_ticket);
+  END IF;
 END
 $$;
 
@@ -532,6 +568,10 @@ BEGIN
       AND l.expires_at > v_now AND l.kind = 0
     RETURNING l.* INTO r;
   IF FOUND THEN
+    IF r.queued THEN
+      -- A shorter TTL ends it sooner than its waiters last saw.
+      PERFORM "{schema}"."{table}_nudge"(p_key, NULL, NULL);
+    END IF;
     code := 1;
     fence := r.fence;
     acquired_us := "{schema}"."{table}_us"(r.acquired_at);
@@ -552,6 +592,9 @@ BEGIN
       UPDATE "{schema}"."{table}" AS l
         SET expires_at = (SELECT max(y.expires_at) FROM "{schema}"."{table}_holds" AS y WHERE y.key = p_key)
         WHERE l.key = p_key;
+      IF r.queued THEN
+        PERFORM "{schema}"."{table}_nudge"(p_key, NULL, NULL);
+      END IF;
       code := 1;
       acquired_us := "{schema}"."{table}_us"(r.acquired_at);
       RETURN;

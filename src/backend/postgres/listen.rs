@@ -6,8 +6,11 @@
 //! a release hands it the lock, the server function `NOTIFY`s the channel
 //! with `"<ticket> <fence> <acquired µs>"` (delivered when that transaction
 //! commits, so a waiter never sees a hand-off that rolled back), and the
-//! reader task completes that waiter's oneshot: the waiter returns the lease
-//! without another round trip. Nothing else is sent to the channel.
+//! reader task passes it to that waiter: the waiter returns the lease
+//! without another round trip. The waiter then at the head of the queue is
+//! told how long the new holder holds (`"w <ticket> <µs>"`), so it wakes
+//! when that TTL runs out, not at the old holder's expiry. Flight news
+//! (`"f ..."`) is the only other thing sent to the channel.
 //!
 //! A grant can reach a ticket whose call is gone: the call was dropped
 //! after it queued, and the hand-off came before the leave its drop sends
@@ -25,7 +28,7 @@
 //! so this connection is opened from the backend's own connection settings,
 //! on demand (the first time a waiter finds a lock busy), and replaced after
 //! it dies. When it dies (server killed or restarted, connection
-//! terminated, keep-alive unanswered) every registered waiter's oneshot is
+//! terminated, keep-alive unanswered) every registered waiter's sender is
 //! dropped, which tells it to re-check at once and listen again: a hand-off
 //! notified while nobody listened is then found by that re-check, since an
 //! acquire is idempotent for the attempt the lock was handed to.
@@ -37,15 +40,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_postgres::{AsyncMessage, Client, Connection};
 
 use super::Tls;
 use super::error::{pg_error, timed_out};
-pub(super) use super::notify::{FlightNews, Grant};
-use super::notify::{parse_flight, parse_grant};
+pub(super) use super::notify::{FlightNews, Grant, Wake};
+use super::notify::{parse_flight, parse_free_in, parse_grant};
 use crate::error::LockError;
 
 /// How often an idle listening connection proves it is alive. Catches
@@ -63,6 +66,10 @@ pub(super) struct Orphan {
 
 /// What to do with an [`Orphan`] (the backend passes it on).
 pub(super) type OnOrphan = Box<dyn Fn(Orphan) + Send + Sync>;
+
+/// What a listening waiter hears: hints of when its lock may be free, then
+/// at most one grant; closed (`None`) when the connection died.
+pub(super) type Wakes = mpsc::UnboundedReceiver<Wake>;
 
 pub(super) struct Listener {
     config: tokio_postgres::Config,
@@ -83,9 +90,10 @@ struct DispatchInner {
     /// The generation of the live connection, if any.
     up: Option<u64>,
     generation: u64,
-    /// Every waiter's ticket while its call lasts: with where its grant
-    /// goes while it listens, `None` while it does not.
-    waiters: HashMap<i64, Option<oneshot::Sender<Grant>>>,
+    /// Every waiter's ticket while its call lasts: with where what it
+    /// hears goes while it listens, `None` while it does not (and once its
+    /// grant went).
+    waiters: HashMap<i64, Option<mpsc::UnboundedSender<Wake>>>,
     /// Flight watchers: ticket → where the published result's news goes.
     flights: HashMap<i64, oneshot::Sender<FlightNews>>,
     reader: Option<AbortHandle>,
@@ -108,6 +116,16 @@ impl Dispatch {
             }
             return;
         }
+        if let Some(news) = payload.strip_prefix("w ") {
+            let Some((ticket, free_in)) = parse_free_in(news) else {
+                return;
+            };
+            if let Some(Some(tx)) = self.lock().waiters.get(&ticket) {
+                // A call gone meanwhile hears nothing: nothing to pass on.
+                let _ = tx.send(Wake::FreeIn(free_in));
+            }
+            return;
+        }
         let Some((ticket, grant, key)) = parse_grant(payload) else {
             return;
         };
@@ -121,9 +139,11 @@ impl Dispatch {
                 return;
             }
         };
-        if let Err(grant) = waiter.send(grant) {
+        if let Err(mpsc::error::SendError(wake)) = waiter.send(Wake::Granted(grant)) {
             // Its call was dropped just now.
-            self.orphaned(key, ticket, grant);
+            if let Wake::Granted(grant) = wake {
+                self.orphaned(key, ticket, grant);
+            }
         }
     }
 
@@ -208,10 +228,10 @@ impl Listener {
 
     /// Register `ticket` if the connection is listening (so any hand-off
     /// notified from now on reaches it); `None` if it is not.
-    pub(super) fn register(&self, ticket: i64) -> Option<oneshot::Receiver<Grant>> {
+    pub(super) fn register(&self, ticket: i64) -> Option<Wakes> {
         let mut inner = self.dispatch.lock();
         inner.up?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         inner.waiters.insert(ticket, Some(tx));
         Some(rx)
     }
@@ -259,7 +279,7 @@ impl Listener {
         ticket: i64,
         end: Instant,
         op_timeout: Duration,
-    ) -> Result<oneshot::Receiver<Grant>, LockError> {
+    ) -> Result<Wakes, LockError> {
         // Two rounds cover a connection that dies right after being made.
         for _ in 0..2 {
             if let Some(rx) = self.register(ticket) {
@@ -452,17 +472,5 @@ async fn keep_alive(client: &Client, op_timeout: Duration) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn channel_is_a_plain_identifier() {
-        let l = Listener::new(tokio_postgres::Config::new(), Tls::None, Box::new(drop));
-        assert!(l.channel().len() < 63);
-        assert!(
-            l.channel()
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        );
-    }
-}
+#[path = "listen_test.rs"]
+mod tests;

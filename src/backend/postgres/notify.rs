@@ -1,12 +1,25 @@
 //! What comes through a backend's `LISTEN` channel (see `listen.rs`):
-//! grants to waiters and flight news, as `NOTIFY` payloads (text of at
-//! most 8000 bytes), parsed strictly: anything else is ignored.
+//! grants to waiters, how long the head waiter's lock is held for, and
+//! flight news, as `NOTIFY` payloads (text of at most 8000 bytes), parsed
+//! strictly: anything else is ignored.
+
+use std::time::Duration;
 
 /// The lock was handed to a waiter.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Grant {
     pub(super) fence: u64,
     pub(super) acquired_us: i64,
+}
+
+/// What a waiter hears while it waits.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Wake {
+    /// The lock was handed to it.
+    Granted(Grant),
+    /// It is at the head of the queue now, and what blocks it ends in this
+    /// long (the server's `_nudge`).
+    FreeIn(Duration),
 }
 
 /// What a watcher hears of a published result: its `seq`, and its value
@@ -25,6 +38,14 @@ pub(super) fn parse_grant(payload: &str) -> Option<(i64, Grant, Option<&str>)> {
     let acquired_us = parts.next()?.parse().ok()?;
     let key = parts.next().filter(|k| !k.is_empty());
     Some((ticket, Grant { fence, acquired_us }, key))
+}
+
+/// `"<ticket> <µs>"` (after the `"w "`): how long until the lock the
+/// waiter of `ticket` waits for may be free.
+pub(super) fn parse_free_in(news: &str) -> Option<(i64, Duration)> {
+    let (ticket, us) = news.split_once(' ')?;
+    let us: u64 = us.parse().ok()?;
+    Some((ticket.parse().ok()?, Duration::from_micros(us)))
 }
 
 /// `"<ticket> <seq>[ <value in hex>]"` (after the `"f "`).
@@ -77,6 +98,18 @@ mod tests {
         assert!(parse_flight("7 42 zz").is_none());
         assert!(parse_flight("7").is_none());
         assert!(parse_flight("7 42 00 x").is_none());
+    }
+
+    #[test]
+    fn nudges_parse_strictly() {
+        assert_eq!(
+            parse_free_in("7 1500"),
+            Some((7, Duration::from_micros(1500)))
+        );
+        assert!(parse_free_in("7").is_none());
+        assert!(parse_free_in("7 -1").is_none());
+        assert!(parse_free_in("7 1 2").is_none());
+        assert!(parse_free_in("x 1").is_none());
     }
 
     #[test]

@@ -5,16 +5,18 @@
 //! notification on the backend's `LISTEN` connection, which carries the
 //! lease), the holder's TTL runs out (a crashed holder never notifies; the
 //! next call then hands the expired lock to the queue's head), its own max
-//! wait ends, or, as a safety net only, a capped, jittered interval.
+//! wait ends, or, as a safety net only, a capped, jittered interval. The
+//! holder's expiry is the one its last attempt saw, until the server tells
+//! it another: a waiter that comes to the head of the queue behind a
+//! hand-off hears how long the new holder holds.
 
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
 use super::PostgresBackend;
 use super::error::bad_reply;
-use super::listen::{Grant, Orphan};
+use super::listen::{Orphan, Wake, Wakes};
 use super::ops::{Attempt, Left, Ticket, ceil_ms, col, server_time};
 use super::statements::Statement;
 use crate::backend::Lease;
@@ -51,7 +53,7 @@ impl PostgresBackend {
         };
         // Registered before the first attempt when the connection listens,
         // so that attempt can already join the queue.
-        let mut grant_rx: Option<oneshot::Receiver<Grant>> = listener.register(guard.ticket);
+        let mut grant_rx: Option<Wakes> = listener.register(guard.ticket);
         let mut recheck = RECHECK_FIRST;
         // Queue entries this call created. After a hand-off the lock can be
         // taken back (its TTL ran out before we read the grant, a force
@@ -110,43 +112,52 @@ impl PostgresBackend {
             // Wake when handed the lock, when the holder's TTL runs out (it
             // may have died without releasing), at our own deadline, or, as
             // a safety net only, after a capped, jittered interval.
-            let holder_expires = now + retry_after + Duration::from_millis(1);
+            let mut holder_expires = now + retry_after + Duration::from_millis(1);
             let safety_net = now + jitter(recheck);
             recheck = (recheck * 2).min(RECHECK_MAX);
-            let wake_at = holder_expires.min(safety_net).min(deadline);
-            tokio::select! {
-                biased;
-                granted = rx => match granted {
-                    Ok(grant) if entries <= 1 => {
-                        // The hand-off took us out of the queue.
-                        guard.queued = false;
-                        let at = server_time(grant.acquired_us);
-                        return Ok(Lease::new(grant.fence, at, at, req.ttl()));
-                    }
-                    Ok(_) => {
-                        // Maybe a stale grant: leave the queue, keeping the
-                        // lock only if it is ours now. Never left behind: a
-                        // later hand-off to a finished request would idle
-                        // the lock for a whole TTL.
-                        let end = (Instant::now() + self.op_timeout).min(hard_end);
-                        let left = self
-                            .leave(req.key(), req.owner(), guard.ticket(), true, req.ttl(), end)
-                            .await?;
-                        guard.queued = false;
-                        match left {
-                            Left::Claimed(lease) => return Ok(lease),
-                            Left::NotHeld(_) => {
-                                entries = 0;
-                                grant_rx = listener.register(guard.ticket);
-                            }
-                            Left::Dropped => return Err(super::error::bad_reply("leave")),
+            loop {
+                let wake_at = holder_expires.min(safety_net).min(deadline);
+                tokio::select! {
+                    biased;
+                    woke = rx.recv() => match woke {
+                        Some(Wake::Granted(grant)) if entries <= 1 => {
+                            // The hand-off took us out of the queue.
+                            guard.queued = false;
+                            let at = server_time(grant.acquired_us);
+                            return Ok(Lease::new(grant.fence, at, at, req.ttl()));
                         }
-                    }
-                    // The connection died: re-check now (the lock may be
-                    // ours already), listening again if still busy.
-                    Err(_) => grant_rx = None,
-                },
-                () = sleep_until(wake_at) => {}
+                        Some(Wake::Granted(_)) => {
+                            // Maybe a stale grant: leave the queue, keeping
+                            // the lock only if it is ours now. Never left
+                            // behind: a later hand-off to a finished request
+                            // would idle the lock for a whole TTL.
+                            let end = (Instant::now() + self.op_timeout).min(hard_end);
+                            let left = self
+                                .leave(req.key(), req.owner(), guard.ticket(), true, req.ttl(), end)
+                                .await?;
+                            guard.queued = false;
+                            match left {
+                                Left::Claimed(lease) => return Ok(lease),
+                                Left::NotHeld(_) => {
+                                    entries = 0;
+                                    grant_rx = listener.register(guard.ticket);
+                                }
+                                Left::Dropped => return Err(super::error::bad_reply("leave")),
+                            }
+                        }
+                        // At the head now, behind a holder whose TTL ends
+                        // then (it may never release): sleep until then.
+                        Some(Wake::FreeIn(free_in)) => {
+                            holder_expires = Instant::now() + free_in + Duration::from_millis(1);
+                            continue;
+                        }
+                        // The connection died: re-check now (the lock may be
+                        // ours already), listening again if still busy.
+                        None => grant_rx = None,
+                    },
+                    () = sleep_until(wake_at) => {}
+                }
+                break;
             }
         }
     }

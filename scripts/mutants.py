@@ -176,6 +176,16 @@ MUTANTS = [
      'LockError::InvalidConfig(format!("Redis: {e}"))',
      'LockError::BackendUnavailable(format!("Redis: {e}").into())'),
     # Redis scripts
+    # A waiter that comes to the head behind a hand-off (chaos seed 1096,
+    # the same design as PostgreSQL's): told how long the new holder holds,
+    # and it sleeps until then (redis_backend a_waiter_behind_a_holder_that_
+    # walked_away_wakes_at_its_ttl, and --lib redis::wake).
+    ("redis-hand-off-nudges-nobody", "src/backend/redis/common.lua",
+     "  if any then\n    nudge(now, me)\n  end",
+     "  if false then\n    nudge(now, me)\n  end"),
+    ("redis-waiter-ignores-the-nudge", "src/backend/redis/wait.rs",
+     "holder_expires = Instant::now() + free_in + Duration::from_millis(1);",
+     "let _ = free_in;"),
     ("redis-acquire-fast-path-ignores-queue", "src/backend/redis/acquire.lua",
      "if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then",
      "if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[6]) == 0 then"),
@@ -220,8 +230,8 @@ MUTANTS = [
      "  local f = next_fence()\n  redis.call('SET', lock,",
      "  local f = tonumber(redis.call('GET', fence) or '0')\n  redis.call('SET', lock,"),
     ("redis-stale-grant-believed", "src/backend/redis/wait.rs",
-     "Ok(grant) if entries <= 1 => {",
-     "Ok(grant) if entries <= 1_000 => {"),
+     "Some(Wake::Granted(grant)) if entries <= 1 => {",
+     "Some(Wake::Granted(grant)) if entries <= 1_000 => {"),
     ("redis-min-replicas-ignores-the-count", "src/backend/redis/replicas.rs",
      "if acked < i64::from(min.replicas) {",
      "if acked < i64::from(min.replicas) && false {"),

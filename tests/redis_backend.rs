@@ -1382,3 +1382,48 @@ async fn an_endless_op_timeout_is_accepted() {
     assert!(unavailable(b.acquire(&r).await));
     assert!(started.elapsed() < 5 * SEC);
 }
+
+/// The fault-schedule checker's PostgreSQL seed 1096, on Redis (the same
+/// design): the holder is released right after the second waiter's
+/// re-check (its queue entry rewritten with a new deadline), the first
+/// waiter is handed the lock and walks away with it (TTL 100 ms). Nothing
+/// but the hand-off's nudge (`"w <id> <ms>"` to the waiter that comes to
+/// the head) tells the second that the lock is free 100 ms later: it last
+/// saw the old holder's expiry (30 s), and after 4 s of waiting its
+/// safety-net re-check comes 1 to 2 s after the last one. So it gets the
+/// lock within a few hundred ms with the nudge, after at least 1 s without
+/// (red in every run with the script's nudge or the waiter's use of it
+/// removed). The 4 s wait is the condition under test (re-checks that far
+/// apart), not a stand-in for a signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_holder_that_walked_away_wakes_at_its_ttl() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let held = b
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&b, req("k", "first", ms(100), 60 * SEC));
+    queued(&server, "k", 1).await;
+    let second = spawn_acquire(&b, req("k", "second", 30 * SEC, 60 * SEC));
+    queued(&server, "k", 2).await;
+    tokio::time::sleep(4 * SEC).await;
+    let ticket = server.cmd(&["LINDEX", &stored("k", ":q"), "1"]);
+    let entry = || server.cmd(&["HGET", &stored("k", ":w"), &ticket]);
+    let before = entry();
+    while entry() == before {
+        tokio::time::sleep(ms(1)).await;
+    }
+    let released = Instant::now();
+    b.release(&key("k"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    let first = granted(first).await;
+    let second = granted(second).await;
+    let took = released.elapsed();
+    assert!(second.fence > first.fence);
+    assert!(
+        took < ms(100) + ms(600),
+        "the second waiter got the lock {took:?} after the release, behind a 100 ms holder"
+    );
+}

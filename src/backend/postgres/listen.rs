@@ -139,11 +139,10 @@ impl Dispatch {
                 return;
             }
         };
-        if let Err(mpsc::error::SendError(wake)) = waiter.send(Wake::Granted(grant)) {
+        if let Err(mpsc::error::SendError(Wake::Granted(grant))) = waiter.send(Wake::Granted(grant))
+        {
             // Its call was dropped just now.
-            if let Wake::Granted(grant) = wake {
-                self.orphaned(key, ticket, grant);
-            }
+            self.orphaned(key, ticket, grant);
         }
     }
 

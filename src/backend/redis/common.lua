@@ -187,8 +187,8 @@ local function add_hold(kind, owner, attempt, ttl, now, grant)
   return f
 end
 
--- Tell the waiter of `ticket` it was handed the lock (fence `f`).
-local function wake(ticket, f, now)
+-- Publish `message` (after the waiter's id) to the waiter of `ticket`.
+local function tell(ticket, prefix, message)
   local id, chan = string.match(ticket, '^(%d+)@(.+)$')
   -- A channel with a hash tag is a cluster's shard channel, in this
   -- lock's slot: sharded pub/sub reaches its subscriber on this
@@ -197,7 +197,37 @@ local function wake(ticket, f, now)
   if string.find(chan, '{', 1, true) then
     publish = 'SPUBLISH'
   end
-  redis.call(publish, chan, string.format('%s %s %d', id, f, now))
+  redis.call(publish, chan, prefix .. id .. ' ' .. message)
+end
+
+-- Tell the waiter of `ticket` it was handed the lock (fence `f`).
+local function wake(ticket, f, now)
+  tell(ticket, '', string.format('%s %d', f, now))
+end
+
+-- Tell the first live waiter of the queue (among its first ten), unless it
+-- is `me`, how long until what now blocks it may end ('w <id> <ms>': the
+-- exclusive holder's expiry, else the earliest hold's). A waiter sleeps
+-- until the expiry its last attempt saw; a hand-off changes who holds and
+-- until when, and a TTL that runs out tells nobody: without this, a head
+-- behind a holder that was handed the lock and walked away slept on the
+-- old holder's expiry (or its safety-net re-check, up to 2 s).
+local function nudge(now, me)
+  local tickets = redis.call('LRANGE', queue, 0, 9)
+  for i = 1, #tickets do
+    local data = redis.call('HGET', waiters, tickets[i])
+    local deadline = data and string.match(data, '^(%d+) ')
+    if deadline and tonumber(deadline) > now then
+      if tickets[i] ~= me then
+        local left = redis.call('PTTL', lock)
+        if left < 0 then
+          left = (earliest() or now) - now
+        end
+        tell(tickets[i], 'w ', string.format('%d', math.max(left, 0)))
+      end
+      return
+    end
+  end
 end
 
 -- Hand what is free of the key (no exclusive holder: the caller checked or
@@ -256,6 +286,9 @@ local function hand_off(now, me, n)
       end
       held, n = kind, n + 1
     end
+  end
+  if any then
+    nudge(now, me)
   end
   return mine, any, false
 end

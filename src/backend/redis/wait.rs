@@ -4,14 +4,13 @@
 
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
 use super::RedisBackend;
 use super::error::bad_reply;
 use super::ops::{Attempt, LeaveMode, Left};
 use super::scripts::{ceil_ms, server_time};
-use super::wake::Grant;
+use super::wake::{Wake, Wakes};
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -55,7 +54,7 @@ impl RedisBackend {
         // after subscribing finds the lock ours (acquire is idempotent for
         // the attempt it was handed to).
         let slot = self.slot(req.key());
-        let mut grant_rx: Option<oneshot::Receiver<Grant>> = wake.register(guard.id, slot);
+        let mut grant_rx: Option<Wakes> = wake.register(guard.id, slot);
         let mut recheck = RECHECK_FIRST;
         // Queue entries this call created. After a hand-off the lock can be
         // taken back (its TTL ran out before we read the grant, a force
@@ -113,43 +112,52 @@ impl RedisBackend {
             // Wake when handed the lock, when the holder's TTL runs out (it
             // may have died without releasing), at our own deadline, or, as
             // a safety net only, after a capped, jittered interval.
-            let holder_expires = now + retry_after + Duration::from_millis(1);
+            let mut holder_expires = now + retry_after + Duration::from_millis(1);
             let safety_net = now + jitter(recheck);
             recheck = (recheck * 2).min(RECHECK_MAX);
-            let wake_at = holder_expires.min(safety_net).min(deadline);
-            tokio::select! {
-                biased;
-                granted = rx => match granted {
-                    Ok(grant) if entries <= 1 => {
-                        // The hand-off took us out of the queue.
-                        guard.queued = false;
-                        let at = server_time(grant.acquired_ms);
-                        return Ok(Lease::new(grant.fence, at, at, req.ttl()));
-                    }
-                    Ok(_) => {
-                        // Maybe a stale grant: leave the queue, keeping the
-                        // lock only if it is ours now. Never left behind: a
-                        // later hand-off to a finished request would idle
-                        // the lock for a whole TTL.
-                        let end = (Instant::now() + self.op_timeout).min(hard_end);
-                        let left = self
-                            .leave(req.key(), req.owner(), guard.id, LeaveMode::Claim, req.ttl(), end)
-                            .await?;
-                        guard.queued = false;
-                        match left {
-                            Left::Claimed(lease) => return Ok(lease),
-                            Left::NotHeld(_) => {
-                                entries = 0;
-                                grant_rx = wake.register(guard.id, slot);
-                            }
-                            Left::Dropped => return Err(bad_reply("leave")),
+            loop {
+                let wake_at = holder_expires.min(safety_net).min(deadline);
+                tokio::select! {
+                    biased;
+                    woke = rx.recv() => match woke {
+                        Some(Wake::Granted(grant)) if entries <= 1 => {
+                            // The hand-off took us out of the queue.
+                            guard.queued = false;
+                            let at = server_time(grant.acquired_ms);
+                            return Ok(Lease::new(grant.fence, at, at, req.ttl()));
                         }
-                    }
-                    // The subscription died: re-check now (the lock may be
-                    // ours already), subscribing again if still busy.
-                    Err(_) => grant_rx = None,
-                },
-                () = sleep_until(wake_at) => {}
+                        Some(Wake::Granted(_)) => {
+                            // Maybe a stale grant: leave the queue, keeping
+                            // the lock only if it is ours now. Never left
+                            // behind: a later hand-off to a finished request
+                            // would idle the lock for a whole TTL.
+                            let end = (Instant::now() + self.op_timeout).min(hard_end);
+                            let left = self
+                                .leave(req.key(), req.owner(), guard.id, LeaveMode::Claim, req.ttl(), end)
+                                .await?;
+                            guard.queued = false;
+                            match left {
+                                Left::Claimed(lease) => return Ok(lease),
+                                Left::NotHeld(_) => {
+                                    entries = 0;
+                                    grant_rx = wake.register(guard.id, slot);
+                                }
+                                Left::Dropped => return Err(bad_reply("leave")),
+                            }
+                        }
+                        // At the head now, behind a holder whose TTL ends
+                        // then (it may never release): sleep until then.
+                        Some(Wake::FreeIn(free_in)) => {
+                            holder_expires = Instant::now() + free_in + Duration::from_millis(1);
+                            continue;
+                        }
+                        // The subscription died: re-check now (the lock may
+                        // be ours already), subscribing again if still busy.
+                        None => grant_rx = None,
+                    },
+                    () = sleep_until(wake_at) => {}
+                }
+                break;
             }
         }
     }

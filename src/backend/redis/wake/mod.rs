@@ -4,14 +4,17 @@
 //! A waiter registers under a process-unique id and joins the key's queue in
 //! Redis with that id and this backend's channel. When a release hands the
 //! lock to it, the script publishes `"<id> <fence> <acquired ms>"` to the
-//! channel, and the reader task completes that waiter's oneshot: the waiter
-//! returns the lease without another round trip. Nothing else is published,
-//! so a process only receives messages for its own waiters.
+//! channel, and the reader task passes it to that waiter: the waiter
+//! returns the lease without another round trip. The waiter then at the
+//! head of the queue hears how long the new holder holds (`"w <id> <ms>"`),
+//! so it wakes when that TTL runs out, not at the old holder's expiry.
+//! Flight results (`"f ..."`) are the only other messages: a process only
+//! receives messages for its own waiters.
 //!
 //! The subscription is made on demand (the first time a waiter finds a lock
 //! busy) and replaced after it dies. When it dies (Redis killed or
 //! restarted, connection killed, keep-alive `PING` unanswered) every
-//! registered waiter's oneshot is dropped, which tells it to re-check at once
+//! registered waiter's sender is dropped, which tells it to re-check at once
 //! and subscribe again: a grant published while nobody listened is then
 //! found by that re-check, since acquire is idempotent for the owner it was
 //! granted to.
@@ -27,23 +30,24 @@ use std::time::Duration;
 use deadpool_redis::redis::Client;
 use deadpool_redis::redis::aio::{PubSubSink, PubSubStream};
 use futures_core::Stream;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::error::{redis_error, timed_out};
 use crate::error::LockError;
+pub(super) use message::Wake;
+use message::{parse_flight, parse_free_in, parse_grant};
+
+mod message;
+
+/// What a listening waiter hears: hints of when its lock may be free, then
+/// at most one grant; closed (`None`) when the subscription died.
+pub(super) type Wakes = mpsc::UnboundedReceiver<Wake>;
 
 /// How often an idle subscription proves it is alive. Catches half-open
 /// connections that never report an error.
 const KEEPALIVE: Duration = Duration::from_secs(1);
-
-/// The lock was handed to a waiter.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Grant {
-    pub(super) fence: u64,
-    pub(super) acquired_ms: u64,
-}
 
 /// A flight's result, published to the callers that wait for it (see
 /// `flight.rs`): `"f <seq> <id>[,<id>…]\n<value>"`, one message per channel
@@ -78,8 +82,8 @@ struct DispatchInner {
     /// The generation of the live subscription, if any.
     up: Option<u64>,
     generation: u64,
-    /// Waiter id → (hash slot of its lock, where its grant goes).
-    waiters: HashMap<u64, (u16, oneshot::Sender<Grant>)>,
+    /// Waiter id → (hash slot of its lock, where what it hears goes).
+    waiters: HashMap<u64, (u16, mpsc::UnboundedSender<Wake>)>,
     /// Flight watcher id → (hash slot of its flight, where its result goes).
     flights: HashMap<u64, (u16, oneshot::Sender<FlightNews>)>,
     reader: Option<AbortHandle>,
@@ -101,6 +105,14 @@ impl Dispatch {
         if let Some(news) = payload.strip_prefix(b"f ") {
             return self.deliver_flight(news);
         }
+        if let Some(news) = payload.strip_prefix(b"w ") {
+            if let Some((id, free_in)) = parse_free_in(news)
+                && let Some((_, tx)) = self.lock().waiters.get(&id)
+            {
+                let _ = tx.send(Wake::FreeIn(free_in));
+            }
+            return;
+        }
         let Some((id, grant)) = parse_grant(payload) else {
             return;
         };
@@ -108,7 +120,7 @@ impl Dispatch {
         if let Some((_, tx)) = waiter {
             // A waiter that is gone meanwhile leaves the queue with a script
             // that also releases a lock handed to it.
-            let _ = tx.send(grant);
+            let _ = tx.send(Wake::Granted(grant));
         }
     }
 
@@ -226,12 +238,12 @@ impl Wakeups {
     /// Register waiter `id`, waiting for a lock in hash `slot`, if the
     /// subscription that would carry its grant is live (so any grant
     /// published from now on reaches it); `None` if it is not.
-    pub(super) fn register(&self, id: u64, slot: u16) -> Option<oneshot::Receiver<Grant>> {
+    pub(super) fn register(&self, id: u64, slot: u16) -> Option<Wakes> {
         let mut inner = self.dispatch.lock();
         if !self.listening(&inner, slot) {
             return None;
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         inner.waiters.insert(id, (slot, tx));
         Some(rx)
     }
@@ -293,7 +305,7 @@ impl Wakeups {
         slot: u16,
         end: Instant,
         op_timeout: Duration,
-    ) -> Result<oneshot::Receiver<Grant>, LockError> {
+    ) -> Result<Wakes, LockError> {
         // Two rounds cover a subscription that dies right after being made.
         for _ in 0..2 {
             if let Some(rx) = self.register(id, slot) {
@@ -450,50 +462,3 @@ async fn next(stream: &mut PubSubStream) -> Option<deadpool_redis::redis::Msg> {
 
 #[cfg(feature = "redis-cluster")]
 mod sharded;
-
-/// `"<id> <fence> <acquired ms>"`.
-fn parse_grant(payload: &[u8]) -> Option<(u64, Grant)> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let mut parts = text.split(' ');
-    let id = parts.next()?.parse().ok()?;
-    let fence = parts.next()?.parse().ok()?;
-    let acquired_ms = parts.next()?.parse().ok()?;
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((id, Grant { fence, acquired_ms }))
-}
-
-/// `"<seq> <id>[,<id>…]\n<value>"` (after the `"f "`).
-fn parse_flight(news: &[u8]) -> Option<(u64, impl Iterator<Item = u64> + '_, &[u8])> {
-    let line = news.iter().position(|&b| b == b'\n')?;
-    let (head, value) = (std::str::from_utf8(&news[..line]).ok()?, &news[line + 1..]);
-    let (seq, ids) = head.split_once(' ')?;
-    let seq = seq.parse().ok()?;
-    Some((seq, ids.split(',').filter_map(|id| id.parse().ok()), value))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flight_news_parses() {
-        let (seq, ids, value) = parse_flight(b"9 3,4\n{\"a\":\n1}").unwrap();
-        assert_eq!(seq, 9);
-        assert_eq!(ids.collect::<Vec<_>>(), [3, 4]);
-        assert_eq!(value, b"{\"a\":\n1}");
-        assert!(parse_flight(b"9 3").is_none());
-        assert!(parse_flight(b"x 3\n").is_none());
-    }
-
-    #[test]
-    fn grants_parse_strictly() {
-        let (id, g) = parse_grant(b"7 42 1700000000123").unwrap();
-        assert_eq!((id, g.fence, g.acquired_ms), (7, 42, 1_700_000_000_123));
-        assert!(parse_grant(b"7 42").is_none());
-        assert!(parse_grant(b"7 42 1 x").is_none());
-        assert!(parse_grant(b"a 42 1").is_none());
-        assert!(parse_grant(&[0xff, b' ']).is_none());
-    }
-}

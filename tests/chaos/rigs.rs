@@ -419,6 +419,9 @@ mod cluster {
     pub struct ClusterRig {
         cluster: Arc<ClusterRef>,
         failover: bool,
+        /// The nodes' thread (a cluster of the rig's own): see
+        /// [`ClusterRig::with_replicas`].
+        nodes: Option<std::sync::mpsc::Sender<Job>>,
     }
 
     enum ClusterRef {
@@ -435,6 +438,8 @@ mod cluster {
         }
     }
 
+    type Job = Box<dyn FnOnce() + Send>;
+
     impl ClusterRig {
         pub async fn shared() -> ClusterRig {
             let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
@@ -443,17 +448,46 @@ mod cluster {
             ClusterRig {
                 cluster: Arc::new(ClusterRef::Shared(cluster)),
                 failover: false,
+                nodes: None,
             }
         }
 
+        /// A cluster of the rig's own, started, and its nodes restarted,
+        /// on one thread that lives as long as the rig: a node gets
+        /// `SIGKILL` when the thread that spawned it ends
+        /// (`PR_SET_PDEATHSIG`), and a blocking-pool thread ends after
+        /// 10 s idle. A node restarted from one died that way in two long
+        /// runs (seeds 1078 and 1015: "a node refused connections").
         pub async fn with_replicas() -> ClusterRig {
-            let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with(1))
-                .await
-                .expect("cluster");
+            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+            let (ready, started) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let _ = ready.send(Arc::new(ClusterRef::Own(RedisCluster::start_with(1))));
+                // Until the rig is dropped.
+                while let Ok(job) = queue.recv() {
+                    job();
+                }
+            });
             ClusterRig {
-                cluster: Arc::new(ClusterRef::Own(cluster)),
+                cluster: started.await.expect("cluster"),
                 failover: true,
+                nodes: Some(jobs),
             }
+        }
+
+        /// Run `job` on the nodes' thread; its answer.
+        async fn on_nodes<T: Send + 'static>(
+            &self,
+            job: impl FnOnce(&RedisCluster) -> T + Send + 'static,
+        ) -> T {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let cluster = Arc::clone(&self.cluster);
+            let job: Job = Box::new(move || {
+                let _ = tx.send(job(cluster.get()));
+            });
+            let nodes = self.nodes.as_ref().expect("a cluster of the rig's own");
+            nodes.send(job).expect("the nodes' thread");
+            rx.await.expect("the nodes' thread")
         }
     }
 
@@ -504,20 +538,18 @@ mod cluster {
                         fault("pub/sub connections killed on every node".into(), at)
                     }
                     FaultKind::KillPrimary => {
-                        let cluster = self.cluster.clone();
                         let pick = rng.next();
-                        let what = tokio::task::spawn_blocking(move || {
-                            let c = cluster.get();
-                            let primaries = c.primaries();
-                            let port = primaries[(pick % primaries.len() as u64) as usize];
-                            c.kill(port);
-                            c.wait_ready(3, 0);
-                            c.restart(port);
-                            c.wait_ready(3, 1);
-                            format!("primary {port} killed, replica promoted")
-                        })
-                        .await
-                        .expect("failover");
+                        let what = self
+                            .on_nodes(move |c| {
+                                let primaries = c.primaries();
+                                let port = primaries[(pick % primaries.len() as u64) as usize];
+                                c.kill(port);
+                                c.wait_ready(3, 0);
+                                c.restart(port);
+                                c.wait_ready(3, 1);
+                                format!("primary {port} killed, replica promoted")
+                            })
+                            .await;
                         let mut f = fault(what, at);
                         // Replication is asynchronous: a grant not yet on
                         // the replica is lost, and its fence may come again

@@ -63,6 +63,11 @@ CHECKED = [
     ("postgres-fence-reused-on-hand-off", "postgres"),
     ("postgres-release-without-hand-off", "postgres"),
     ("postgres-hand-off-to-dead-waiters", "postgres"),
+    # The hand-off's nudge to the waiter that comes to the head (seed 1096).
+    ("postgres-hand-off-nudges-nobody", "postgres"),
+    ("postgres-waiter-ignores-the-nudge", "postgres"),
+    ("redis-hand-off-nudges-nobody", "redis"),
+    ("redis-waiter-ignores-the-nudge", "redis"),
     ("etcd-acquire-barges-past-the-queue", "etcd"),
     ("etcd-release-without-hand-off", "etcd"),
     ("etcd-hand-off-to-a-waiter-past-its-deadline", "etcd"),

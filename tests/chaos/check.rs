@@ -737,7 +737,7 @@ fn wakeups(
         ));
         kind_of.insert((l.p, l.id), l.kind);
     }
-    let writers = kinds::writers(ops, op_timeout);
+    let writers = kinds::writers(ops, &h.faults, op_timeout);
     let own_stop = |op: &Op| {
         h.faults
             .iter()

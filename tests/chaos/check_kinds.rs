@@ -363,15 +363,30 @@ pub(super) fn blocked(
 }
 
 /// The exclusive requests on each key (invocation to answer, plus an op
-/// timeout for a queue entry to go), for [`blocked`].
-pub(super) fn writers<'a>(ops: &[&'a Op], op_timeout: u64) -> BTreeMap<&'a str, Vec<Hold>> {
+/// timeout for a queue entry to go), for [`blocked`]. A request of a
+/// process killed while it waited never leaves: its queue entry stays on
+/// the server until its max wait ends (Redis Cluster with failover, seed
+/// 1069: a reader queued behind such a writer and timed out, which is the
+/// contract, not a lost wake-up).
+pub(super) fn writers<'a>(
+    ops: &[&'a Op],
+    faults: &[Fault],
+    op_timeout: u64,
+) -> BTreeMap<&'a str, Vec<Hold>> {
     let mut out: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
     for op in ops.iter().filter(|o| {
         matches!(o.kind, Kind::Acquire | Kind::FlightBegin) && kind_of(o) == LockKind::Exclusive
     }) {
+        let killed = faults
+            .iter()
+            .any(|f| f.crash && f.process == Some(op.p) && op.inv < f.at && f.at <= op.ret);
+        let mut end = op.ret;
+        if killed {
+            end = end.max(op.inv + op.wait_ms * MS);
+        }
         out.entry(&op.key)
             .or_default()
-            .push((op.inv, op.ret + op_timeout, (op.p, op.id)));
+            .push((op.inv, end + op_timeout, (op.p, op.id)));
     }
     out
 }
@@ -760,6 +775,52 @@ mod tests {
             ops.push(w);
         }
         kinds(ops)
+    }
+
+    #[test]
+    fn a_writer_of_a_killed_process_holds_later_readers_back_until_its_max_wait() {
+        // Seed 1069 (Redis Cluster with failover): a reader holds from 0 to
+        // 1 s; a writer asks at 1 ms (max wait 1.5 s) and its process is
+        // killed at 100 ms, its call cancelled there; a reader asking at
+        // 200 ms queues behind the writer's entry, which the server keeps,
+        // and times out at 900 ms.
+        let reader = |killed: bool| {
+            let mut w = op(3, 0, Kind::Acquire, 1, 100, Outcome::Cancelled);
+            w.wait_ms = 1_500;
+            w.ttl_ms = 100;
+            let mut r = op(2, 0, Kind::Acquire, 200, 900, Outcome::Timeout);
+            r.lock_kind = SHARED.map(str::to_owned);
+            r.wait_ms = 700;
+            r.ttl_ms = 100;
+            r.queued = vec![201 * MS];
+            let h = History {
+                ops: vec![
+                    grant(1, 0, 1, 1, 1_000, SHARED),
+                    release(1, 1_000, 1_001, 1),
+                    w,
+                    r,
+                ],
+                faults: vec![Fault {
+                    what: "sigkill p3".into(),
+                    at: 100 * MS,
+                    until: 100 * MS,
+                    process: Some(3),
+                    loses_locks: false,
+                    resets_fences: false,
+                    crash: killed,
+                }],
+                op_timeout_ms: 100,
+                ..History::default()
+            };
+            check(&h, Bounds::default())
+                .iter()
+                .map(|v| v.kind)
+                .collect::<Vec<_>>()
+        };
+        assert!(reader(true).is_empty(), "{:?}", reader(true));
+        // Paused, not killed: the writer's call ended (cancelled) at 100 ms
+        // and its process left the queue; the reader had nothing ahead.
+        assert_eq!(reader(false), ["lost-wake-up"]);
     }
 
     #[test]

@@ -87,9 +87,13 @@ CHECKED = [
 ]
 
 
-def run(backend, schedules):
+def run(backend, schedules, name):
+    # The find's timeline and history, to tell a find from the checker's
+    # error (target/chaos/mutant-<name>.dump and .dump-<seed>.json).
+    dump = os.path.join(ROOT, "target", "chaos", f"mutant-{name}.dump")
+    os.makedirs(os.path.dirname(dump), exist_ok=True)
     env = dict(os.environ, CHAOS_BACKEND=backend, CHAOS_SCHEDULES=str(schedules),
-               CHAOS_STOP_AT_FIRST="1")
+               CHAOS_STOP_AT_FIRST="1", CHAOS_DUMP=dump)
     cmd = ["cargo", "test", "--all-features", "-q", "--test", "chaos", "long_run", "--",
            "--ignored", "--nocapture"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True).stdout
@@ -142,7 +146,7 @@ def main(argv):
             for full, text in mutated.items():
                 with open(full, "w", encoding="utf-8") as f:
                     f.write(text)
-            summary, kinds = run(backend, schedules)
+            summary, kinds = run(backend, schedules, name.replace(" + ", "+"))
         finally:
             for full, text in originals.items():
                 with open(full, "w", encoding="utf-8") as f:

@@ -490,6 +490,13 @@ MUTANTS = [
     ("etcd-acquire-barges-past-the-queue", "src/backend/etcd/kinds.rs",
      "        when.push(self.nobody_queued());\n        when\n",
      "        when\n"),
+    # A release that hands the lock on forgets only the released hold's own
+    # expiry, not that of the new holder when it has the same owner
+    # (fault-schedule seed 1172; behaviour
+    # a_lock_handed_to_its_holders_owner_still_ends_at_its_ttl).
+    ("etcd-release-forgets-the-handed-locks-expiry", "src/backend/etcd/ops.rs",
+     "        self.shared.expiries.disarm_value(&h.key, &h.raw_value);\n",
+     "        self.shared.expiries.disarm_range(b\"\", &[0xff]);\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "                keys.held_by(holder.owner(), holder.fence()),\n                keys.nobody_queued(),\n",
      "                keys.held_by(holder.owner(), holder.fence()),\n"),

@@ -253,6 +253,7 @@ for_each_backend! {
             a_lock_that_ran_out_before_the_handler_is_refused,
             several_locks_wait_at_most_the_longest_max_wait,
             a_waiter_gets_the_lock_when_the_holders_ttl_ends,
+            a_lock_handed_to_its_holders_owner_still_ends_at_its_ttl,
             the_result_ttl_is_honoured,
             a_dead_leader_is_replaced_when_its_lock_runs_out,
             waiting_past_the_max_wait_times_out,

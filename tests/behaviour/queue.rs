@@ -192,7 +192,39 @@ pub async fn a_waiter_gets_the_lock_when_the_holders_ttl_ends(h: Harness) {
     assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "next");
 }
 
-/// `holder` takes `key`, then `first` and each of `behind` queue in turn,
+/// A waiter of the holder's own owner (a custom owner shared by two
+/// requests) is handed the lock and walks away with it: that grant still
+/// ends at its TTL, and the next waiter gets the lock then. (etcd, the
+/// fault-schedule checker's seed 1172: a release that handed the lock on
+/// then forgot the expiry of every holder key of its owner, the new
+/// holder's too, and the lock lived as long as its process.)
+pub async fn a_lock_handed_to_its_holders_owner_still_ends_at_its_ttl(h: Harness) {
+    let key = gkey("k");
+    let held = h
+        .backend
+        .acquire(&areq(&key, "shared-owner", LONG, Duration::ZERO))
+        .await
+        .unwrap();
+    let first = spawn_acquire(&h.backend, areq(&key, "shared-owner", h.units(2), PATIENT));
+    h.until_queued(&key, 1).await;
+    let next = spawn_acquire(&h.backend, areq(&key, "next", h.units(10), PATIENT));
+    h.until_queued(&key, 2).await;
+    h.backend
+        .release(&key, Holder::new("shared-owner", held.fence))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().expect("handed the lock");
+    assert!(first.fence > held.fence);
+    // The first walks away: its TTL frees the lock for the next.
+    let lease = next
+        .await
+        .unwrap()
+        .expect("free once the handed lock's TTL ended");
+    assert!(lease.fence > first.fence);
+    assert_eq!(status_of(&h.backend, &key).await.unwrap().owner, "next");
+}
+
+/// `holder` takes `key`, then `first` and each of `behind` queue in turn,/// `holder` takes `key`, then `first` and each of `behind` queue in turn,
 /// and the holder's release hands the lock to `first`: its lease, and the
 /// acquisitions still waiting behind it.
 async fn handed_to_first<const N: usize>(

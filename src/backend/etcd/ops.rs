@@ -14,7 +14,7 @@ use super::keys::{HeldKey, HolderValue, LockKeys, ceil_ms};
 use crate::backend::{Holder, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{LockKind, owners_match, validate_ttl};
+use crate::spec::{owners_match, validate_ttl};
 
 pub(super) enum Attempt {
     Acquired(Lease),
@@ -109,7 +109,7 @@ impl EtcdBackend {
             // on from the state that hand-off read (see `Handed`).
             let from = Giving::Fence(&h.key, h.fence);
             if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {
-                self.disarm_released(&h, (&start, &stop));
+                self.disarm_released(&h);
                 return Ok(());
             }
             // Not held as that state said: the release below says why.
@@ -141,7 +141,7 @@ impl EtcdBackend {
         let outcome = self
             .pass_on(&keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
             .await?;
-        self.disarm_released(&h, (&start, &stop));
+        self.disarm_released(&h);
         match outcome {
             Passed::Done => Ok(()),
             // Released or expired meanwhile.
@@ -149,14 +149,16 @@ impl EtcdBackend {
         }
     }
 
-    /// Forget the expiry of hold `h`, given back (an exclusive one: every
-    /// expiry in its owner's holder range `[start, stop)`).
-    fn disarm_released(&self, h: &HeldKey, (start, stop): (&[u8], &[u8])) {
-        if h.kind == LockKind::Exclusive {
-            self.shared.expiries.disarm_range(start, stop);
-        } else {
-            self.shared.expiries.disarm_range(&h.key, &after(&h.key));
-        }
+    /// Forget the expiry of hold `h`, given back and handed on: the timers
+    /// of its very value only. The lock may have gone to a waiter of the
+    /// same owner (a custom owner shared by two requests), whose new holder
+    /// key lies in the owner's range and whose timer this process armed
+    /// just now; forgetting the owner's whole range lost that timer, and the
+    /// handed lock lived as long as this process (fault-schedule seed
+    /// 1172). Timers of values no longer stored change nothing when they
+    /// fire.
+    fn disarm_released(&self, h: &HeldKey) {
+        self.shared.expiries.disarm_value(&h.key, &h.raw_value);
     }
 
     pub(super) async fn extend_inner(

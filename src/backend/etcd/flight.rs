@@ -266,10 +266,7 @@ impl EtcdBackend {
         }
         let from = Giving::Fence(&h.key, h.fence);
         let passed = self.pass_on(&keys, snapshot, from, &[store], end).await?;
-        // The published hold's own expiry only: the lock may have gone to
-        // a waiter of the same owner, whose timer was armed just now (see
-        // `disarm_released`).
-        self.shared.expiries.disarm_value(&h.key, &h.raw_value);
+        self.disarm_released(&h);
         match passed {
             Passed::Done => Ok(()),
             Passed::NotHeld => Err(LockError::NotFound),

@@ -157,7 +157,7 @@ impl EtcdBackend {
     /// handed lock lived as long as this process (fault-schedule seed
     /// 1172). Timers of values no longer stored change nothing when they
     /// fire.
-    fn disarm_released(&self, h: &HeldKey) {
+    pub(super) fn disarm_released(&self, h: &HeldKey) {
         self.shared.expiries.disarm_value(&h.key, &h.raw_value);
     }
 

@@ -7,13 +7,16 @@ queue check that stops barging, the hand-off at release, the owner check, the
 attempt id, the fence...). For each, the script edits the source, runs the
 tests, and puts the source back, whatever happens (also on Ctrl-C).
 
-    scripts/mutants.py                 # every mutant (about a minute each)
+    scripts/mutants.py                 # every mutant (one to a few minutes each)
     scripts/mutants.py queue fence     # only mutants whose name has one of these words
     scripts/mutants.py --list
 
-A mutant is CAUGHT when some test fails, MISSED when every test passes (a
-hole in the suite: write the test that fails), and INVALID when it does not
-build (fix the mutant). Exit status 1 if any was missed or invalid.
+The tests that caught a family of breakages when it was added run first
+(`CATCHERS`); only when they all pass does the whole suite run
+(`cargo test --all-features`, about ten minutes here). A mutant is CAUGHT when
+some test fails, MISSED when the whole suite passes (a hole in the suite:
+write the test that fails), and INVALID when it does not build (fix the
+mutant). Exit status 1 if any was missed or invalid.
 
 This is a targeted list, not a search of every operator (cargo-mutants does
 that, at hundreds of builds for this crate: hours on a 2-core machine). Add a
@@ -28,25 +31,56 @@ import sys
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TEST_CMD = [
-    "cargo", "test", "--all-features", "-q", "--no-fail-fast",
-    "--lib", "--test", "behaviour", "--test", "redis_backend", "--test", "smoke",
-    "--test", "stacking", "--test", "postgres_backend", "--test", "postgres_races",
-    # min_replicas and one slow shard (issue 27): a replica, a cluster.
-    "--test", "redis_replicas", "--test", "redis_cluster_stall",
-    # etcd (the behaviour suite runs on etcd too): faults and late replies.
-    "--test", "etcd_failover",
+# The whole suite, as CI runs it: a mutant is MISSED only when all of it passes.
+WHOLE = ("", [])
+
+# Where to look first: the tests that caught each family of breakages when
+# it was added, as (targets, name filters) steps run in order until one
+# fails. A family is matched by the mutant's name, then by the file it
+# edits, first match wins. When every step passes, the whole suite runs:
+# the steps only make a catch cheap (a filtered target, not the suite's ten
+# minutes), never a miss. "--lib" is the library's unit tests; a filter
+# keeps the tests whose name has one of its words ("postgres::" is the
+# behaviour suite's PostgreSQL instance).
+CATCHERS = [
+    ("api26-", [("api retry_after", [])]),
+    ("apalis-", [("apalis_example", []), ("behaviour", ["apalis"])]),
+    ("kinds-memory", [("behaviour", ["memory::"])]),
+    ("kinds-postgres", [("behaviour", ["postgres::"]), ("kinds_across_processes", ["postgres"])]),
+    ("kinds-redis", [("behaviour", ["redis"]), ("redis_kinds kinds_across_processes", [])]),
+    ("kinds-etcd", [("behaviour", ["etcd::"])]),
+    ("src/backend/postgres/", [("postgres_races postgres_backend", []), ("--lib", ["postgres"]),
+                               ("behaviour", ["postgres::"])]),
+    ("src/backend/redis/", [("redis_backend redis_replicas redis_cluster_stall", []),
+                            ("--lib", ["redis"]), ("behaviour", ["redis"])]),
+    ("src/backend/etcd/", [("etcd_failover", []), ("--lib", ["etcd"]), ("behaviour", ["etcd::"])]),
+    ("", [("--lib", []), ("behaviour", ["memory::"]), ("smoke stacking fencing hostile_input", [])]),
 ]
-# MUTANTS_TESTS narrows the run to some test targets ("behaviour postgres_races"),
-# for a subset of mutants whose tests are known (the default runs them all).
-if os.environ.get("MUTANTS_TESTS"):
-    TEST_CMD = TEST_CMD[:TEST_CMD.index("--lib")] + [
-        arg for t in os.environ["MUTANTS_TESTS"].split() for arg in ("--test", t)]
-# MUTANTS_FILTER narrows it further to the tests whose name has this text
-# ("kinds_suite::redis"), for mutants whose tests are known.
-if os.environ.get("MUTANTS_FILTER"):
-    TEST_CMD = TEST_CMD + ["--", os.environ["MUTANTS_FILTER"]]
-TIMEOUT_S = 600
+
+
+def steps_for(name, path):
+    """The steps to try for one mutant, the whole suite last."""
+    if os.environ.get("MUTANTS_TESTS"):
+        # MUTANTS_TESTS narrows the run to some test targets ("behaviour
+        # postgres_races") and MUTANTS_FILTER to the tests whose name has
+        # this text ("kinds_suite::redis"): no whole suite after them.
+        filters = os.environ.get("MUTANTS_FILTER", "").split()
+        return [(os.environ["MUTANTS_TESTS"], filters)]
+    for prefix, steps in CATCHERS:
+        if name.startswith(prefix) or (prefix.startswith("src/") and path.startswith(prefix)):
+            return steps + [WHOLE]
+    return [WHOLE]
+
+
+def command(step):
+    targets, filters = step
+    cmd = ["cargo", "test", "--all-features", "-q", "--no-fail-fast"]
+    for t in targets.split():
+        cmd += [t] if t.startswith("--") else ["--test", t]
+    return cmd + (["--"] + filters if filters else [])
+
+
+TIMEOUT_S = 1200
 
 # (name, file, text to find (exactly once), replacement)
 MUTANTS = [
@@ -596,12 +630,12 @@ MUTANTS = [
 ]
 
 
-def run_tests():
+def run_tests(step):
     started = time.monotonic()
     # In a session of its own, so that a timeout stops the test binaries
     # cargo started too (killing cargo alone left a hung one running, with
     # its servers, for hours).
-    proc = subprocess.Popen(TEST_CMD, cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(step), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
@@ -643,12 +677,21 @@ def main(argv):
         print("no mutant matches", words, file=sys.stderr)
         return 2
 
-    print("baseline: building and running the tests unmutated", file=sys.stderr)
-    status, secs, out = run_tests()
-    if status != "passed":
-        print(out[-4000:], file=sys.stderr)
-        print(f"the unmutated suite does not pass ({status}): fix that first", file=sys.stderr)
-        return 2
+    # Each step runs once unmutated first (when a mutant first needs it): a
+    # test that fails without any breakage catches nothing.
+    passing = set()
+
+    def baseline(step):
+        if (step[0], tuple(step[1])) in passing:
+            return True
+        print(f"baseline: {' '.join(command(step))}", file=sys.stderr)
+        status, _, out = run_tests(step)
+        if status != "passed":
+            print(out[-4000:], file=sys.stderr)
+            print(f"the unmutated tests do not pass ({status}): fix that first", file=sys.stderr)
+            return False
+        passing.add((step[0], tuple(step[1])))
+        return True
 
     results = []
     for name, path, find, replace in chosen:
@@ -658,22 +701,30 @@ def main(argv):
         if original.count(find) != 1:
             results.append((name, "STALE", 0.0, f"text to mutate found {original.count(find)} times"))
             continue
-        print(f"mutant {name} ...", file=sys.stderr)
-        try:
-            with open(full, "w", encoding="utf-8") as f:
-                f.write(original.replace(find, replace))
-            status, secs, out = run_tests()
-        finally:
-            with open(full, "w", encoding="utf-8") as f:
-                f.write(original)
-        if status in ("failed", "timeout"):
-            caught_by = failing_tests(out)
-            results.append((name, "CAUGHT", secs, ", ".join(caught_by[:3]) +
-                            (f" (+{len(caught_by) - 3} more)" if len(caught_by) > 3 else "")))
-        elif status == "passed":
-            results.append((name, "MISSED", secs, "every test passed"))
-        else:
-            results.append((name, "INVALID", secs, "does not build"))
+        result = None
+        for step in steps_for(name, path):
+            if not baseline(step):
+                return 2
+            print(f"mutant {name}: {' '.join(command(step)[5:]) or 'the whole suite'} ...",
+                  file=sys.stderr)
+            try:
+                with open(full, "w", encoding="utf-8") as f:
+                    f.write(original.replace(find, replace))
+                status, secs, out = run_tests(step)
+            finally:
+                with open(full, "w", encoding="utf-8") as f:
+                    f.write(original)
+            if status in ("failed", "timeout"):
+                caught_by = failing_tests(out)
+                result = (name, "CAUGHT", secs, ", ".join(caught_by[:3]) +
+                          (f" (+{len(caught_by) - 3} more)" if len(caught_by) > 3 else "") +
+                          ("" if status == "failed" else " (timed out)"))
+                break
+            if status == "no-build":
+                result = (name, "INVALID", secs, "does not build")
+                break
+        results.append(result or (name, "MISSED", secs, "every test passed"))
+        print(f"  {results[-1][1]} in {results[-1][2]:.0f} s", file=sys.stderr)
 
     print("| mutant | result | caught by |")
     print("|---|---|---|")

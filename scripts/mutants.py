@@ -206,7 +206,7 @@ MUTANTS = [
      "let _ = self.previous;"),
     ("api26-flight-ignores-rejection-hook", "src/flight/service.rs",
      "reject.reject(error).map(FlightBody::rejection)",
-     "{ let _ = reject; crate::rejection::default_rejection(error).map(FlightBody::rejection) }"),
+     "{ let _ = reject; crate::default_rejection(error).map(FlightBody::rejection) }"),
     ("api26-redis-config-error-is-unavailable", "src/backend/redis/error.rs",
      'LockError::InvalidConfig(format!("Redis: {e}"))',
      'LockError::BackendUnavailable(format!("Redis: {e}").into())'),

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tower_lock::backend::Holder;
 
 use common::proxy::Proxy;
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisServer, monitor_until};
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
 use tower_lock::backend::{AcquireRequest, FlightPublish, FlightStart, Lease};
@@ -1385,7 +1385,7 @@ async fn an_endless_op_timeout_is_accepted() {
 
 /// The fault-schedule checker's PostgreSQL seed 1096, on Redis (the same
 /// design): the holder is released right after the second waiter's
-/// re-check (its queue entry rewritten with a new deadline), the first
+/// re-check (its acquire script seen on the server), the first
 /// waiter is handed the lock and walks away with it (TTL 100 ms). Nothing
 /// but the hand-off's nudge (`"w <id> <ms>"` to the waiter that comes to
 /// the head) tells the second that the lock is free 100 ms later: it last
@@ -1408,12 +1408,20 @@ async fn a_waiter_behind_a_holder_that_walked_away_wakes_at_its_ttl() {
     let second = spawn_acquire(&b, req("k", "second", 30 * SEC, 60 * SEC));
     queued(&server, "k", 2).await;
     tokio::time::sleep(4 * SEC).await;
-    let ticket = server.cmd(&["LINDEX", &stored("k", ":q"), "1"]);
-    let entry = || server.cmd(&["HGET", &stored("k", ":w"), &ticket]);
-    let before = entry();
-    while entry() == before {
-        tokio::time::sleep(ms(1)).await;
-    }
+    // Each re-check runs the acquire script again, with the waiter's owner
+    // among its arguments: seen on MONITOR, it has run when the release
+    // below reaches the server. (Not "its queue entry changed": the entry
+    // stores the deadline, which a re-check often writes again unchanged,
+    // to the millisecond; the test then waited out the holder's TTL.)
+    let port = server.port();
+    let rechecked = tokio::task::spawn_blocking(move || {
+        monitor_until(port, 10 * SEC, |line| line.contains(" second\""))
+    });
+    rechecked
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the second waiter re-checked within 10 s");
     let released = Instant::now();
     b.release(&key("k"), Holder::new("holder", held.fence))
         .await

@@ -167,6 +167,39 @@ pub fn spawn_with(
     None
 }
 
+/// Watch the commands the server on `port` runs (`MONITOR`) and return the
+/// first line `seen` accepts, as soon as the server has it: a call it shows
+/// has run (or is running) there, and a command sent afterwards runs after
+/// it. Blocking: call it from `spawn_blocking`. `None` after `timeout`.
+pub fn monitor_until(
+    port: u16,
+    timeout: Duration,
+    seen: impl Fn(&str) -> bool,
+) -> std::io::Result<Option<String>> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.write_all(b"*1\r\n$7\r\nMONITOR\r\n")?;
+    let end = Instant::now() + timeout;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        reader.get_ref().set_read_timeout(Some(left))?;
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(_) if seen(&line) => return Ok(Some(line)),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A minimal RESP client: one command, one reply (see [`RedisServer::cmd`]).
 pub fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;

@@ -53,7 +53,8 @@ CATCHERS = [
     ("src/backend/postgres/", [("postgres_races postgres_backend", []), ("--lib", ["postgres"]),
                                ("behaviour", ["postgres::"])]),
     ("src/backend/redis/", [("redis_backend redis_replicas redis_cluster_stall", []),
-                            ("--lib", ["redis"]), ("behaviour", ["redis"])]),
+                            ("--lib", ["redis"]), ("behaviour", ["redis"]),
+                            ("redis_failover redis_handoff redis_connect", [])]),
     ("src/backend/etcd/", [("etcd_failover", []), ("--lib", ["etcd"]), ("behaviour", ["etcd::"])]),
     ("", [("--lib", []), ("behaviour", ["memory::"]), ("smoke stacking fencing hostile_input", [])]),
 ]

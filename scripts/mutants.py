@@ -47,6 +47,8 @@ CATCHERS = [
     ("api26-", [("api retry_after", [])]),
     ("apalis-", [("apalis_example", []), ("behaviour", ["apalis"])]),
     ("kinds-memory", [("behaviour", ["memory::"])]),
+    # Metadata as stored and read back by every backend.
+    ("metadata-", [("--lib", ["metadata"]), ("behaviour", ["metadata"])]),
     ("kinds-postgres", [("behaviour", ["postgres::"]), ("kinds_across_processes", ["postgres"])]),
     ("kinds-redis", [("behaviour", ["redis"]), ("redis_kinds kinds_across_processes", [])]),
     ("kinds-etcd", [("behaviour", ["etcd::"])]),

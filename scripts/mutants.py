@@ -47,6 +47,9 @@ CATCHERS = [
     ("api26-", [("api retry_after", [])]),
     ("apalis-", [("apalis_example", []), ("behaviour", ["apalis"])]),
     ("kinds-memory", [("behaviour", ["memory::"])]),
+    # Renewals: one slow shard or one WAIT for replicas holds back no other.
+    ("watchdog-", [("--lib", ["watchdog"]), ("behaviour", ["memory::"]),
+                   ("redis_cluster_stall redis_replicas", [])]),
     # Metadata as stored and read back by every backend.
     ("metadata-", [("--lib", ["metadata"]), ("behaviour", ["metadata"])]),
     ("kinds-postgres", [("behaviour", ["postgres::"]), ("kinds_across_processes", ["postgres"])]),
@@ -734,7 +737,7 @@ def main(argv):
                 result = (name, "INVALID", secs, "does not build")
                 break
         results.append(result or (name, "MISSED", secs, "every test passed"))
-        print(f"  {results[-1][1]} in {results[-1][2]:.0f} s", file=sys.stderr)
+        print(f"  {results[-1][1]} in {results[-1][2]:.0f} s: {results[-1][3]}", file=sys.stderr)
 
     print("| mutant | result | caught by |")
     print("|---|---|---|")

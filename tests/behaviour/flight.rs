@@ -865,6 +865,35 @@ pub async fn a_result_nobody_waits_for_lives_for_its_ttl_alone(h: Harness) {
     assert_eq!(stored(&h, "brief").await, None, "past its result TTL");
 }
 
+/// A result kept for the callers that queued for it is forgotten when it
+/// is no longer kept (the max wait): it is not left in the store for as
+/// long as the process lives.
+pub async fn a_result_kept_for_waiters_is_forgotten_when_no_longer_kept(h: Harness) {
+    let flights = flights(&h).max_wait(h.units(2));
+    let work = Work::default();
+    let mut set = JoinSet::new();
+    spawn_run(&mut set, &flights, "kept", Duration::ZERO, &work, 7, false);
+    until_runs(&h, &work, 1).await;
+    spawn_run(&mut set, &flights, "kept", Duration::ZERO, &work, 0, false);
+    until_waiting(&h, &flights, "kept", 1).await;
+    work.open(1);
+    while let Some(outcome) = set.join_next().await {
+        assert_eq!(outcome.unwrap().unwrap(), 7);
+    }
+    // Gone once the max wait has passed (a backend may forget it sooner,
+    // once every waiter has it); on a server the forgetting may be a
+    // timer's write, so it is looked for a unit at a time (never gone:
+    // the test fails after 40 units).
+    h.advance(h.units(2)).await;
+    for _ in 0..40 {
+        if stored(&h, "kept").await.is_none() {
+            return;
+        }
+        h.advance(h.unit()).await;
+    }
+    panic!("the kept result was never forgotten");
+}
+
 /// A result kept for the callers that waited for it never answers a
 /// later flight's callers once it is no longer kept.
 pub async fn a_later_flight_never_gets_an_earlier_result(h: Harness) {

@@ -260,6 +260,7 @@ for_each_backend! {
             the_layer_answers_429_after_the_max_wait,
             a_result_nobody_waits_for_lives_for_its_ttl_alone,
             a_later_flight_never_gets_an_earlier_result,
+            a_result_kept_for_waiters_is_forgotten_when_no_longer_kept,
             metadata_belongs_to_its_acquisition,
             min_hold_keeps_an_early_release_until_it_ends,
             job_layer_watchdog_keeps_a_long_job_locked,

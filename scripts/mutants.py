@@ -61,7 +61,8 @@ CATCHERS = [
                             ("--lib", ["redis"]), ("behaviour", ["redis"]),
                             ("redis_failover redis_handoff redis_connect", [])]),
     ("src/backend/etcd/", [("etcd_failover", []), ("--lib", ["etcd"]), ("behaviour", ["etcd::"])]),
-    ("", [("--lib", []), ("behaviour", ["memory::"]), ("smoke stacking fencing hostile_input", [])]),
+    ("", [("--lib", []), ("behaviour", ["memory::", "flight_http::"]),
+          ("smoke stacking fencing hostile_input", [])]),
 ]
 
 

@@ -148,6 +148,7 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     wakeups(&ops, &leases, h, bounds, t0, op_timeout, &mut out);
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
+    foreign_extends(&ops, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
     kinds::together(
         &ops,
@@ -513,6 +514,33 @@ fn stale_calls(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<Violation>)
                 ms(other.end, t0)
             ),
         });
+    }
+}
+
+/// An extend answers with the fence of the acquisition it extended: any
+/// other than the one it named (by fence, or by an owner token of one
+/// acquisition) is someone else's lock extended.
+fn foreign_extends(ops: &[&Op], t0: u64, out: &mut Vec<Violation>) {
+    for op in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Extend && o.outcome == Outcome::Ok)
+    {
+        let (Some(named), Some(got)) = (op.fence_in, op.fence) else {
+            continue;
+        };
+        if named != got {
+            out.push(Violation {
+                kind: "foreign-extend",
+                detail: format!(
+                    "{}: extend p{} #{} naming fence {named} during {}..{} extended fence {got}",
+                    op.key,
+                    op.p,
+                    op.id,
+                    ms(op.inv, t0),
+                    ms(op.ret, t0)
+                ),
+            });
+        }
     }
 }
 
@@ -1222,6 +1250,26 @@ mod tests {
         assert!(found.is_empty(), "{found:?}");
         // Where the server keeps TTLs (Redis, PostgreSQL), it ran out.
         assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn an_extend_answered_with_another_fence_is_a_violation() {
+        // An extend by owner alone, recorded as naming the caller's own
+        // fence 1, answered with fence 2: another acquisition's lock.
+        let mut extend = op(1, 2, Kind::Extend, 20, 21, Outcome::Ok);
+        extend.fence_in = Some(1);
+        extend.fence = Some(2);
+        extend.ttl_ms = 100;
+        let h = history(vec![
+            grant(1, 0, 0, 1, 1, 10),
+            grant(2, 0, 12, 13, 2, 100),
+            extend,
+        ]);
+        assert!(
+            kinds(&h).contains(&"foreign-extend"),
+            "{:?}",
+            check(&h, Bounds::default())
+        );
     }
 
     #[test]

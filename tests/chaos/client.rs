@@ -12,6 +12,7 @@ use http::Request;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
+use tower_lock::backend::Holder;
 use tower_lock::flight::SingleFlight;
 use tower_lock::{
     JobSpec, LockError, LockKey, LockKind, LockLayer, LockSpec, LockToken, Locks, OwnedLock,
@@ -279,7 +280,20 @@ impl Task {
             }
             _ => {
                 let ttl = self.ttl();
-                if lock.extend(ttl).await.is_ok() {
+                // Half the time by its owner token alone (`Holder::owner_only`),
+                // as a job that kept only its owner would, when that token
+                // names this acquisition alone (not a custom owner shared
+                // with others): it extends this hold or nothing.
+                let by_owner = spec.as_lock_spec().get_owner().is_none() && self.rng.chance(50);
+                let extended = if by_owner {
+                    let info = lock.info();
+                    let holder = Holder::owner_only(info.owner());
+                    let extend = self.backend.extend(info.lock_key(), holder, ttl);
+                    extend.await.is_ok()
+                } else {
+                    lock.extend(ttl).await.is_ok()
+                };
+                if extended {
                     self.critical(&lock, Duration::from_millis(5)).await;
                 }
                 let _ = lock.release().await;

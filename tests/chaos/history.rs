@@ -71,7 +71,9 @@ pub struct Op {
     /// their kind from the grant of their fence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock_kind: Option<String>,
-    /// The fence the call named (release, extend, claim, store calls).
+    /// The fence the call named (release, extend, claim, store calls); for
+    /// a call naming an owner alone, the acquisition that owner token was
+    /// granted in this process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_in: Option<u64>,
     #[serde(default)]

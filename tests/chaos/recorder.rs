@@ -3,6 +3,8 @@
 //! passes it on. A call dropped before it answered is recorded as
 //! cancelled: what it did on the server is unknown.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use tower_lock::backend::{
@@ -105,8 +107,26 @@ fn granted(op: &mut Op, lease: &Lease, waited: bool) {
 
 fn holder_op(log: &Log, kind: Kind, key: &LockKey, holder: Holder<'_>) -> Op {
     let mut op = log.start(kind, key_of(key));
-    op.fence_in = holder.fence();
+    op.fence_in = holder
+        .fence()
+        .or_else(|| owned_fence(&op.key, holder.owner()));
     op
+}
+
+/// The fence granted in this process to each (key, owner token): a call
+/// naming an owner alone is recorded as naming that acquisition. Clients
+/// make such calls only with an owner token of one acquisition (their
+/// own, not a shared custom owner), so the entry is exact for them.
+static OWNED: Mutex<BTreeMap<(String, String), u64>> = Mutex::new(BTreeMap::new());
+
+fn note_owned(key: &LockKey, owner: &str, fence: u64) {
+    let mut owned = OWNED.lock().unwrap_or_else(|e| e.into_inner());
+    owned.insert((key_of(key), owner.to_owned()), fence);
+}
+
+fn owned_fence(key: &str, owner: &str) -> Option<u64> {
+    let owned = OWNED.lock().unwrap_or_else(|e| e.into_inner());
+    owned.get(&(key.to_owned(), owner.to_owned())).copied()
 }
 
 impl<B: LockBackend> Recorder<B> {
@@ -132,6 +152,7 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
             match &result {
                 Ok(lease) => {
                     granted(pending.op(), lease, !req.max_wait().is_zero());
+                    note_owned(req.key(), req.owner(), lease.fence);
                     pending.done(Outcome::Ok);
                 }
                 Err(e) => pending.done(outcome(e)),
@@ -152,6 +173,7 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
             }
             Some(Ok(lease)) => {
                 granted(pending.op(), lease, false);
+                note_owned(req.key(), req.owner(), lease.fence);
                 pending.done(Outcome::Ok);
             }
             Some(Err(e)) => pending.done(outcome(e)),

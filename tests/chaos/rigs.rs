@@ -41,6 +41,11 @@ pub enum FaultKind {
     /// An etcd member is stopped (SIGSTOP) for a while: a partitioned
     /// minority, possibly the leader, possibly the member a client talks to.
     StopMember,
+    /// PostgreSQL server processes of client sessions are stopped
+    /// (SIGSTOP) for a few ms each, one after another for a while: a
+    /// statement stalls wherever it was (after drawing a fence, holding a
+    /// row lock, waiting for one), as a stalled backend process would.
+    StopSessions,
 }
 
 /// The servers of one backend configuration.
@@ -303,9 +308,52 @@ mod postgres {
             }
         }
 
-        async fn psql(&self, sql: &'static str) {
+        async fn psql(&self, sql: &'static str) -> String {
             let server = self.server.clone();
-            let _ = tokio::task::spawn_blocking(move || server.lock().unwrap().try_psql(sql)).await;
+            let out = tokio::task::spawn_blocking(move || server.lock().unwrap().try_psql(sql));
+            out.await
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        }
+
+        /// Stop client sessions' server processes one at a time, 2-40 ms
+        /// each, for 200-800 ms; each is continued before the next stops
+        /// (and if this future is dropped).
+        async fn stop_sessions(&self, rng: &mut Rng) -> String {
+            let pids: Vec<u32> = self
+                .psql(
+                    "SELECT pid FROM pg_stat_activity \
+                     WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                )
+                .await
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            if pids.is_empty() {
+                return "no session to stop".into();
+            }
+            struct Continue(u32);
+            impl Drop for Continue {
+                fn drop(&mut self) {
+                    signal(self.0, libc::SIGCONT);
+                }
+            }
+            let total = rng.range(200, 800);
+            let end = now_ns() + total * MS;
+            let mut stops = 0;
+            while now_ns() < end {
+                let pid = *rng.pick(&pids);
+                let d = rng.range(2, 40);
+                signal(pid, libc::SIGSTOP);
+                let stopped = Continue(pid);
+                tokio::time::sleep(Duration::from_millis(d)).await;
+                drop(stopped);
+                stops += 1;
+            }
+            format!(
+                "{stops} session stops over {total}ms ({} sessions)",
+                pids.len()
+            )
         }
     }
 
@@ -325,6 +373,7 @@ mod postgres {
                 Delay,
                 KillSubscriber,
                 TerminateSessions,
+                StopSessions,
             ]
         }
         fn client_backend(&self) -> BackendSpec {
@@ -397,6 +446,7 @@ mod postgres {
                         .await;
                         fault("every session terminated".into(), at)
                     }
+                    FaultKind::StopSessions => fault(self.stop_sessions(rng).await, at),
                     other => fault(format!("{other:?} (not on this rig)"), at),
                 }
             })

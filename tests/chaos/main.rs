@@ -213,6 +213,10 @@ async fn long_run() {
             report.faults.len(),
             report.violations.len()
         );
+        if !report.faults.is_empty() {
+            let what: Vec<&str> = report.faults.iter().map(|f| f.what.as_str()).collect();
+            println!("  faults: {}", what.join("; "));
+        }
         note_kinds(&backend, &report);
         kinds_ops += report.kinds_ops;
         kinds_skipped += usize::from(report.kinds_skipped.is_some());

@@ -108,6 +108,8 @@ impl Default for Bounds {
 struct Lease {
     key: String,
     fence: u64,
+    /// The owner token it was granted to, if recorded.
+    owner: Option<String>,
     /// The kind of hold (a claim's is its grant's).
     kind: LockKind,
     p: u32,
@@ -228,6 +230,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
             leases.push(Lease {
                 key: op.key.clone(),
                 fence,
+                owner: op.owner.clone(),
                 kind: kinds::kind_of(op),
                 p: op.p,
                 id: op.id,
@@ -336,6 +339,10 @@ impl LeaseIndex {
             .iter()
             .copied()
             .filter(|&i| leases[i].sure <= op.inv)
+            .filter(|&i| match (&leases[i].owner, &op.owner) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            })
             .max_by_key(|&i| leases[i].sure)
     }
 }
@@ -933,6 +940,7 @@ mod tests {
             key: "k".into(),
             lock_kind: None,
             fence_in: None,
+            owner: None,
             ttl_ms: 0,
             wait_ms: 0,
             inv: inv * MS,
@@ -1253,6 +1261,54 @@ mod tests {
     }
 
     #[test]
+    fn one_process_granted_one_fence_twice_is_told_apart_by_owner() {
+        // Redis seed 1053: fences start over after a restart without data,
+        // and p2 was granted fence 15 on one key twice. The first
+        // acquisition's late release (answered "not yours") was taken for
+        // the second's, which the checker then ended there: its write under
+        // a lease its renewals kept was reported as made after its lease.
+        let owned = |mut o: Op, owner: &str| {
+            o.owner = Some(owner.into());
+            o
+        };
+        let mut late = owned(release(2, 2, 1_100, 1_101, 15), "a");
+        late.outcome = Outcome::Mismatch;
+        let mut renewal = owned(op(2, 3, Kind::Extend, 1_200, 1_201, Outcome::Ok), "b");
+        (renewal.fence_in, renewal.fence, renewal.ttl_ms) = (Some(15), Some(15), 500);
+        let mut write = owned(op(2, 4, Kind::Write, 1_300, 1_301, Outcome::Ok), "b");
+        (write.fence_in, write.checked) = (Some(15), Some(1_300 * MS));
+        let ops = vec![
+            owned(grant(2, 0, 0, 1, 15, 500), "a"),
+            owned(grant(2, 1, 1_000, 1_001, 15, 500), "b"),
+            late,
+            renewal,
+            write,
+        ];
+        let wiped = Fault {
+            what: "restart without data".into(),
+            at: 600 * MS,
+            until: 650 * MS,
+            process: None,
+            loses_locks: true,
+            resets_fences: true,
+            crash: false,
+        };
+        let with_faults = |ops: Vec<Op>| History {
+            faults: vec![wiped.clone()],
+            ..history(ops)
+        };
+        let h = with_faults(ops.clone());
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // Without the owners, the late release ends the second lease.
+        let anonymous = ops.into_iter().map(|mut o| {
+            o.owner = None;
+            o
+        });
+        let h = with_faults(anonymous.collect());
+        assert!(kinds(&h).contains(&"held-after-lease"));
+    }
+
+    #[test]
     fn an_extend_answered_with_another_fence_is_a_violation() {
         // An extend by owner alone, recorded as naming the caller's own
         // fence 1, answered with fence 2: another acquisition's lock.
@@ -1468,6 +1524,49 @@ mod tests {
         assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
         // The same writes with no restart between: a lost update.
         h.faults.clear();
+        assert!(kinds(&h).contains(&"lost-update"));
+    }
+
+    #[test]
+    fn a_stale_write_is_judged_by_its_own_acquisition_not_a_later_one_under_its_fence() {
+        // Seed 1081 on Redis: as above, but both grants of fence 12 went to
+        // one process (p1), and the stale write was taken for one under the
+        // later grant (made after the restart), so its lost update was not
+        // excused. The owner token tells the two apart.
+        let owned = |mut o: Op, owner: &str| {
+            o.owner = Some(owner.into());
+            o
+        };
+        let write = |id: u64, at: u64, owner: &str| {
+            let mut o = owned(op(1, id, Kind::Write, at, at + 1, Outcome::Ok), owner);
+            o.fence_in = Some(12);
+            o
+        };
+        let mut h = history(vec![
+            owned(grant(1, 0, 0, 1, 12, 300), "old"),
+            owned(grant(1, 1, 500, 501, 12, 300), "new"),
+            write(2, 510, "new"),
+            write(3, 600, "old"),
+        ]);
+        h.store = vec![("k".into(), 1, 2)];
+        h.faults.push(Fault {
+            what: "restart without data".into(),
+            at: 400 * MS,
+            until: 450 * MS,
+            process: None,
+            loses_locks: true,
+            resets_fences: true,
+            crash: false,
+        });
+        assert!(
+            !kinds(&h).contains(&"lost-update"),
+            "{:?}",
+            check(&h, Bounds::default())
+        );
+        // Without owners the stale write looks like the later grant's.
+        for o in &mut h.ops {
+            o.owner = None;
+        }
         assert!(kinds(&h).contains(&"lost-update"));
     }
 }

@@ -405,6 +405,7 @@ mod tests {
             key: "k".into(),
             lock_kind: None,
             fence_in: None,
+            owner: None,
             ttl_ms: 0,
             wait_ms: 0,
             inv: inv * MS,

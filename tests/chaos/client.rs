@@ -318,6 +318,7 @@ impl Task {
             .log
             .start(Kind::Handoff, lock.info().lock_key().encoded(usize::MAX));
         op.fence_in = Some(lock.fence());
+        op.owner = Some(lock.info().owner().to_owned());
         op.ret = op.inv;
         op.outcome = Outcome::Ok;
         self.log.push(op);
@@ -426,7 +427,7 @@ impl Task {
             &self.log,
             &mut self.store,
             &key,
-            lock.fence(),
+            (lock.info().owner(), lock.fence()),
             pause,
             None,
             || {
@@ -442,7 +443,7 @@ impl Task {
     }
 }
 
-/// Read the store under `fence`, wait `pause`, write value + 1; before each
+/// Read the store under `(owner, fence)`, wait `pause`, write value + 1; before each
 /// call `still` says whether to go on (`None`: the lock is lost) and when
 /// the lock was last confirmed held (`Some(None)`: not asked). `entered`:
 /// the layer confirmed it then (the handler runs), for the first call.
@@ -450,7 +451,7 @@ async fn critical(
     log: &Log,
     store: &mut StoreClient,
     key: &str,
-    fence: u64,
+    (owner, fence): (&str, u64),
     pause: Duration,
     entered: Option<u64>,
     still: impl Fn() -> Option<Option<u64>>,
@@ -464,6 +465,7 @@ async fn critical(
     };
     let mut op = log.start(Kind::Read, key.to_owned());
     op.fence_in = Some(fence);
+    op.owner = Some(owner.to_owned());
     op.checked = checked;
     let answer = store.read(key, fence).await;
     op.ret = now_ns();
@@ -493,6 +495,7 @@ async fn critical(
     };
     let mut op = log.start(Kind::Write, key.to_owned());
     op.fence_in = Some(fence);
+    op.owner = Some(owner.to_owned());
     op.checked = checked;
     op.value = value + 1;
     let answer = store.write(key, fence, value + 1).await;
@@ -534,7 +537,7 @@ fn multi_router(backend: &SharedBackend, shared: Shared) -> Router {
                     &shared.log,
                     &mut store,
                     &key,
-                    lock.fence(),
+                    (lock.owner(), lock.fence()),
                     Duration::from_millis(pause + 2),
                     Some(entered),
                     move || (!held.is_lost()).then(|| Some(now_ns())),

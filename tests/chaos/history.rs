@@ -76,6 +76,11 @@ pub struct Op {
     /// granted in this process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_in: Option<u64>,
+    /// The owner token a grant went to or a call named: with the process
+    /// and the fence, it tells apart two acquisitions of one process under
+    /// one fence number (fences start over after a restart without data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     #[serde(default)]
     pub ttl_ms: u64,
     #[serde(default)]
@@ -202,6 +207,7 @@ impl Log {
             key,
             lock_kind: None,
             fence_in: None,
+            owner: None,
             ttl_ms: 0,
             wait_ms: 0,
             inv: now_ns(),

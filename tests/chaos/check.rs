@@ -970,6 +970,20 @@ mod tests {
         o
     }
 
+    /// A restart without data from `at` to `until` (ms): locks lost,
+    /// fences start over.
+    fn wiped(at: u64, until: u64) -> Fault {
+        Fault {
+            what: "restart without data".into(),
+            at: at * MS,
+            until: until * MS,
+            process: None,
+            loses_locks: true,
+            resets_fences: true,
+            crash: false,
+        }
+    }
+
     fn history(ops: Vec<Op>) -> History {
         History {
             ops,
@@ -1284,17 +1298,9 @@ mod tests {
             renewal,
             write,
         ];
-        let wiped = Fault {
-            what: "restart without data".into(),
-            at: 600 * MS,
-            until: 650 * MS,
-            process: None,
-            loses_locks: true,
-            resets_fences: true,
-            crash: false,
-        };
+        let restart = wiped(600, 650);
         let with_faults = |ops: Vec<Op>| History {
-            faults: vec![wiped.clone()],
+            faults: vec![restart.clone()],
             ..history(ops)
         };
         let h = with_faults(ops.clone());
@@ -1504,15 +1510,7 @@ mod tests {
             o.fence_in = Some(fence);
             o
         };
-        let reset = Fault {
-            what: "restart without data".into(),
-            at: 400 * MS,
-            until: 450 * MS,
-            process: None,
-            loses_locks: true,
-            resets_fences: true,
-            crash: false,
-        };
+        let reset = wiped(400, 450);
         let mut h = history(vec![
             grant(2, 0, 0, 1, 2, 300),
             grant(1, 0, 500, 501, 2, 300),
@@ -1549,15 +1547,7 @@ mod tests {
             write(3, 600, "old"),
         ]);
         h.store = vec![("k".into(), 1, 2)];
-        h.faults.push(Fault {
-            what: "restart without data".into(),
-            at: 400 * MS,
-            until: 450 * MS,
-            process: None,
-            loses_locks: true,
-            resets_fences: true,
-            crash: false,
-        });
+        h.faults.push(wiped(400, 450));
         assert!(
             !kinds(&h).contains(&"lost-update"),
             "{:?}",

@@ -17,7 +17,8 @@ use serde_json::json;
 
 mod common;
 
-use common::bank::{ADMIN_TOKEN, Bank, Http, spawn_post, wait_until_locked, within_timeout};
+use common::bank::{ADMIN_TOKEN, Bank, Http, Reply, seen_locked, spawn_post, within_timeout};
+use tokio::task::JoinHandle;
 
 /// Where the banks of a scenario keep their locks and balances.
 enum Store {
@@ -61,6 +62,23 @@ fn holder_and_newcomer(banks: &[Bank]) -> (Http, Http) {
     (banks[0].http(), banks[banks.len() - 1].http())
 }
 
+/// A deposit by `a` on a fresh account (`{base}0`, `{base}1`, ...) with
+/// `query`, once `b` has seen its lock held: the account and the request.
+/// Its lock has a short TTL; when it came and went before any poll
+/// answered (a stalled machine), the scenario did not happen and starts
+/// again on the next account.
+async fn seen_holder(a: &Http, b: &Http, base: &str, query: &str) -> (String, JoinHandle<Reply>) {
+    for attempt in 0..5 {
+        let id = format!("{base}{attempt}");
+        let holder = spawn_post(a, &format!("/accounts/{id}/deposit?{query}"));
+        if seen_locked(b, &format!("account:{id}"), &holder).await {
+            return (id, holder);
+        }
+        eprintln!("{id}: the holder's lock came and went unseen; again on another account");
+    }
+    panic!("{base}: the holder's lock was never seen held in 5 attempts");
+}
+
 /// Run `scenario` on every store this build has.
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
@@ -102,10 +120,11 @@ on_every_store!(
 async fn ttl_shorter_than_the_hold_loses_nothing(store: Store) {
     let banks = store.banks(true);
     let (a, b) = holder_and_newcomer(&banks);
-    let holder = spawn_post(&a, "/accounts/t/deposit?amount=10&hold_ms=1500&ttl_ms=300");
-    wait_until_locked(&b, "account:t").await;
+    let (t, holder) = seen_holder(&a, &b, "t", "amount=10&hold_ms=1500&ttl_ms=300").await;
 
-    let newer = b.post("/accounts/t/deposit?amount=5&wait_ms=20000").await;
+    let newer = b
+        .post(&format!("/accounts/{t}/deposit?amount=5&wait_ms=20000"))
+        .await;
     newer.assert_json(StatusCode::OK);
     assert_eq!(newer.int("balance"), 5);
 
@@ -113,7 +132,7 @@ async fn ttl_shorter_than_the_hold_loses_nothing(store: Store) {
     stale.assert_json(StatusCode::CONFLICT);
     assert_eq!(stale.error_code(), "LOCK_LOST", "{}", stale.json);
 
-    let account = b.get("/accounts/t").await;
+    let account = b.get(&format!("/accounts/{t}")).await;
     assert_eq!(
         account.json,
         json!({"balance": 5, "fence": newer.uint("fence")}),
@@ -129,16 +148,17 @@ async fn ttl_shorter_than_the_hold_loses_nothing(store: Store) {
 async fn a_pause_after_the_last_check_is_refused_by_the_store(store: Store) {
     let banks = store.banks(true);
     let (a, b) = holder_and_newcomer(&banks);
-    let holder = spawn_post(&a, "/accounts/p/deposit?amount=10&pause_ms=1500&ttl_ms=300");
-    wait_until_locked(&b, "account:p").await;
+    let (p, holder) = seen_holder(&a, &b, "p", "amount=10&pause_ms=1500&ttl_ms=300").await;
 
-    let newer = b.post("/accounts/p/deposit?amount=5&wait_ms=20000").await;
+    let newer = b
+        .post(&format!("/accounts/{p}/deposit?amount=5&wait_ms=20000"))
+        .await;
     newer.assert_json(StatusCode::OK);
 
     let stale = holder.await.unwrap();
     stale.assert_json(StatusCode::CONFLICT);
     assert_eq!(stale.error_code(), "STALE_FENCE", "{}", stale.json);
-    let account = b.get("/accounts/p").await;
+    let account = b.get(&format!("/accounts/{p}")).await;
     assert_eq!(
         account.json,
         json!({"balance": 5, "fence": newer.uint("fence")}),
@@ -146,7 +166,7 @@ async fn a_pause_after_the_last_check_is_refused_by_the_store(store: Store) {
     );
 
     // The account goes on: the next deposit builds on B's.
-    let next = a.post("/accounts/p/deposit?amount=1").await;
+    let next = a.post(&format!("/accounts/{p}/deposit?amount=1")).await;
     next.assert_json(StatusCode::OK);
     assert_eq!(next.int("balance"), 6);
     assert!(next.uint("fence") > newer.uint("fence"));
@@ -161,13 +181,12 @@ async fn a_pause_after_the_last_check_is_refused_by_the_store(store: Store) {
 async fn a_stale_write_between_the_newer_holders_read_and_write_is_refused(store: Store) {
     let banks = store.banks(true);
     let (a, b) = holder_and_newcomer(&banks);
-    let holder = spawn_post(&a, "/accounts/r/deposit?amount=10&pause_ms=800&ttl_ms=300");
-    wait_until_locked(&b, "account:r").await;
+    let (r, holder) = seen_holder(&a, &b, "r", "amount=10&pause_ms=800&ttl_ms=300").await;
 
     // B holds from ~300 ms to ~2300 ms: A writes (at ~800 ms) in between.
     let newer = spawn_post(
         &b,
-        "/accounts/r/deposit?amount=5&wait_ms=20000&hold_ms=2000",
+        &format!("/accounts/{r}/deposit?amount=5&wait_ms=20000&hold_ms=2000"),
     );
     let stale = holder.await.unwrap();
     stale.assert_json(StatusCode::CONFLICT);
@@ -175,7 +194,7 @@ async fn a_stale_write_between_the_newer_holders_read_and_write_is_refused(store
     let newer = newer.await.unwrap();
     newer.assert_json(StatusCode::OK);
 
-    let account = b.get("/accounts/r").await;
+    let account = b.get(&format!("/accounts/{r}")).await;
     assert_eq!(
         account.json,
         json!({"balance": 5, "fence": newer.uint("fence")})
@@ -213,19 +232,15 @@ async fn without_fencing_the_late_holder_overwrites_the_newer_deposit() {
     within_timeout(async {
         let banks = Store::Memory.banks(false);
         let http = banks[0].http();
-        let holder = spawn_post(
-            &http,
-            "/accounts/u/deposit?amount=10&hold_ms=1500&ttl_ms=300",
-        );
-        wait_until_locked(&http, "account:u").await;
+        let (u, holder) = seen_holder(&http, &http, "u", "amount=10&hold_ms=1500&ttl_ms=300").await;
         let newer = http
-            .post("/accounts/u/deposit?amount=5&wait_ms=20000")
+            .post(&format!("/accounts/{u}/deposit?amount=5&wait_ms=20000"))
             .await;
         newer.assert_json(StatusCode::OK);
         let stale = holder.await.unwrap();
         stale.assert_json(StatusCode::OK);
 
-        let account = http.get("/accounts/u").await;
+        let account = http.get(&format!("/accounts/{u}")).await;
         assert_eq!(
             account.json,
             json!({"balance": 10}),

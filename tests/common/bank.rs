@@ -349,6 +349,28 @@ pub fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
 
 /// Wait until the admin API (of a bank started with [`ADMIN_TOKEN`]) reports
 /// `key` locked: the holder's handler runs.
+/// Wait until the admin API reports `key` locked, or until `holder` (the
+/// request that takes it) has finished: whether the lock was seen. A lock
+/// of a short TTL can come and go unseen while a stalled machine answers
+/// no poll (builds beside the tests); the caller then has no scenario.
+#[allow(dead_code)]
+pub async fn seen_locked(http: &Http, key: &str, holder: &tokio::task::JoinHandle<Reply>) -> bool {
+    loop {
+        let finished = holder.is_finished();
+        let status = http
+            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
+            .await;
+        status.assert_json(StatusCode::OK);
+        if status.json["locked"] == true {
+            return true;
+        }
+        if finished {
+            return false;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 pub async fn wait_until_locked(http: &Http, key: &str) {
     loop {
         let status = http

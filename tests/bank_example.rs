@@ -19,8 +19,7 @@ use tokio::task::JoinSet;
 mod common;
 
 use common::bank::{
-    ADMIN_TOKEN, AUTH, Bank, bank_binary, seen_locked, spawn_post, wait_until_locked,
-    within_timeout,
+    ADMIN_TOKEN, AUTH, Bank, bank_binary, spawn_post, wait_until_locked, within_timeout,
 };
 
 // ---------------------------------------------------------------------------
@@ -719,7 +718,7 @@ async fn bank_speaks_tls_to_postgres() {
         let first = spawn_post(&http, "/accounts/tls/deposit?amount=5&hold_ms=300");
         // Seen held, or already done (a stalled machine): the second
         // deposit waits for it either way.
-        seen_locked(&http, "account:tls", &first).await;
+        common::bank::seen_locked(&http, "account:tls", &first).await;
         let second = http
             .post("/accounts/tls/deposit?amount=7&wait_ms=5000")
             .await;

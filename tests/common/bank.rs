@@ -357,11 +357,7 @@ pub fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
 pub async fn seen_locked(http: &Http, key: &str, holder: &tokio::task::JoinHandle<Reply>) -> bool {
     loop {
         let finished = holder.is_finished();
-        let status = http
-            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
-            .await;
-        status.assert_json(StatusCode::OK);
-        if status.json["locked"] == true {
+        if is_locked(http, key).await {
             return true;
         }
         if finished {
@@ -371,15 +367,17 @@ pub async fn seen_locked(http: &Http, key: &str, holder: &tokio::task::JoinHandl
     }
 }
 
+/// Whether the admin API reports `key` locked now.
+async fn is_locked(http: &Http, key: &str) -> bool {
+    let status = http
+        .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
+        .await;
+    status.assert_json(StatusCode::OK);
+    status.json["locked"] == true
+}
+
 pub async fn wait_until_locked(http: &Http, key: &str) {
-    loop {
-        let status = http
-            .send_with(Method::GET, &format!("/admin/locks/{key}"), &[AUTH])
-            .await;
-        status.assert_json(StatusCode::OK);
-        if status.json["locked"] == true {
-            return;
-        }
+    while !is_locked(http, key).await {
         tokio::task::yield_now().await;
     }
 }

@@ -121,6 +121,8 @@ struct Lease {
     /// The earliest the lease can end by the rules (the holder may use it
     /// until then).
     end: u64,
+    /// Where its TTL from the earliest start ends, before any extension.
+    granted_end: u64,
     /// The latest the server can still hold it (for freeness).
     held_until: u64,
     /// Why `end` is what it is (for reports).
@@ -237,6 +239,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                 asked: op.inv,
                 sure: op.ret,
                 end: start + ttl,
+                granted_end: start + ttl,
                 held_until: op.ret + ttl,
                 why: "its TTL",
                 told_lost: None,
@@ -407,7 +410,7 @@ fn fences(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violation>)
         ls.sort_by_key(|l| l.sure);
         for (i, a) in ls.iter().enumerate() {
             for b in &ls[i + 1..] {
-                let ordered = a.sure < b.asked;
+                let ordered = a.sure < b.asked || granted_after(a, b);
                 let clash = a.fence == b.fence || (ordered && a.fence > b.fence);
                 if clash && !reset_between(a.asked.min(b.asked), b.sure) {
                     out.push(Violation {
@@ -431,6 +434,21 @@ fn fences(leases: &[Lease], faults: &[Fault], t0: u64, out: &mut Vec<Violation>)
             }
         }
     }
+}
+
+/// Whether `b`, answered after `a` but asked before `a` was answered, can
+/// only have been granted after `a` was: two exclusive holds, `a` live when
+/// its holder learnt of it, and `b`'s lease, from the earliest it can have
+/// started, still running then. Had `b` been granted by then, both would
+/// have held at that moment. (A statement that drew its fence, then stalled
+/// before it wrote its row, while another took and gave back the key, is
+/// the way this shows.)
+fn granted_after(a: &Lease, b: &Lease) -> bool {
+    a.kind == LockKind::Exclusive
+        && b.kind == LockKind::Exclusive
+        && a.sure < b.sure
+        && a.end > a.sure
+        && b.granted_end.min(b.end) > a.sure
 }
 
 fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec<Violation>) {
@@ -1048,6 +1066,27 @@ mod tests {
             grant(2, 0, 4, 5, 5, 10),
         ]);
         assert_eq!(kinds(&h), ["fence-order"]);
+    }
+
+    #[test]
+    fn a_lower_fence_answered_after_a_whole_newer_hold_is_out_of_order() {
+        // p1 asks first and draws fence 5, stalls; p2 asks, is granted 6,
+        // holds and releases, all inside p1's call; then p1 is answered 5.
+        let h = history(vec![
+            grant(1, 0, 0, 300, 5, 400),
+            grant(2, 0, 10, 20, 6, 400),
+            release(2, 1, 50, 51, 6),
+        ]);
+        assert_eq!(kinds(&h), ["fence-order"]);
+        // p1's lease, had it been granted at its call, would have run out
+        // before p2's grant: p1 may have held and lost it before. Not a
+        // violation by this rule (a late reply, judged by the others).
+        let h = history(vec![
+            grant(1, 0, 0, 300, 5, 15),
+            grant(2, 0, 10, 20, 6, 400),
+            release(2, 1, 50, 51, 6),
+        ]);
+        assert!(!kinds(&h).contains(&"fence-order"), "{:?}", kinds(&h));
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub enum FaultKind {
     /// statement stalls wherever it was (after drawing a fence, holding a
     /// row lock, waiting for one), as a stalled backend process would.
     StopSessions,
+    /// For a while, some of the PostgreSQL statements that write a lock's
+    /// row stall between drawing its fence (and reading the clock) and
+    /// writing it, as a backend process stalled there would (a trigger of
+    /// the rig's sleeps before the insert).
+    StallInserts,
 }
 
 /// The servers of one backend configuration.
@@ -279,7 +284,7 @@ pub use postgres::PostgresRig;
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use crate::common::pg_server::PgServer;
+    use crate::common::pg_server::{PgServer, psql_on};
     use crate::proxy::Proxy;
 
     /// One PostgreSQL behind the fault proxy.
@@ -300,6 +305,12 @@ mod postgres {
                 .migrate()
                 .await
                 .expect("migrate");
+            let out = server.try_psql(STALL_TRIGGER);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let port = server.port();
             PostgresRig {
                 server: Arc::new(Mutex::new(server)),
@@ -318,7 +329,14 @@ mod postgres {
 
         /// Stop client sessions' server processes one at a time, 2-40 ms
         /// each, for 200-800 ms; each is continued before the next stops
-        /// (and if this future is dropped).
+        /// (and if this future is dropped). A stopped process is rarely in
+        /// the middle of a statement (they take a ms or so), so one turn in
+        /// four makes sure some are: a transaction of the rig's holds every
+        /// lock row for 20-80 ms, as a session stalled mid-statement would,
+        /// and one statement found waiting for a row meanwhile (it has read
+        /// its clock, and an acquire has drawn its fence) is stopped from
+        /// then until 100-600 ms after the rows are let go, past most TTLs,
+        /// while the others take, hand on and give back the keys.
         async fn stop_sessions(&self, rng: &mut Rng) -> String {
             let pids: Vec<u32> = self
                 .psql(
@@ -332,18 +350,19 @@ mod postgres {
             if pids.is_empty() {
                 return "no session to stop".into();
             }
-            struct Continue(u32);
-            impl Drop for Continue {
-                fn drop(&mut self) {
-                    signal(self.0, libc::SIGCONT);
-                }
-            }
+            let port = self.server.lock().unwrap().port();
             let total = rng.range(200, 800);
             let end = now_ns() + total * MS;
-            let mut stops = 0;
+            let (mut stops, mut stalls) = (0, 0);
             while now_ns() < end {
                 let pid = *rng.pick(&pids);
                 let d = rng.range(2, 40);
+                let (rows, hold, long) = (rng.chance(25), rng.range(20, 80), rng.range(100, 600));
+                let which = rng.range(0, u64::from(u32::MAX));
+                if rows && stall_a_waiter(port, hold, long, which).await {
+                    stalls += 1;
+                    continue;
+                }
                 signal(pid, libc::SIGSTOP);
                 let stopped = Continue(pid);
                 tokio::time::sleep(Duration::from_millis(d)).await;
@@ -351,10 +370,82 @@ mod postgres {
                 stops += 1;
             }
             format!(
-                "{stops} session stops over {total}ms ({} sessions)",
+                "{stops} session stops over {total}ms ({} sessions), {stalls} waiting for a row stopped 100-600ms",
                 pids.len()
             )
         }
+    }
+
+    /// The rig's stall: while `chaos.stall` says so, an insert into the
+    /// locks table sleeps before its row is written (after its VALUES, so
+    /// after a fence drawn there), `percent` of them for up to `max_ms`.
+    const STALL_TRIGGER: &str = "\
+        CREATE SCHEMA IF NOT EXISTS chaos; \
+        CREATE TABLE IF NOT EXISTS chaos.stall \
+          (until timestamptz NOT NULL, percent int NOT NULL, max_ms int NOT NULL); \
+        CREATE OR REPLACE FUNCTION chaos.stall() RETURNS trigger LANGUAGE plpgsql AS $$ \
+        DECLARE s record; \
+        BEGIN \
+          SELECT * INTO s FROM chaos.stall LIMIT 1; \
+          IF FOUND AND clock_timestamp() < s.until AND random() * 100 < s.percent THEN \
+            PERFORM pg_sleep(random() * s.max_ms / 1000.0); \
+          END IF; \
+          RETURN NEW; \
+        END $$; \
+        DROP TRIGGER IF EXISTS chaos_stall ON tower_lock.locks; \
+        CREATE TRIGGER chaos_stall BEFORE INSERT ON tower_lock.locks \
+          FOR EACH ROW EXECUTE FUNCTION chaos.stall();";
+
+    /// Continues a stopped process when dropped.
+    struct Continue(u32);
+
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            signal(self.0, libc::SIGCONT);
+        }
+    }
+
+    /// Hold every lock row for `hold` ms; stop one of the statements that
+    /// waits for one (the `which`th, wrapping) until `long` ms after. False
+    /// if none was waiting.
+    async fn stall_a_waiter(port: u16, hold: u64, long: u64, which: u64) -> bool {
+        let rows = tokio::task::spawn_blocking(move || {
+            psql_on(
+                port,
+                &format!(
+                    "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks FOR UPDATE) AS r; \
+                     SELECT pg_sleep({}); COMMIT;",
+                    hold as f64 / 1000.0
+                ),
+            )
+        });
+        tokio::time::sleep(Duration::from_millis(hold / 2)).await;
+        let waiting = tokio::task::spawn_blocking(move || {
+            psql_on(
+                port,
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND wait_event_type = 'Lock' \
+                 AND query NOT LIKE 'BEGIN; SELECT count(*)%'",
+            )
+        })
+        .await
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+        let waiting: Vec<u32> = waiting
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let stopped = waiting
+            .get((which % waiting.len().max(1) as u64) as usize)
+            .map(|&w| {
+                signal(w, libc::SIGSTOP);
+                Continue(w)
+            });
+        let _ = rows.await;
+        if stopped.is_some() {
+            tokio::time::sleep(Duration::from_millis(long)).await;
+        }
+        stopped.is_some()
     }
 
     impl Rig for PostgresRig {
@@ -374,6 +465,7 @@ mod postgres {
                 KillSubscriber,
                 TerminateSessions,
                 StopSessions,
+                StallInserts,
             ]
         }
         fn client_backend(&self) -> BackendSpec {
@@ -447,6 +539,21 @@ mod postgres {
                         fault("every session terminated".into(), at)
                     }
                     FaultKind::StopSessions => fault(self.stop_sessions(rng).await, at),
+                    FaultKind::StallInserts => {
+                        let (total, percent, max) =
+                            (rng.range(200, 800), rng.range(10, 50), rng.range(50, 400));
+                        let sql = format!(
+                            "DELETE FROM chaos.stall; INSERT INTO chaos.stall \
+                             VALUES (clock_timestamp() + interval '{total} ms', {percent}, {max})"
+                        );
+                        let port = self.server.lock().unwrap().port();
+                        let _ = tokio::task::spawn_blocking(move || psql_on(port, &sql)).await;
+                        tokio::time::sleep(Duration::from_millis(total + max)).await;
+                        fault(
+                            format!("{percent}% of inserts stalled up to {max}ms for {total}ms"),
+                            at,
+                        )
+                    }
                     other => fault(format!("{other:?} (not on this rig)"), at),
                 }
             })

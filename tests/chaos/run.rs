@@ -53,6 +53,9 @@ pub struct Settings {
     pub kinds_tasks: u32,
     pub op_timeout_ms: u64,
     pub bounds: Bounds,
+    /// Only these faults of the rig's menu (`CHAOS_FAULT_KINDS`, names as
+    /// in [`FaultKind`], comma-separated); empty: the whole menu.
+    pub fault_kinds: Vec<String>,
 }
 
 impl Settings {
@@ -65,12 +68,14 @@ impl Settings {
             kinds_tasks: 2,
             op_timeout_ms: 400,
             bounds: Bounds::default(),
+            fault_kinds: Vec::new(),
         }
     }
 
     /// From the environment: CHAOS_RUN_MS, CHAOS_PROCESSES, CHAOS_TASKS,
     /// CHAOS_FAULTS, CHAOS_KINDS_TASKS (0: no kinds workload),
-    /// CHAOS_WAKE_BOUND_MS (defaults: [`Settings::short`]).
+    /// CHAOS_WAKE_BOUND_MS, CHAOS_FAULT_KINDS (defaults:
+    /// [`Settings::short`]).
     pub fn from_env() -> Settings {
         let mut s = Settings::short();
         let get = |name: &str, default: u64| {
@@ -85,6 +90,13 @@ impl Settings {
         s.faults = get("CHAOS_FAULTS", s.faults.into()) as u32;
         s.kinds_tasks = get("CHAOS_KINDS_TASKS", s.kinds_tasks.into()) as u32;
         s.bounds.wake_ns = get("CHAOS_WAKE_BOUND_MS", s.bounds.wake_ns / MS) * MS;
+        if let Ok(kinds) = std::env::var("CHAOS_FAULT_KINDS") {
+            s.fault_kinds = kinds
+                .split(',')
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect();
+        }
         s
     }
 }
@@ -192,13 +204,23 @@ fn crash(pids: &mut Vec<(u32, u32)>, rng: &mut Rng) -> Fault {
 
 /// The faults of schedule `seed`: (ms into the run, what).
 pub fn faults_of(seed: u64, rig: &dyn Rig, s: &Settings) -> Vec<(u64, FaultKind)> {
-    let menu = rig.menu();
+    let menu: Vec<FaultKind> = rig
+        .menu()
+        .iter()
+        .filter(|k| s.fault_kinds.is_empty() || s.fault_kinds.contains(&format!("{k:?}")))
+        .copied()
+        .collect();
     if menu.is_empty() {
         return Vec::new();
     }
     let mut rng = Rng::new(seed).fork(0xFA);
     let mut out: Vec<(u64, FaultKind)> = (0..s.faults)
-        .map(|_| (rng.range(s.run_ms / 10, s.run_ms * 8 / 10), *rng.pick(menu)))
+        .map(|_| {
+            (
+                rng.range(s.run_ms / 10, s.run_ms * 8 / 10),
+                *rng.pick(&menu),
+            )
+        })
         .collect();
     out.sort_by_key(|f| f.0);
     out

@@ -177,13 +177,7 @@ impl PgServer {
 
     /// [`PgServer::psql`] without the check.
     pub fn try_psql(&self, sql: &str) -> Output {
-        Command::new(bindir().join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", "postgres", "-d", "postgres", "-X", "-A", "-t", "-q"])
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-            .stdin(Stdio::null())
-            .output()
-            .expect("run psql")
+        psql_on(self.port, sql)
     }
 
     /// Spawn on our port and wait until this very process accepts
@@ -249,6 +243,19 @@ impl Drop for PgServer {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `sql` through psql on the server at `port`, unchecked (see
+/// [`PgServer::try_psql`]; this one needs no hold of the server, so two can
+/// run at once).
+pub fn psql_on(port: u16, sql: &str) -> Output {
+    Command::new(bindir().join("psql"))
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-U", "postgres", "-d", "postgres", "-X", "-A", "-t", "-q"])
+        .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run psql")
 }
 
 /// The PostgreSQL binaries: `$TOWER_LOCK_PG_BINDIR`, `pg_config --bindir`,

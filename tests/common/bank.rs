@@ -347,8 +347,6 @@ pub fn spawn_post(http: &Http, path: &str) -> tokio::task::JoinHandle<Reply> {
     tokio::spawn(async move { http.post(&path).await })
 }
 
-/// Wait until the admin API (of a bank started with [`ADMIN_TOKEN`]) reports
-/// `key` locked: the holder's handler runs.
 /// Wait until the admin API reports `key` locked, or until `holder` (the
 /// request that takes it) has finished: whether the lock was seen. A lock
 /// of a short TTL can come and go unseen while a stalled machine answers
@@ -376,6 +374,8 @@ async fn is_locked(http: &Http, key: &str) -> bool {
     status.json["locked"] == true
 }
 
+/// Wait until the admin API (of a bank started with [`ADMIN_TOKEN`]) reports
+/// `key` locked: the holder's handler runs.
 pub async fn wait_until_locked(http: &Http, key: &str) {
     while !is_locked(http, key).await {
         tokio::task::yield_now().await;

@@ -51,6 +51,11 @@ pub struct ClientConfig {
     pub kinds: Option<KindsConfig>,
     #[serde(default)]
     pub kinds_tasks: u32,
+    /// Percent of exclusive holds that walk away besides the usual 5 %
+    /// (`CHAOS_WALK_AWAY`, for aimed runs); `None`: the usual mix, its draws
+    /// unchanged.
+    #[serde(default)]
+    pub walk_away: Option<u64>,
 }
 
 /// The keys the kinds workload uses (see `kinds.rs`).
@@ -258,11 +263,16 @@ impl Task {
         let stalled = self.critical(&lock, hold).await;
         // A holder that stalled past its TTL carries on as if it still held
         // the lock half the time: it extends, works and releases.
-        let end = if stalled && self.rng.chance(50) {
+        let mut end = if stalled && self.rng.chance(50) {
             95
         } else {
             self.rng.range(0, 99)
         };
+        if let Some(p) = self.cfg.walk_away
+            && self.rng.chance(p)
+        {
+            end = 85;
+        }
         match end {
             0..=69 => {
                 let release = lock.release();

@@ -56,6 +56,8 @@ pub struct Settings {
     /// Only these faults of the rig's menu (`CHAOS_FAULT_KINDS`, names as
     /// in [`FaultKind`], comma-separated); empty: the whole menu.
     pub fault_kinds: Vec<String>,
+    /// See [`ClientConfig::walk_away`] (`CHAOS_WALK_AWAY`).
+    pub walk_away: Option<u64>,
 }
 
 impl Settings {
@@ -69,12 +71,13 @@ impl Settings {
             op_timeout_ms: 400,
             bounds: Bounds::default(),
             fault_kinds: Vec::new(),
+            walk_away: None,
         }
     }
 
     /// From the environment: CHAOS_RUN_MS, CHAOS_PROCESSES, CHAOS_TASKS,
     /// CHAOS_FAULTS, CHAOS_KINDS_TASKS (0: no kinds workload),
-    /// CHAOS_WAKE_BOUND_MS, CHAOS_FAULT_KINDS (defaults:
+    /// CHAOS_WAKE_BOUND_MS, CHAOS_FAULT_KINDS, CHAOS_WALK_AWAY (defaults:
     /// [`Settings::short`]).
     pub fn from_env() -> Settings {
         let mut s = Settings::short();
@@ -90,6 +93,9 @@ impl Settings {
         s.faults = get("CHAOS_FAULTS", s.faults.into()) as u32;
         s.kinds_tasks = get("CHAOS_KINDS_TASKS", s.kinds_tasks.into()) as u32;
         s.bounds.wake_ns = get("CHAOS_WAKE_BOUND_MS", s.bounds.wake_ns / MS) * MS;
+        s.walk_away = std::env::var("CHAOS_WALK_AWAY")
+            .ok()
+            .and_then(|v| v.parse().ok());
         if let Ok(kinds) = std::env::var("CHAOS_FAULT_KINDS") {
             s.fault_kinds = kinds
                 .split(',')
@@ -252,6 +258,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         mix: mix.clone(),
         kinds: kinds.clone(),
         kinds_tasks: if kinds.is_some() { kinds_tasks } else { 0 },
+        walk_away: s.walk_away,
     };
     let dir = std::env::temp_dir().join(format!("tower-lock-chaos-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("history dir");

@@ -123,6 +123,8 @@ struct Lease {
     end: u64,
     /// Where its TTL from the earliest start ends, before any extension.
     granted_end: u64,
+    /// The call that granted it (an acquire, a claim, a flight's start).
+    by: Kind,
     /// The latest the server can still hold it (for freeness).
     held_until: u64,
     /// Why `end` is what it is (for reports).
@@ -153,6 +155,7 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     foreign_extends(&ops, t0, &mut out);
+    cut_short(&ops, &leases, &h.faults, bounds, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
     kinds::together(
         &ops,
@@ -240,6 +243,7 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                 sure: op.ret,
                 end: start + ttl,
                 granted_end: start + ttl,
+                by: op.kind,
                 held_until: op.ret + ttl,
                 why: "its TTL",
                 told_lost: None,
@@ -449,6 +453,105 @@ fn granted_after(a: &Lease, b: &Lease) -> bool {
         && a.sure < b.sure
         && a.end > a.sure
         && b.granted_end.min(b.end) > a.sure
+}
+
+/// Rule 12: a lease the server ended before its TTL. A release or an
+/// extend of an exclusive acquisition answered "not found" or "not yours"
+/// while its TTL (from the earliest the grant can have been made, or from
+/// the extension that set it last) had not run out is a lease cut short,
+/// unless the holder gave it up meanwhile (a release or hand-off in flight
+/// or done), a force release or a fault that is not `quiet` (one that loses
+/// locks, or breaks connections so that calls are retried) came during it.
+/// Only where the server keeps every TTL itself (etcd's backend keeps them
+/// in the holder's process: `Bounds::stopped_holder_ns`).
+fn cut_short(
+    ops: &[&Op],
+    leases: &[Lease],
+    faults: &[Fault],
+    bounds: Bounds,
+    t0: u64,
+    out: &mut Vec<Violation>,
+) {
+    /// Slack for the server's clock read against the client's.
+    const SLACK: u64 = 5 * MS;
+    if bounds.stopped_holder_ns != 0 {
+        return;
+    }
+    let index = LeaseIndex::new(leases);
+    let mut calls: Vec<Vec<&Op>> = vec![Vec::new(); leases.len()];
+    for op in ops {
+        if let Some(i) = index.find(leases, op) {
+            calls[i].push(op);
+        }
+    }
+    let refused = |o: &Op| {
+        matches!(o.kind, Kind::Release | Kind::Extend)
+            && matches!(o.outcome, Outcome::NotFound | Outcome::Mismatch)
+    };
+    for (lease, calls) in leases.iter().zip(&calls) {
+        if lease.by != Kind::Acquire || lease.kind != LockKind::Exclusive {
+            continue;
+        }
+        for op in calls.iter().filter(|o| refused(o)) {
+            let other = |c: &&&Op| !std::ptr::eq(**c, *op);
+            let given_up = calls.iter().filter(other).any(|c| {
+                matches!(c.kind, Kind::Release | Kind::Handoff | Kind::FlightPublish)
+                    && c.inv < op.ret
+            });
+            // The TTL the server can have set last before answering: the
+            // latest extension known applied, or the grant; any extension
+            // sent after it may have replaced it with a shorter one.
+            let last_ok = calls
+                .iter()
+                .filter(|c| c.kind == Kind::Extend && c.outcome == Outcome::Ok && c.ret < op.inv)
+                .max_by_key(|c| c.ret);
+            let since = last_ok.map_or(0, |e| e.inv);
+            let set = last_ok.map_or(lease.granted_end, |e| e.inv + e.ttl_ms * MS);
+            let ttl_end = calls
+                .iter()
+                .filter(other)
+                .filter(|c| c.kind == Kind::Extend && c.inv > since && c.inv < op.ret)
+                .map(|e| e.inv + e.ttl_ms * MS)
+                .fold(set, u64::min);
+            if given_up || op.ret + SLACK >= ttl_end {
+                continue;
+            }
+            let forced = ops.iter().any(|f| {
+                f.kind == Kind::ForceRelease
+                    && f.key == lease.key
+                    && f.inv < op.ret
+                    && f.ret > lease.asked
+            });
+            let fault = faults.iter().any(|f| {
+                f.process.is_none()
+                    && !f.crash
+                    && !f.quiet
+                    && f.at < op.ret
+                    && f.until > lease.asked
+            });
+            if forced || fault {
+                continue;
+            }
+            out.push(Violation {
+                kind: "lease-cut-short",
+                detail: format!(
+                    "{}: fence {} (p{} #{}) granted at {}, its TTL running until at least {}, \
+                     but its {:?} (#{}) was answered {:?} at {}; last fault before: {}",
+                    lease.key,
+                    lease.fence,
+                    lease.p,
+                    lease.id,
+                    ms(lease.sure, t0),
+                    ms(ttl_end, t0),
+                    op.kind,
+                    op.id,
+                    op.outcome,
+                    ms(op.ret, t0),
+                    last_fault_before(faults, op.ret, t0)
+                ),
+            });
+        }
+    }
 }
 
 fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec<Violation>) {
@@ -767,6 +870,7 @@ fn wakeups(
         loses_locks: false,
         resets_fences: false,
         crash: true,
+        quiet: false,
     });
     let stops: Vec<Fault> = h.faults.iter().cloned().chain(exits).collect();
     let stopped = |p: u32, asked: u64, until: u64| {
@@ -999,6 +1103,7 @@ mod tests {
             loses_locks: true,
             resets_fences: true,
             crash: false,
+            quiet: false,
         }
     }
 
@@ -1090,6 +1195,69 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_refused_before_its_ttl_ran_out_was_cut_short() {
+        let refused = |at: u64, outcome: Outcome| {
+            let mut o = op(1, 1, Kind::Release, at, at + 1, outcome);
+            o.fence_in = Some(5);
+            o
+        };
+        // Granted at 0-1 for 100 ms; its release at 50 finds nothing.
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            refused(50, Outcome::NotFound),
+        ]);
+        assert_eq!(kinds(&h), ["lease-cut-short"]);
+        // After its TTL: expired, as the rules say.
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            refused(120, Outcome::NotFound),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        // An extension to 30 ms at 10 (answered): its TTL ends at 40.
+        let mut extend = op(1, 2, Kind::Extend, 10, 11, Outcome::Ok);
+        extend.fence_in = Some(5);
+        extend.ttl_ms = 30;
+        let mut late = refused(50, Outcome::NotFound);
+        late.id = 3;
+        let h = history(vec![grant(1, 0, 0, 1, 5, 100), extend, late]);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        // A force release of the key meanwhile, or a fault that loses
+        // locks: lost by the rules.
+        let force = op(2, 0, Kind::ForceRelease, 20, 21, Outcome::Ok);
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            force,
+            refused(50, Outcome::NotFound),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        let mut h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            refused(50, Outcome::NotFound),
+        ]);
+        h.faults.push(wiped(20, 30));
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        // A quiet stall does not excuse it.
+        let mut stall = wiped(20, 30);
+        (stall.loses_locks, stall.resets_fences, stall.quiet) = (false, false, true);
+        let mut h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            refused(50, Outcome::NotFound),
+        ]);
+        h.faults.push(stall);
+        assert_eq!(kinds(&h), ["lease-cut-short"]);
+        // Where the holder's process keeps the TTLs (etcd): not judged.
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            refused(50, Outcome::NotFound),
+        ]);
+        let etcd = Bounds {
+            stopped_holder_ns: 1_000 * MS,
+            ..Bounds::default()
+        };
+        assert!(check(&h, etcd).is_empty());
+    }
+
+    #[test]
     fn a_waiter_that_slept_through_a_free_lock_is_a_lost_wake_up() {
         let mut waiter = op(2, 0, Kind::Acquire, 2, 1_002, Outcome::Timeout);
         waiter.wait_ms = 1_000;
@@ -1151,6 +1319,7 @@ mod tests {
             loses_locks: false,
             resets_fences: false,
             crash: false,
+            quiet: false,
         }
     }
 
@@ -1197,6 +1366,7 @@ mod tests {
         h.exits.clear();
         h.faults = vec![Fault {
             crash: true,
+            quiet: false,
             ..stop(1, 50, 50)
         }];
         let found: Vec<_> = check(&h, etcd_bounds()).iter().map(|v| v.kind).collect();
@@ -1262,6 +1432,7 @@ mod tests {
         ]);
         h.faults = vec![Fault {
             crash: true,
+            quiet: false,
             ..stop(2, 100, 100)
         }];
         h

@@ -709,6 +709,7 @@ mod tests {
             loses_locks: true,
             resets_fences: true,
             crash: false,
+            quiet: false,
         };
         let mut extend = op(1, 7, Kind::Extend, 220, 221, Outcome::Ok);
         extend.fence_in = Some(1);
@@ -809,6 +810,7 @@ mod tests {
                     loses_locks: false,
                     resets_fences: false,
                     crash: killed,
+                    quiet: false,
                 }],
                 op_timeout_ms: 100,
                 ..History::default()

@@ -132,6 +132,11 @@ pub struct Fault {
     /// resumes, and what it held the server keeps until it runs out.
     #[serde(default)]
     pub crash: bool,
+    /// A server stall that neither loses locks nor breaks a connection (no
+    /// call is retried because of it): leases still end at their TTL across
+    /// it (see the cut-short rule).
+    #[serde(default)]
+    pub quiet: bool,
 }
 
 impl Fault {

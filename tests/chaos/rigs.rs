@@ -92,6 +92,7 @@ pub fn fault(what: String, at: u64) -> Fault {
         loses_locks: false,
         resets_fences: false,
         crash: false,
+        quiet: false,
     }
 }
 
@@ -538,7 +539,11 @@ mod postgres {
                         .await;
                         fault("every session terminated".into(), at)
                     }
-                    FaultKind::StopSessions => fault(self.stop_sessions(rng).await, at),
+                    FaultKind::StopSessions => {
+                        let mut f = fault(self.stop_sessions(rng).await, at);
+                        f.quiet = true;
+                        f
+                    }
                     FaultKind::StallInserts => {
                         let (total, percent, max) =
                             (rng.range(200, 800), rng.range(10, 50), rng.range(50, 400));
@@ -549,10 +554,12 @@ mod postgres {
                         let port = self.server.lock().unwrap().port();
                         let _ = tokio::task::spawn_blocking(move || psql_on(port, &sql)).await;
                         tokio::time::sleep(Duration::from_millis(total + max)).await;
-                        fault(
+                        let mut f = fault(
                             format!("{percent}% of inserts stalled up to {max}ms for {total}ms"),
                             at,
-                        )
+                        );
+                        f.quiet = true;
+                        f
                     }
                     other => fault(format!("{other:?} (not on this rig)"), at),
                 }

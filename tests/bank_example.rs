@@ -19,7 +19,8 @@ use tokio::task::JoinSet;
 mod common;
 
 use common::bank::{
-    ADMIN_TOKEN, AUTH, Bank, bank_binary, spawn_post, wait_until_locked, within_timeout,
+    ADMIN_TOKEN, AUTH, Bank, bank_binary, handler_ran, seen_locked, spawn_post, until_it_happened,
+    wait_until_locked, within_timeout,
 };
 
 // ---------------------------------------------------------------------------
@@ -170,23 +171,34 @@ async fn unknown_account_has_balance_zero() {
 #[tokio::test]
 async fn a_ttl_shorter_than_the_hold_loses_an_update() {
     within_timeout(async {
-        let bank = Bank::start();
-        let http = bank.http();
-        let slow = spawn_post(
-            &http,
-            "/accounts/erin/deposit?amount=1&hold_ms=1500&ttl_ms=100",
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        let fast = http
-            .post("/accounts/erin/deposit?amount=1&wait_ms=5000")
-            .await;
-        fast.assert_json(StatusCode::OK);
-        let slow = slow.await.unwrap();
-        slow.assert_json(StatusCode::OK);
-        assert!(fast.uint("fence") > slow.uint("fence"));
-        assert_eq!(fast.int("balance"), 1);
-        assert_eq!(slow.int("balance"), 1);
-        assert_eq!(http.get("/accounts/erin").await.int("balance"), 1);
+        let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
+        let http = &bank.http();
+        until_it_happened(|n| async move {
+            // The second deposit comes once the first holds the lock; a
+            // lock that came and went unseen (a stalled machine) is no
+            // scenario either.
+            let slow = spawn_post(
+                http,
+                &format!("/accounts/erin{n}/deposit?amount=1&hold_ms=1500&ttl_ms=100"),
+            );
+            if !seen_locked(http, &format!("account:erin{n}"), &slow).await {
+                return None;
+            }
+            let fast = http
+                .post(&format!("/accounts/erin{n}/deposit?amount=1&wait_ms=5000"))
+                .await;
+            fast.assert_json(StatusCode::OK);
+            let slow = slow.await.unwrap();
+            handler_ran(&slow)?;
+            slow.assert_json(StatusCode::OK);
+            assert!(fast.uint("fence") > slow.uint("fence"));
+            assert_eq!(fast.int("balance"), 1);
+            assert_eq!(slow.int("balance"), 1);
+            let account = http.get(&format!("/accounts/erin{n}")).await;
+            assert_eq!(account.int("balance"), 1);
+            Some(())
+        })
+        .await;
     })
     .await;
 }
@@ -718,7 +730,7 @@ async fn bank_speaks_tls_to_postgres() {
         let first = spawn_post(&http, "/accounts/tls/deposit?amount=5&hold_ms=300");
         // Seen held, or already done (a stalled machine): the second
         // deposit waits for it either way.
-        common::bank::seen_locked(&http, "account:tls", &first).await;
+        seen_locked(&http, "account:tls", &first).await;
         let second = http
             .post("/accounts/tls/deposit?amount=7&wait_ms=5000")
             .await;
@@ -896,19 +908,34 @@ async fn admin_force_release_frees_a_kept_lock() {
 async fn watchdog_keeps_the_lock_past_its_ttl() {
     within_timeout(async {
         let bank = Bank::start_with(&["--admin-token", ADMIN_TOKEN]);
-        let http = bank.http();
-        let holder = spawn_post(
-            &http,
-            "/accounts/wes/deposit?amount=10&hold_ms=1500&ttl_ms=300&watchdog=true",
-        );
-        wait_until_locked(&http, "account:wes").await;
-        // Three TTLs later the lock is still held (renewed): a deposit that
-        // does not wait is refused, and no update is lost.
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        let busy = http.post("/accounts/wes/deposit?amount=1").await;
-        busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
-        holder.await.unwrap().assert_json(StatusCode::OK);
-        assert_eq!(http.get("/accounts/wes").await.int("balance"), 10);
+        let http = &bank.http();
+        until_it_happened(|n| async move {
+            let holder = spawn_post(
+                http,
+                &format!(
+                    "/accounts/wes{n}/deposit?amount=10&hold_ms=1500&ttl_ms=300&watchdog=true"
+                ),
+            );
+            if !seen_locked(http, &format!("account:wes{n}"), &holder).await {
+                return None;
+            }
+            // Three TTLs later the lock is still held (renewed): a deposit
+            // that does not wait is refused, and no update is lost.
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            let busy = http
+                .post(&format!("/accounts/wes{n}/deposit?amount=1"))
+                .await;
+            let holder = holder.await.unwrap();
+            handler_ran(&holder)?;
+            busy.assert_json(StatusCode::TOO_MANY_REQUESTS);
+            holder.assert_json(StatusCode::OK);
+            assert_eq!(
+                http.get(&format!("/accounts/wes{n}")).await.int("balance"),
+                10
+            );
+            Some(())
+        })
+        .await;
     })
     .await;
 }

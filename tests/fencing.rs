@@ -17,7 +17,10 @@ use serde_json::json;
 
 mod common;
 
-use common::bank::{ADMIN_TOKEN, Bank, Http, Reply, seen_locked, spawn_post, within_timeout};
+use common::bank::{
+    ADMIN_TOKEN, Bank, Http, Reply, handler_ran, seen_locked, spawn_post, until_it_happened,
+    within_timeout,
+};
 use tokio::task::JoinHandle;
 
 /// Where the banks of a scenario keep their locks and balances.
@@ -77,28 +80,6 @@ async fn seen_holder(a: &Http, b: &Http, base: &str, query: &str) -> (String, Jo
         eprintln!("{id}: the holder's lock came and went unseen; again on another account");
     }
     panic!("{base}: the holder's lock was never seen held in 5 attempts");
-}
-
-/// Run `scenario` for attempt 0, 1, ... until it happened: `None` means the
-/// holder's lock ran out between its grant and its handler (`LOCK_EXPIRED`,
-/// nothing written: a machine stalled through the short TTL there), so
-/// nothing the scenario is about took place; it starts again on fresh
-/// accounts.
-async fn until_it_happened<F: Future<Output = Option<()>>>(mut scenario: impl FnMut(u32) -> F) {
-    for attempt in 0..5 {
-        if scenario(attempt).await.is_some() {
-            return;
-        }
-        eprintln!("attempt {attempt}: the holder's lock ran out before its handler; again");
-    }
-    panic!("the holder's handler never ran in 5 attempts");
-}
-
-/// `None` (see [`until_it_happened`]) if `stale`'s handler never ran.
-fn handler_ran(stale: &Reply) -> Option<()> {
-    let expired = stale.status == StatusCode::TOO_MANY_REQUESTS
-        && stale.json["error"]["code"] == "LOCK_EXPIRED";
-    (!expired).then_some(())
 }
 
 /// Run `scenario` on every store this build has.

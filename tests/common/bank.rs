@@ -365,6 +365,28 @@ pub async fn seen_locked(http: &Http, key: &str, holder: &tokio::task::JoinHandl
     }
 }
 
+/// Run `scenario` for attempt 0, 1, ... until it happened: `None` means the
+/// holder's lock ran out between its grant and its handler (`LOCK_EXPIRED`,
+/// nothing written: a machine stalled through the short TTL there), so
+/// nothing the scenario is about took place; it starts again on fresh
+/// accounts.
+pub async fn until_it_happened<F: Future<Output = Option<()>>>(mut scenario: impl FnMut(u32) -> F) {
+    for attempt in 0..5 {
+        if scenario(attempt).await.is_some() {
+            return;
+        }
+        eprintln!("attempt {attempt}: the holder's lock ran out before its handler; again");
+    }
+    panic!("the holder's handler never ran in 5 attempts");
+}
+
+/// `None` (see [`until_it_happened`]) if `stale`'s handler never ran.
+pub fn handler_ran(stale: &Reply) -> Option<()> {
+    let expired = stale.status == StatusCode::TOO_MANY_REQUESTS
+        && stale.json["error"]["code"] == "LOCK_EXPIRED";
+    (!expired).then_some(())
+}
+
 /// Whether the admin API reports `key` locked now.
 async fn is_locked(http: &Http, key: &str) -> bool {
     let status = http

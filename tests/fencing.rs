@@ -65,21 +65,15 @@ fn holder_and_newcomer(banks: &[Bank]) -> (Http, Http) {
     (banks[0].http(), banks[banks.len() - 1].http())
 }
 
-/// A deposit by `a` on a fresh account (`{base}0`, `{base}1`, ...) with
-/// `query`, once `b` has seen its lock held: the account and the request.
-/// Its lock has a short TTL; when it came and went before any poll
-/// answered (a stalled machine), the scenario did not happen and starts
-/// again on the next account.
-async fn seen_holder(a: &Http, b: &Http, base: &str, query: &str) -> (String, JoinHandle<Reply>) {
-    for attempt in 0..5 {
-        let id = format!("{base}{attempt}");
-        let holder = spawn_post(a, &format!("/accounts/{id}/deposit?{query}"));
-        if seen_locked(b, &format!("account:{id}"), &holder).await {
-            return (id, holder);
-        }
-        eprintln!("{id}: the holder's lock came and went unseen; again on another account");
-    }
-    panic!("{base}: the holder's lock was never seen held in 5 attempts");
+/// A deposit by `a` on account `id` with `query`, once `b` has seen its lock
+/// held; `None` when its short-TTL lock came and went before any poll
+/// answered (a stalled machine): the scenario did not happen (see
+/// [`until_it_happened`]).
+async fn seen_holder(a: &Http, b: &Http, id: &str, query: &str) -> Option<JoinHandle<Reply>> {
+    let holder = spawn_post(a, &format!("/accounts/{id}/deposit?{query}"));
+    seen_locked(b, &format!("account:{id}"), &holder)
+        .await
+        .then_some(holder)
 }
 
 /// Run `scenario` on every store this build has.
@@ -126,7 +120,8 @@ async fn ttl_shorter_than_the_hold_loses_nothing(store: Store) {
     let (a, b) = (&a, &b);
     until_it_happened(|n| async move {
         let query = "amount=10&hold_ms=1500&ttl_ms=300";
-        let (t, holder) = seen_holder(a, b, &format!("t{n}-"), query).await;
+        let t = format!("t{n}");
+        let holder = seen_holder(a, b, &t, query).await?;
 
         let newer = b
             .post(&format!("/accounts/{t}/deposit?amount=5&wait_ms=20000"))
@@ -161,7 +156,8 @@ async fn a_pause_after_the_last_check_is_refused_by_the_store(store: Store) {
     let (a, b) = (&a, &b);
     until_it_happened(|n| async move {
         let query = "amount=10&pause_ms=1500&ttl_ms=300";
-        let (p, holder) = seen_holder(a, b, &format!("p{n}-"), query).await;
+        let p = format!("p{n}");
+        let holder = seen_holder(a, b, &p, query).await?;
 
         let newer = b
             .post(&format!("/accounts/{p}/deposit?amount=5&wait_ms=20000"))
@@ -201,7 +197,8 @@ async fn a_stale_write_between_the_newer_holders_read_and_write_is_refused(store
     let (a, b) = (&a, &b);
     until_it_happened(|n| async move {
         let query = "amount=10&pause_ms=800&ttl_ms=300";
-        let (r, holder) = seen_holder(a, b, &format!("r{n}-"), query).await;
+        let r = format!("r{n}");
+        let holder = seen_holder(a, b, &r, query).await?;
 
         // B holds from ~300 ms to ~2300 ms: A writes (at ~800 ms) in between.
         let newer = spawn_post(
@@ -258,7 +255,8 @@ async fn without_fencing_the_late_holder_overwrites_the_newer_deposit() {
         let http = &banks[0].http();
         until_it_happened(|n| async move {
             let query = "amount=10&hold_ms=1500&ttl_ms=300";
-            let (u, holder) = seen_holder(http, http, &format!("u{n}-"), query).await;
+            let u = format!("u{n}");
+            let holder = seen_holder(http, http, &u, query).await?;
             let newer = http
                 .post(&format!("/accounts/{u}/deposit?amount=5&wait_ms=20000"))
                 .await;

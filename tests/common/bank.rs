@@ -366,7 +366,8 @@ pub async fn seen_locked(http: &Http, key: &str, holder: &tokio::task::JoinHandl
 }
 
 /// Run `scenario` for attempt 0, 1, ... until it happened: `None` means the
-/// holder's lock ran out between its grant and its handler (`LOCK_EXPIRED`,
+/// holder's lock came and went unseen, or ran out between its grant and its
+/// handler (`LOCK_EXPIRED`,
 /// nothing written: a machine stalled through the short TTL there), so
 /// nothing the scenario is about took place; it starts again on fresh
 /// accounts.
@@ -375,7 +376,9 @@ pub async fn until_it_happened<F: Future<Output = Option<()>>>(mut scenario: imp
         if scenario(attempt).await.is_some() {
             return;
         }
-        eprintln!("attempt {attempt}: the holder's lock ran out before its handler; again");
+        eprintln!(
+            "attempt {attempt}: the holder's lock went unseen or ran out before its handler; again"
+        );
     }
     panic!("the holder's handler never ran in 5 attempts");
 }

@@ -47,6 +47,8 @@ pub struct NodeInfo {
     pub port: u16,
     pub primary: bool,
     pub failed: bool,
+    /// This line describes the node that answered.
+    pub myself: bool,
     /// The primary's id, for a replica.
     pub primary_id: Option<String>,
     /// Inclusive slot ranges (primaries).
@@ -160,15 +162,44 @@ impl RedisCluster {
         parse_nodes(&self.cmd(self.live_port(), &["CLUSTER", "NODES"]))
     }
 
-    /// The port of the primary owning `slot`.
+    /// The port of the primary owning `slot`, as that primary itself says.
+    ///
+    /// Each live node is asked about itself only: right after a failover the
+    /// promoted replica claims the slot at once, while the other nodes learn
+    /// of it by gossip a moment later, so a bystander's map can still name
+    /// the dead primary or no one. Waits (bounded) until exactly one live
+    /// node claims the slot.
     pub fn owner_of(&self, slot: u16) -> u16 {
-        self.nodes()
-            .into_iter()
-            .find(|n| {
-                n.primary && !n.failed && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
-            })
-            .unwrap_or_else(|| panic!("no live primary owns slot {slot}"))
-            .port
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let live: Vec<u16> = {
+                let nodes = self.nodes.lock().unwrap();
+                nodes
+                    .iter()
+                    .filter(|n| n.child.is_some())
+                    .map(|n| n.port)
+                    .collect()
+            };
+            let claims: Vec<u16> = live
+                .into_iter()
+                .filter(|&port| {
+                    command(port, &["CLUSTER", "NODES"]).is_ok_and(|text| {
+                        parse_nodes(&text).iter().any(|n| {
+                            n.myself
+                                && n.primary
+                                && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
+                        })
+                    })
+                })
+                .collect();
+            match claims[..] {
+                [port] => return port,
+                _ if Instant::now() > deadline => {
+                    panic!("slot {slot}: claimed by {claims:?}, not by exactly one live primary")
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
     }
 
     /// A lock name (global scope, default prefix `lock:`) whose slot the
@@ -340,6 +371,7 @@ pub fn parse_nodes(text: &str) -> Vec<NodeInfo> {
                 port,
                 primary: flags.contains("master"),
                 failed: flags.contains("fail") && !flags.contains("fail?"),
+                myself: flags.contains("myself"),
                 primary_id: (f[3] != "-").then(|| f[3].to_owned()),
                 slots,
             }

@@ -311,8 +311,9 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
         }
     }
     for f in faults.iter().filter(|f| f.loses_locks) {
+        let lost_by = f.lost_by.unwrap_or(f.until);
         for lease in &mut leases {
-            if lease.asked < f.until && f.at < lease.end {
+            if lease.asked < lost_by && f.at < lease.end {
                 lease.end = f.at;
                 lease.why = "a fault that loses locks";
             }
@@ -868,6 +869,7 @@ fn wakeups(
         until: at,
         process: Some(p),
         loses_locks: false,
+        lost_by: None,
         resets_fences: false,
         crash: true,
         quiet: false,
@@ -1101,6 +1103,7 @@ mod tests {
             until: until * MS,
             process: None,
             loses_locks: true,
+            lost_by: None,
             resets_fences: true,
             crash: false,
             quiet: false,
@@ -1317,6 +1320,7 @@ mod tests {
             until: until * MS,
             process: Some(p),
             loses_locks: false,
+            lost_by: None,
             resets_fences: false,
             crash: false,
             quiet: false,

@@ -707,6 +707,7 @@ mod tests {
             until: 150 * MS,
             process: None,
             loses_locks: true,
+            lost_by: None,
             resets_fences: true,
             crash: false,
             quiet: false,
@@ -722,6 +723,48 @@ mod tests {
                 extend,
             ],
             faults: vec![reset],
+            op_timeout_ms: 100,
+            ..History::default()
+        };
+        let found: Vec<_> = check(&h, Bounds::default())
+            .iter()
+            .map(|v| v.kind)
+            .collect();
+        assert!(found.is_empty(), "{found:?}");
+    }
+
+    /// Seed 2 on Redis (the short pass, once the relay workload came): a
+    /// reader held fence 1 and let go; Redis was killed at 100 ms and came
+    /// back without its data by 150. A permit asked at 120 ms, while it was
+    /// down, got the new epoch's fence 1; another permit got fence 2; the
+    /// first permit's holder then extended fence 1. That grant came after
+    /// the loss, so the fault did not end it, and the extend is the
+    /// permit's (beside another permit), not the old reader's.
+    #[test]
+    fn a_grant_asked_after_the_server_went_down_is_not_lost_by_that_fault() {
+        let wipe = Fault {
+            what: "restart without data".into(),
+            at: 100 * MS,
+            until: 150 * MS,
+            process: None,
+            loses_locks: true,
+            lost_by: Some(101 * MS),
+            resets_fences: true,
+            crash: false,
+            quiet: false,
+        };
+        let mut extend = op(2, 7, Kind::Extend, 170, 171, Outcome::Ok);
+        extend.fence_in = Some(1);
+        extend.fence = Some(1);
+        let h = History {
+            ops: vec![
+                grant(1, 0, 1, 1, 1_000, SHARED),
+                release(1, 10, 11, 1),
+                grant(2, 120, 160, 1, 1_000, P2),
+                grant(3, 161, 162, 2, 1_000, P2),
+                extend,
+            ],
+            faults: vec![wipe],
             op_timeout_ms: 100,
             ..History::default()
         };
@@ -808,6 +851,7 @@ mod tests {
                     until: 100 * MS,
                     process: Some(3),
                     loses_locks: false,
+                    lost_by: None,
                     resets_fences: false,
                     crash: killed,
                     quiet: false,

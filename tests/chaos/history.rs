@@ -125,6 +125,11 @@ pub struct Fault {
     /// locks, a failover): leases end here, by the README's rules.
     #[serde(default)]
     pub loses_locks: bool,
+    /// For a fault that loses locks: by when the server had lost them (its
+    /// process killed). A lock asked for later was granted by the server
+    /// that came back, not lost by this fault. `None`: `until`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_by: Option<u64>,
     /// Fences may start over after it (a server restarted without its data).
     #[serde(default)]
     pub resets_fences: bool,

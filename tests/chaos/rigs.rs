@@ -90,6 +90,7 @@ pub fn fault(what: String, at: u64) -> Fault {
         until: now_ns(),
         process: None,
         loses_locks: false,
+        lost_by: None,
         resets_fences: false,
         crash: false,
         quiet: false,
@@ -180,7 +181,9 @@ mod redis {
             }
         }
 
-        async fn restart(&self, wipe: bool, down_ms: u64) {
+        /// Kill the server and start it again after `down_ms` (`wipe`:
+        /// without its data); when it was dead.
+        async fn restart(&self, wipe: bool, down_ms: u64) -> u64 {
             let (server, port) = (self.server.clone(), self.port);
             tokio::task::spawn_blocking(move || {
                 let mut server = server.lock().unwrap();
@@ -188,11 +191,13 @@ mod redis {
                     let _ = command(port, &["FLUSHALL"]);
                 }
                 server.kill();
+                let dead = now_ns();
                 std::thread::sleep(Duration::from_millis(down_ms));
                 server.restart();
+                dead
             })
             .await
-            .expect("restart redis");
+            .expect("restart redis")
         }
     }
 
@@ -236,14 +241,15 @@ mod redis {
                     FaultKind::Pause => pause(pids, rng).await,
                     FaultKind::Restart => {
                         let down = rng.range(50, 500);
-                        self.restart(false, down).await;
+                        let _ = self.restart(false, down).await;
                         fault(format!("restart (down {down}ms)"), at)
                     }
                     FaultKind::Wipe => {
                         let down = rng.range(50, 300);
-                        self.restart(true, down).await;
+                        let dead = self.restart(true, down).await;
                         let mut f = fault(format!("restart without data (down {down}ms)"), at);
                         f.loses_locks = true;
+                        f.lost_by = Some(dead);
                         f.resets_fences = true;
                         f
                     }
@@ -703,18 +709,20 @@ mod cluster {
                     }
                     FaultKind::KillPrimary => {
                         let pick = rng.next();
-                        let what = self
+                        let (what, dead) = self
                             .on_nodes(move |c| {
                                 let primaries = c.primaries();
                                 let port = primaries[(pick % primaries.len() as u64) as usize];
                                 c.kill(port);
+                                let dead = now_ns();
                                 c.wait_ready(3, 0);
                                 c.restart(port);
                                 c.wait_ready(3, 1);
-                                format!("primary {port} killed, replica promoted")
+                                (format!("primary {port} killed, replica promoted"), dead)
                             })
                             .await;
                         let mut f = fault(what, at);
+                        f.lost_by = Some(dead);
                         // Replication is asynchronous: a grant not yet on
                         // the replica is lost, and its fence may come again
                         // (the README's documented limit).

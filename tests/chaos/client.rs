@@ -26,6 +26,8 @@ use super::store::{Answer, StoreClient};
 
 #[path = "kinds_work.rs"]
 mod kinds_work;
+#[path = "relay_work.rs"]
+pub mod relay_work;
 
 /// What a client process is told (as JSON in its environment).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +58,15 @@ pub struct ClientConfig {
     /// unchanged.
     #[serde(default)]
     pub walk_away: Option<u64>,
+    /// The relay key and how many tasks take turns on it together (see
+    /// `relay_work.rs`; besides the others, on streams of their own).
+    #[serde(default)]
+    pub relay: Option<String>,
+    #[serde(default)]
+    pub relay_tasks: u32,
+    /// The relay key every process shares (a third of the rounds).
+    #[serde(default)]
+    pub relay_shared: Option<String>,
 }
 
 /// The keys the kinds workload uses (see `kinds.rs`).
@@ -119,6 +130,18 @@ pub async fn run(cfg: Arc<ClientConfig>, backend: SharedBackend, log: Log) {
             while now_ns() < end && !task.unsupported {
                 task.kinds_step().await;
             }
+        }));
+    }
+    if cfg.relay_tasks > 0 {
+        let (cfg, backend, log) = (cfg.clone(), backend.clone(), log.clone());
+        let root = root.fork(0x5E1A_0000);
+        tasks.push(tokio::spawn(async move {
+            let mut relay = Vec::new();
+            for t in 0..cfg.relay_tasks {
+                let rng = root.fork(u64::from(t) + 1);
+                relay.push(Task::new(cfg.clone(), backend.clone(), log.clone(), rng).await);
+            }
+            relay_work::relay(relay, root, end).await;
         }));
     }
     for task in tasks {

@@ -14,7 +14,11 @@
 //! killed and members stopped). Tasks of their own take shared and
 //! exclusive holds of a reader/writer key and permits of a permits key
 //! (`kinds_work.rs`; skipped, with a note, on a backend that answers
-//! `Unsupported` for them). Client processes
+//! `Unsupported` for them). In each process a relay of tasks of its own
+//! takes turns on an exclusive key of the process's own, the way the
+//! hand-off's wake-up paths are tested: a long hold handed to waiters with
+//! short TTLs that walk away, holds that end just before their TTL, waiters
+//! that give up (`relay_work.rs`). Client processes
 //! (two per schedule; tasks of one process for the in-memory backend) record
 //! every backend call on the machine's monotonic clock, journalled as it
 //! goes so that a killed process leaves its history; the coordinator

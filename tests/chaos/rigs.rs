@@ -51,6 +51,12 @@ pub enum FaultKind {
     /// writing it, as a backend process stalled there would (a trigger of
     /// the rig's sleeps before the insert).
     StallInserts,
+    /// For a while, some of the PostgreSQL statements that update a lock's
+    /// row stall there, holding the row (a release handing the lock on, an
+    /// extend, a waiter's re-check), as a backend process stalled there
+    /// would: every call on the key waits behind it (the same trigger,
+    /// before the update).
+    StallUpdates,
 }
 
 /// The servers of one backend configuration.
@@ -385,22 +391,24 @@ mod postgres {
 
     /// The rig's stall: while `chaos.stall` says so, an insert into the
     /// locks table sleeps before its row is written (after its VALUES, so
-    /// after a fence drawn there), `percent` of them for up to `max_ms`.
+    /// after a fence drawn there), or an update sleeps with the row locked
+    /// (`op`: `INSERT` or `UPDATE`), `percent` of them for up to `max_ms`.
     const STALL_TRIGGER: &str = "\
         CREATE SCHEMA IF NOT EXISTS chaos; \
         CREATE TABLE IF NOT EXISTS chaos.stall \
-          (until timestamptz NOT NULL, percent int NOT NULL, max_ms int NOT NULL); \
+          (until timestamptz NOT NULL, percent int NOT NULL, max_ms int NOT NULL, op text NOT NULL); \
         CREATE OR REPLACE FUNCTION chaos.stall() RETURNS trigger LANGUAGE plpgsql AS $$ \
         DECLARE s record; \
         BEGIN \
           SELECT * INTO s FROM chaos.stall LIMIT 1; \
-          IF FOUND AND clock_timestamp() < s.until AND random() * 100 < s.percent THEN \
+          IF FOUND AND s.op = TG_OP AND clock_timestamp() < s.until \
+             AND random() * 100 < s.percent THEN \
             PERFORM pg_sleep(random() * s.max_ms / 1000.0); \
           END IF; \
           RETURN NEW; \
         END $$; \
         DROP TRIGGER IF EXISTS chaos_stall ON tower_lock.locks; \
-        CREATE TRIGGER chaos_stall BEFORE INSERT ON tower_lock.locks \
+        CREATE TRIGGER chaos_stall BEFORE INSERT OR UPDATE ON tower_lock.locks \
           FOR EACH ROW EXECUTE FUNCTION chaos.stall();";
 
     /// Continues a stopped process when dropped.
@@ -473,6 +481,7 @@ mod postgres {
                 TerminateSessions,
                 StopSessions,
                 StallInserts,
+                StallUpdates,
             ]
         }
         fn client_backend(&self) -> BackendSpec {
@@ -550,18 +559,23 @@ mod postgres {
                         f.quiet = true;
                         f
                     }
-                    FaultKind::StallInserts => {
+                    FaultKind::StallInserts | FaultKind::StallUpdates => {
                         let (total, percent, max) =
                             (rng.range(200, 800), rng.range(10, 50), rng.range(50, 400));
+                        let (op, what) = if kind == FaultKind::StallInserts {
+                            ("INSERT", "inserts")
+                        } else {
+                            ("UPDATE", "updates")
+                        };
                         let sql = format!(
-                            "DELETE FROM chaos.stall; INSERT INTO chaos.stall \
-                             VALUES (clock_timestamp() + interval '{total} ms', {percent}, {max})"
+                            "DELETE FROM chaos.stall; INSERT INTO chaos.stall VALUES \
+                             (clock_timestamp() + interval '{total} ms', {percent}, {max}, '{op}')"
                         );
                         let port = self.server.lock().unwrap().port();
                         let _ = tokio::task::spawn_blocking(move || psql_on(port, &sql)).await;
                         tokio::time::sleep(Duration::from_millis(total + max)).await;
                         let mut f = fault(
-                            format!("{percent}% of inserts stalled up to {max}ms for {total}ms"),
+                            format!("{percent}% of {what} stalled up to {max}ms for {total}ms"),
                             at,
                         );
                         f.quiet = true;

@@ -58,6 +58,9 @@ pub struct Settings {
     pub fault_kinds: Vec<String>,
     /// See [`ClientConfig::walk_away`] (`CHAOS_WALK_AWAY`).
     pub walk_away: Option<u64>,
+    /// Tasks per process taking turns on the relay key
+    /// (`CHAOS_RELAY_TASKS`, 0: none).
+    pub relay_tasks: u32,
 }
 
 impl Settings {
@@ -72,12 +75,14 @@ impl Settings {
             bounds: Bounds::default(),
             fault_kinds: Vec::new(),
             walk_away: None,
+            relay_tasks: 3,
         }
     }
 
     /// From the environment: CHAOS_RUN_MS, CHAOS_PROCESSES, CHAOS_TASKS,
     /// CHAOS_FAULTS, CHAOS_KINDS_TASKS (0: no kinds workload),
-    /// CHAOS_WAKE_BOUND_MS, CHAOS_FAULT_KINDS, CHAOS_WALK_AWAY (defaults:
+    /// CHAOS_WAKE_BOUND_MS, CHAOS_FAULT_KINDS, CHAOS_WALK_AWAY,
+    /// CHAOS_RELAY_TASKS (0: no relay workload) (defaults:
     /// [`Settings::short`]).
     pub fn from_env() -> Settings {
         let mut s = Settings::short();
@@ -92,6 +97,7 @@ impl Settings {
         s.tasks = get("CHAOS_TASKS", s.tasks.into()) as u32;
         s.faults = get("CHAOS_FAULTS", s.faults.into()) as u32;
         s.kinds_tasks = get("CHAOS_KINDS_TASKS", s.kinds_tasks.into()) as u32;
+        s.relay_tasks = get("CHAOS_RELAY_TASKS", s.relay_tasks.into()) as u32;
         s.bounds.wake_ns = get("CHAOS_WAKE_BOUND_MS", s.bounds.wake_ns / MS) * MS;
         s.walk_away = std::env::var("CHAOS_WALK_AWAY")
             .ok()
@@ -246,7 +252,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         permits: format!("s{seed}-p"),
         n: 2 + (seed % 2) as u32,
     });
-    let cfg = |process: u32, tasks: u32, kinds_tasks: u32| ClientConfig {
+    let cfg = |process: u32, tasks: u32, kinds_tasks: u32, relay_tasks: u32| ClientConfig {
         seed,
         process,
         tasks,
@@ -259,6 +265,11 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         kinds: kinds.clone(),
         kinds_tasks: if kinds.is_some() { kinds_tasks } else { 0 },
         walk_away: s.walk_away,
+        // A key per process: another process's calls on it would hand an
+        // expired lock on, and hide the waiter that slept through it.
+        relay: (s.relay_tasks > 0).then(|| format!("s{seed}-relay-p{process}")),
+        relay_tasks,
+        relay_shared: (s.relay_tasks > 0).then(|| format!("s{seed}-relay")),
     };
     let dir = std::env::temp_dir().join(format!("tower-lock-chaos-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("history dir");
@@ -279,7 +290,12 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
                 log: log.clone(),
             });
             client::run(
-                Arc::new(cfg(0, s.processes * s.tasks, s.processes * s.kinds_tasks)),
+                Arc::new(cfg(
+                    0,
+                    s.processes * s.tasks,
+                    s.processes * s.kinds_tasks,
+                    s.processes * s.relay_tasks,
+                )),
                 backend,
                 log.clone(),
             )
@@ -293,7 +309,7 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
             for p in 0..s.processes {
                 let history = dir.join(format!("p{p}.json"));
                 let child = Child {
-                    client: cfg(p + 1, s.tasks, s.kinds_tasks),
+                    client: cfg(p + 1, s.tasks, s.kinds_tasks, s.relay_tasks),
                     backend: spec.clone(),
                     op_timeout_ms: s.op_timeout_ms,
                     history: history.clone(),
@@ -372,7 +388,11 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         }
     }
     let workload_end = now_ns();
-    let stuck = liveness(rig, &cfg(0, 0, 0), s).await;
+    let relay_keys: Vec<String> = (0..=s.processes)
+        .filter_map(|p| cfg(p, 0, 0, 0).relay)
+        .chain(cfg(0, 0, 0, 0).relay_shared)
+        .collect();
+    let stuck = liveness(rig, &cfg(0, 0, 0, 0), &relay_keys, s).await;
     let _ = std::fs::remove_dir_all(&dir);
     let history = History {
         ops,
@@ -443,17 +463,25 @@ fn tail(s: &str) -> String {
 
 /// After the run: every key must come free within the longest TTL and
 /// wait of the workload (released, or run out); the keys that did not.
-async fn liveness(rig: &mut dyn Rig, cfg: &ClientConfig, s: &Settings) -> Vec<String> {
+async fn liveness(
+    rig: &mut dyn Rig,
+    cfg: &ClientConfig,
+    relay_keys: &[String],
+    s: &Settings,
+) -> Vec<String> {
     // The longest TTL is 600 ms, the longest wait 1.5 s (a waiter that
     // died with a stopped process keeps its queue entry that long), a
     // release may still be on its way: within that, every key comes free.
     // (Plus, on etcd, the lease of a client process that exited holding:
     // its locks go when that runs out.)
     let deadline = now_ns() + (2_500 + rig.stopped_holder_ms()) * MS;
+    // The relay key's holds last longer, and its waiters wait longer.
+    let relay_deadline = deadline + (client::relay_work::LONGEST_TTL_MS + 1_000) * MS;
     let backend = rig.checker_backend(Duration::from_millis(s.op_timeout_ms * 5));
     let mut stuck = Vec::new();
     let kinds = cfg.kinds.iter().flat_map(|k| [&k.rw, &k.permits]);
-    for name in cfg.keys.iter().chain(kinds) {
+    let keys = cfg.keys.iter().chain(kinds).map(|k| (k, deadline));
+    for (name, deadline) in keys.chain(relay_keys.iter().map(|k| (k, relay_deadline))) {
         let key = LockKey::global(name).expect("key");
         loop {
             let last = match backend.status(&key).await {

@@ -1,0 +1,116 @@
+//! The relay workload: tasks of their own on one exclusive key of its own,
+//! in rounds shaped after the hand-off's wake-up paths. In each round one
+//! task takes the key with a long TTL, and the others queue behind it one
+//! after another, most with short TTLs; the lead lets go at once, midway or
+//! just before its TTL runs out, and most short holders walk away once
+//! handed the lock: its TTL frees it on the server, which tells nobody, so
+//! the waiter behind must have been told, at the hand-off, how long the new
+//! hold lasts (the "nudge"). Between rounds the tasks stay away from the key
+//! (no call of theirs hands an expired lock on), so a waiter left asleep on
+//! an earlier holder's longer TTL shows in the history as a free key and a
+//! waiter granted late: a lost wake-up. Holds that end just before their TTL
+//! put a waiter's own re-check (due when that TTL runs out) beside the
+//! release that hands it the lock, and make the holder that got it call near
+//! the end of its lease, where a lease the server cut short shows (rule 12).
+//! Some waiters give up early (a waiter past its max wait is no one to hand
+//! the lock to). Each client process runs most of its rounds on a key of
+//! its own: any call on the key hands an expired lock on, so another
+//! process's calls would hide the waiter that slept through it, as the
+//! other workloads' calls do on theirs. A third of the rounds go to a key
+//! the processes share, where one's waiter can be stopped (a paused process)
+//! past its max wait while another's holder lets go.
+
+use std::time::Duration;
+
+use tower_lock::{JobSpec, OwnedLock};
+
+use super::Task;
+use crate::clock::{MS, now_ns};
+use crate::rng::Rng;
+
+/// The longest TTL a relay holder takes (ms); the liveness check allows it.
+pub const LONGEST_TTL_MS: u64 = 1_600;
+
+/// Rounds until `end` (the run's end, on the monotonic clock), each led by
+/// a task drawn from `rng`, the others queueing behind it in turn.
+pub(super) async fn relay(mut tasks: Vec<Task>, mut rng: Rng, end: u64) {
+    while now_ns() < end {
+        let lead = rng.range(0, tasks.len() as u64 - 1) as usize;
+        let cfg = &tasks[0].cfg;
+        let key = match &cfg.relay_shared {
+            Some(shared) if rng.chance(33) => shared.clone(),
+            _ => cfg.relay.clone().expect("the relay key"),
+        };
+        // The followers come a few ms apart, in the order of the tasks.
+        let mut at = 0;
+        let mut turns = Vec::new();
+        for (i, mut task) in tasks.drain(..).enumerate() {
+            let key = key.clone();
+            let delay = if i == lead {
+                0
+            } else {
+                at += rng.range(3, 30);
+                at
+            };
+            turns.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                task.relay_turn(&key, i == lead, end).await;
+                task
+            }));
+        }
+        for turn in turns {
+            tasks.push(turn.await.expect("a relay turn"));
+        }
+        let away = rng.range(100, 800);
+        let left = end.saturating_sub(now_ns()) / MS;
+        tokio::time::sleep(Duration::from_millis(away.min(left))).await;
+    }
+}
+
+impl Task {
+    /// One turn on `key`: the round's lead (a long TTL) or a
+    /// follower queued behind it; nothing that waits past `end`.
+    async fn relay_turn(&mut self, key: &str, lead: bool, end: u64) {
+        let left = end.saturating_sub(now_ns()) / MS;
+        let long = lead || self.rng.chance(20);
+        let ttl = if long {
+            self.rng.range(1_000, LONGEST_TTL_MS)
+        } else {
+            self.rng.range(60, 150)
+        };
+        let wait = if !lead && self.rng.chance(20) {
+            self.rng.range(100, 400)
+        } else {
+            self.rng.range(1_500, 2_500)
+        }
+        .min(left);
+        let spec =
+            JobSpec::new(key, Duration::from_millis(ttl)).max_wait(Duration::from_millis(wait));
+        let Ok(lock) = OwnedLock::acquire(self.backend.clone(), &spec).await else {
+            return;
+        };
+        let hold = match self.rng.range(0, 2) {
+            // Midway: a waiter queued since its start sleeps by then in long
+            // stretches, on this holder's expiry, until a nudge tells it
+            // better.
+            0 if long => ttl * self.rng.range(50, 80) / 100,
+            // Just before the TTL runs out.
+            1 => {
+                let margin = if long {
+                    self.rng.range(0, 10)
+                } else {
+                    self.rng.range(6, 50)
+                };
+                ttl.saturating_sub(margin)
+            }
+            _ => self.rng.range(0, 20),
+        };
+        self.critical(&lock, Duration::from_millis(hold)).await;
+        if long || self.rng.chance(40) {
+            let _ = lock.release().await;
+        } else {
+            // Walk away: its short TTL frees it.
+            let _ = lock.keep();
+        }
+    }
+}

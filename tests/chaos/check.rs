@@ -610,7 +610,10 @@ fn beliefs(ops: &[&Op], leases: &[Lease], bounds: Bounds, t0: u64, out: &mut Vec
         };
         // A holder cannot see a force release or a server that lost its
         // data, until a renewal or an extension tells it.
-        let unseen = matches!(lease.why, "a force release" | "a fault that loses locks");
+        let unseen = matches!(
+            lease.why,
+            "a force release" | "a fault that loses locks" | REUSED_FENCE
+        );
         let told = lease
             .told_lost
             .is_some_and(|t| checked > t + bounds.belief_ns);
@@ -1599,9 +1602,15 @@ mod tests {
                 ]
             }
         };
+        // p1 cannot see it happen: its write, checked held after it, is
+        // no violation either (Redis seed 1006).
+        let mut write = owned(op(1, 2, Kind::Write, 730, 731, Outcome::Ok));
+        (write.fence_in, write.checked) = (Some(10), Some(730 * MS));
+        let mut ops = other(true);
+        ops.push(write);
         let h = History {
             faults: vec![wiped(600, 650)],
-            ..history(other(true))
+            ..history(ops)
         };
         assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
         // Without the restart the same fence twice is a violation in itself.

@@ -287,6 +287,11 @@ MUTANTS = [
     ("postgres-take-over-ignores-queue", "src/backend/postgres/functions.sql",
      "    IF r.queued THEN\n      h := \"{schema}\".\"{table}_hand_off\"(p_key, p_channel, p_ticket);",
      "    IF false THEN\n      h := \"{schema}\".\"{table}_hand_off\"(p_key, p_channel, p_ticket);"),
+    # An extend that waited for the row past the TTL revived the lock (a
+    # permit beside the ones others took once it ran out).
+    ("postgres-extend-judged-from-statement-start", "src/backend/postgres/functions.sql",
+     "  v_now := clock_timestamp();\n  now_us := \"{schema}\".\"{table}_us\"(v_now);\n  IF FOUND AND r.kind = 0 THEN",
+     "  IF FOUND AND r.kind = 0 THEN"),
     ("postgres-retry-refreshed-from-transaction-start", "src/backend/postgres/functions.sql",
      "AS l SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL",
      "AS l SET expires_at = v_now + v_ttl, granted_to = NULL"),

@@ -919,3 +919,45 @@ async fn a_waiter_behind_a_holder_that_walked_away_wakes_at_its_ttl() {
         "the second waiter got the lock {took:?} after the release, behind a 100 ms holder"
     );
 }
+
+/// An extend that waited for the key's row (another transaction held it)
+/// until the lock's TTL had passed finds it expired: it answers not found
+/// and never revives it. Dated from the statement's start, the expired
+/// lock looked live: an exclusive lock came back to life, and a permit
+/// did beside the permits others had taken once it ran out (the
+/// fault-schedule checker, PostgreSQL seed 1002 with session stops: three
+/// holders of two permits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_that_waited_past_the_ttl_never_revives_the_lock() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    for (name, kind) in [
+        ("x", tower_lock::LockKind::Exclusive),
+        ("p", tower_lock::LockKind::Permits(2)),
+    ] {
+        let r = req(name, "o", ms(300), Duration::ZERO)
+            .with_kind(kind)
+            .unwrap();
+        let lease = b.acquire(&r).await.unwrap();
+        let s = session(&server).await;
+        s.batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM tower_lock.locks WHERE key = 'g:{name}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+        let extend = tokio::spawn({
+            let b = b.clone();
+            async move { b.extend(&key(name), Holder::new("o", lease.fence), 30 * SEC).await }
+        });
+        blocked_on_a_row(&server, 1).await;
+        // The TTL runs out while the extend waits.
+        tokio::time::sleep(ms(400)).await;
+        s.batch_execute("COMMIT").await.unwrap();
+        let extended = extend.await.unwrap();
+        assert!(
+            matches!(extended, Err(LockError::NotFound)),
+            "{kind}: an extend after the TTL answered {extended:?}"
+        );
+        assert!(b.status(&key(name)).await.unwrap().is_none(), "{kind}: revived");
+    }
+}

@@ -209,7 +209,10 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_acquire_kind"(
   OUT remaining_us bigint, OUT created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-  v_now timestamptz := now();
+  -- The caller holds the key's row: its clock now, not the statement's
+  -- start (a hold that ran out while the statement waited for the row is
+  -- not this caller's to keep).
+  v_now timestamptz := clock_timestamp();
   v_ttl interval := p_ttl_ms * interval '1 millisecond';
   v_live int := 0;
   v_first timestamptz;
@@ -563,22 +566,31 @@ DECLARE
   r "{schema}"."{table}"%ROWTYPE;
 BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
-  UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
-    WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
-      AND l.expires_at > v_now AND l.kind = 0
-    RETURNING l.* INTO r;
-  IF FOUND THEN
-    IF r.queued THEN
-      -- A shorter TTL ends it sooner than its waiters last saw.
-      PERFORM "{schema}"."{table}_nudge"(p_key, NULL, NULL);
-    END IF;
-    code := 1;
-    fence := r.fence;
-    acquired_us := "{schema}"."{table}_us"(r.acquired_at);
-    RETURN;
-  END IF;
   -- (Locked: a shared/permit key's holds change only under its row.)
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  -- Judged by the clock once the row is ours, not from the statement's
+  -- start: a statement that waited for the row (or stalled) past the TTL
+  -- must not revive the lock (others counted a hold out once it ran out),
+  -- nor date the new TTL from before the wait. (An UPDATE's own condition
+  -- is weighed before it waits for a row that was locked but not changed.)
+  v_now := clock_timestamp();
+  now_us := "{schema}"."{table}_us"(v_now);
+  IF FOUND AND r.kind = 0 THEN
+    IF r.owner = p_owner AND (p_fence IS NULL OR r.fence = p_fence) AND r.expires_at > v_now THEN
+      UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
+        WHERE l.key = p_key;
+      IF r.queued THEN
+        -- A shorter TTL ends it sooner than its waiters last saw.
+        PERFORM "{schema}"."{table}_nudge"(p_key, NULL, NULL);
+      END IF;
+      code := 1;
+      fence := r.fence;
+      acquired_us := "{schema}"."{table}_us"(r.acquired_at);
+      RETURN;
+    END IF;
+    code := CASE WHEN r.expires_at > v_now THEN -1 ELSE 0 END;
+    RETURN;
+  END IF;
   IF FOUND AND r.kind <> 0 THEN
     -- One hold of a shared/permit key; the row lives as long as its latest
     -- hold.
@@ -630,6 +642,9 @@ DECLARE
 BEGIN
   now_us := "{schema}"."{table}_us"(v_now);
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
+  -- Judged once the row is ours (see _extend).
+  v_now := clock_timestamp();
+  now_us := "{schema}"."{table}_us"(v_now);
   IF NOT FOUND OR r.expires_at <= v_now THEN
     code := 0;
     RETURN;

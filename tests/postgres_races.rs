@@ -947,7 +947,10 @@ async fn an_extend_that_waited_past_the_ttl_never_revives_the_lock() {
         .unwrap();
         let extend = tokio::spawn({
             let b = b.clone();
-            async move { b.extend(&key(name), Holder::new("o", lease.fence), 30 * SEC).await }
+            async move {
+                b.extend(&key(name), Holder::new("o", lease.fence), 30 * SEC)
+                    .await
+            }
         });
         blocked_on_a_row(&server, 1).await;
         // The TTL runs out while the extend waits.
@@ -958,6 +961,9 @@ async fn an_extend_that_waited_past_the_ttl_never_revives_the_lock() {
             matches!(extended, Err(LockError::NotFound)),
             "{kind}: an extend after the TTL answered {extended:?}"
         );
-        assert!(b.status(&key(name)).await.unwrap().is_none(), "{kind}: revived");
+        assert!(
+            b.status(&key(name)).await.unwrap().is_none(),
+            "{kind}: revived"
+        );
     }
 }

@@ -321,9 +321,8 @@ impl Task {
                 // renewal in flight, and the handle would believe the one
                 // that answered last, not the one the server applied last
                 // (PostgreSQL short pass, CI: held after its lease).
-                let by_owner = spec.as_lock_spec().get_owner().is_none()
-                    && !watched
-                    && self.rng.chance(50);
+                let by_owner =
+                    spec.as_lock_spec().get_owner().is_none() && !watched && self.rng.chance(50);
                 let extended = if by_owner {
                     let info = lock.info();
                     let holder = Holder::owner_only(info.owner());

@@ -695,41 +695,60 @@ mod tests {
         );
     }
 
+    /// Redis restarted without its data from 100 to 150 ms (its process
+    /// dead by `lost_by`): locks lost, fences start over.
+    fn wiped(lost_by: Option<u64>) -> Fault {
+        Fault {
+            what: "restart without data".into(),
+            at: 100 * MS,
+            until: 150 * MS,
+            process: None,
+            loses_locks: true,
+            lost_by,
+            resets_fences: true,
+            crash: false,
+            quiet: false,
+        }
+    }
+
+    /// The violations in `ops` around [`wiped`], with an extend of fence 1
+    /// by process `p` at `at` ms, answered Ok.
+    fn after_a_wipe(
+        lost_by: Option<u64>,
+        mut ops: Vec<Op>,
+        (p, at): (u32, u64),
+    ) -> Vec<&'static str> {
+        let mut extend = op(p, 7, Kind::Extend, at, at + 1, Outcome::Ok);
+        extend.fence_in = Some(1);
+        extend.fence = Some(1);
+        ops.push(extend);
+        let h = History {
+            ops,
+            faults: vec![wiped(lost_by)],
+            op_timeout_ms: 100,
+            ..History::default()
+        };
+        check(&h, Bounds::default())
+            .iter()
+            .map(|v| v.kind)
+            .collect()
+    }
+
     /// Seed 1009 on Redis: a writer held fence 1, Redis restarted without
     /// its data (fences start over), then two readers got fences 1 and 2.
     /// Reader 1's extend names the new fence 1, a shared hold beside reader
     /// 2: no stale call (the old epoch's fence 1 was a writer's).
     #[test]
     fn a_fence_reused_after_a_restart_without_data_is_the_new_epochs() {
-        let reset = Fault {
-            what: "restart without data".into(),
-            at: 100 * MS,
-            until: 150 * MS,
-            process: None,
-            loses_locks: true,
-            lost_by: None,
-            resets_fences: true,
-            crash: false,
-            quiet: false,
-        };
-        let mut extend = op(1, 7, Kind::Extend, 220, 221, Outcome::Ok);
-        extend.fence_in = Some(1);
-        extend.fence = Some(1);
-        let h = History {
-            ops: vec![
+        let found = after_a_wipe(
+            None,
+            vec![
                 grant(3, 0, 1, 1, 1_000, None),
                 grant(1, 160, 161, 1, 1_000, SHARED),
                 grant(2, 200, 201, 2, 1_000, SHARED),
-                extend,
             ],
-            faults: vec![reset],
-            op_timeout_ms: 100,
-            ..History::default()
-        };
-        let found: Vec<_> = check(&h, Bounds::default())
-            .iter()
-            .map(|v| v.kind)
-            .collect();
+            (1, 220),
+        );
         assert!(found.is_empty(), "{found:?}");
     }
 
@@ -742,36 +761,16 @@ mod tests {
     /// permit's (beside another permit), not the old reader's.
     #[test]
     fn a_grant_asked_after_the_server_went_down_is_not_lost_by_that_fault() {
-        let wipe = Fault {
-            what: "restart without data".into(),
-            at: 100 * MS,
-            until: 150 * MS,
-            process: None,
-            loses_locks: true,
-            lost_by: Some(101 * MS),
-            resets_fences: true,
-            crash: false,
-            quiet: false,
-        };
-        let mut extend = op(2, 7, Kind::Extend, 170, 171, Outcome::Ok);
-        extend.fence_in = Some(1);
-        extend.fence = Some(1);
-        let h = History {
-            ops: vec![
+        let found = after_a_wipe(
+            Some(101 * MS),
+            vec![
                 grant(1, 0, 1, 1, 1_000, SHARED),
                 release(1, 10, 11, 1),
                 grant(2, 120, 160, 1, 1_000, P2),
                 grant(3, 161, 162, 2, 1_000, P2),
-                extend,
             ],
-            faults: vec![wipe],
-            op_timeout_ms: 100,
-            ..History::default()
-        };
-        let found: Vec<_> = check(&h, Bounds::default())
-            .iter()
-            .map(|v| v.kind)
-            .collect();
+            (2, 170),
+        );
         assert!(found.is_empty(), "{found:?}");
     }
 

@@ -157,6 +157,16 @@ impl RedisCluster {
             .port
     }
 
+    /// The ports of the nodes that are running.
+    fn live_ports(&self) -> Vec<u16> {
+        let nodes = self.nodes.lock().unwrap();
+        nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.port)
+            .collect()
+    }
+
     /// `CLUSTER NODES` as a live node sees it.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         parse_nodes(&self.cmd(self.live_port(), &["CLUSTER", "NODES"]))
@@ -172,14 +182,7 @@ impl RedisCluster {
     pub fn owner_of(&self, slot: u16) -> u16 {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let live: Vec<u16> = {
-                let nodes = self.nodes.lock().unwrap();
-                nodes
-                    .iter()
-                    .filter(|n| n.child.is_some())
-                    .map(|n| n.port)
-                    .collect()
-            };
+            let live = self.live_ports();
             let claims: Vec<u16> = live
                 .into_iter()
                 .filter(|&port| {
@@ -289,14 +292,7 @@ impl RedisCluster {
     }
 
     fn readiness(&self, primaries: usize, replicas: usize) -> Result<(), String> {
-        let live: Vec<u16> = {
-            let nodes = self.nodes.lock().unwrap();
-            nodes
-                .iter()
-                .filter(|n| n.child.is_some())
-                .map(|n| n.port)
-                .collect()
-        };
+        let live = self.live_ports();
         let mut views = Vec::new();
         for &port in &live {
             let info = command(port, &["CLUSTER", "INFO"]).map_err(|e| e.to_string())?;

@@ -388,11 +388,12 @@ pub async fn schedule(rig: &mut dyn Rig, seed: u64, s: &Settings) -> Report {
         }
     }
     let workload_end = now_ns();
+    let keys_only = cfg(0, 0, 0, 0);
     let relay_keys: Vec<String> = (0..=s.processes)
         .filter_map(|p| cfg(p, 0, 0, 0).relay)
-        .chain(cfg(0, 0, 0, 0).relay_shared)
+        .chain(keys_only.relay_shared.clone())
         .collect();
-    let stuck = liveness(rig, &cfg(0, 0, 0, 0), &relay_keys, s).await;
+    let stuck = liveness(rig, &keys_only, &relay_keys, s).await;
     let _ = std::fs::remove_dir_all(&dir);
     let history = History {
         ops,

@@ -597,6 +597,11 @@ MUTANTS = [
     ("etcd-kept-hand-off-release-answers-for-a-lost-hold", "src/backend/etcd/ops.rs",
      "if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {",
      "if self.pass_on(&keys, snapshot, from, &[], end).await? != Passed::Done || true {"),
+    # A waiter's watch, kept across a re-join, delivering the hand-off to
+    # the entry it lost (the checker's etcd seed 2012; the lib's wait_test).
+    ("etcd-waiter-takes-a-stale-hand-off", "src/backend/etcd/wait.rs",
+     " && kv.mod_revision() > place.read_at)",
+     ")"),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",
      "} else if mismatched(kind, &snapshot.holders) {",
      "} else if false {"),

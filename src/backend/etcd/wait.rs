@@ -22,7 +22,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::{Instant, sleep_until};
 
 use super::EtcdBackend;
@@ -167,10 +167,7 @@ impl EtcdBackend {
                             Note::Events(events) => {
                                 // Handed over: our holder key was created.
                                 let mine = keys.holder(req.kind(), req.owner(), req.attempt());
-                                let granted = events
-                                    .iter()
-                                    .find(|(put, kv)| *put && kv.key() == mine.as_slice());
-                                if let Some((_, kv)) = granted
+                                if let Some(kv) = handed_over(&events, &mine, &place)
                                     && let Some(h) = HeldKey::from_kv(&keys, kv)
                                 {
                                     guard.entry = None;
@@ -386,8 +383,31 @@ impl EtcdBackend {
     }
 }
 
+/// The put of our holder key among `events`, if it is news to a waiter at
+/// `place`: a hand-off to its entry comes after its last read (which would
+/// have seen it). One at or before that read is stale: a watch kept across
+/// a re-join can still deliver the hand-off to the entry we had before,
+/// since lost (the lock was force-released or ran out while this process
+/// stood still). Taken as a grant, it answered with a lease already over
+/// and left the new entry queued, to be granted to nobody (a hold of the
+/// owner's that nobody knew of, until its TTL).
+fn handed_over<'e>(
+    events: &'e [(bool, KeyValue)],
+    mine: &[u8],
+    place: &Place,
+) -> Option<&'e KeyValue> {
+    events
+        .iter()
+        .find(|(put, kv)| *put && kv.key() == mine && kv.mod_revision() > place.read_at)
+        .map(|(_, kv)| kv)
+}
+
 /// `d` scaled by a random factor in [0.5, 1).
 fn jitter(d: Duration) -> Duration {
     let fraction = 0.5 + (crate::spec::new_attempt_id() >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
     d.mul_f64(fraction)
 }
+
+#[cfg(test)]
+#[path = "wait_test.rs"]
+mod wait_test;

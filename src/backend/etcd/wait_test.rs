@@ -1,0 +1,88 @@
+//! A hand-off heard only after the entry it went to was lost.
+//!
+//! Fault-schedule checker, etcd, seed 2012: a waiter's process stood still
+//! (SIGSTOP) while the lock was handed to its entry and then force-released.
+//! On waking, its safety-net re-read came first: entry and grant gone, so it
+//! queued again. Then its watch, kept across the re-join (same target),
+//! delivered the old hand-off, and the waiter returned it: a lease already
+//! over, and a new entry left queued that the next release handed to
+//! nobody (an owner-only extend of the owner's later found that hold, with
+//! another fence). The steps are taken here at the seams, in that order.
+
+use std::time::{Duration, SystemTime};
+
+use super::super::ops::Attempt;
+use super::*;
+use crate::backend::{Holder, LockBackend};
+use crate::key::LockKey;
+use crate::spec::new_attempt_id;
+
+use super::super::etcd_cluster;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_an_entry_since_lost_is_not_a_grant() {
+    let backend = EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+        .unwrap()
+        .prefix(format!("stale-{}/", new_attempt_id()));
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let holder = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
+    backend.acquire(&holder).await.unwrap();
+    let wait = Duration::from_secs(20);
+    let waiter = AcquireRequest::new(key.clone(), "waiter", ttl, wait).unwrap();
+    let keys = backend.keys(&key);
+    let until = Some(SystemTime::now() + wait);
+    let queue = async |id| match backend
+        .attempt(&waiter, &keys, Some(id), until, backend.deadline())
+        .await
+        .unwrap()
+    {
+        Attempt::Busy {
+            queued: Some(q), ..
+        } => Place::from(q),
+        _ => panic!("the lock is busy: the waiter queues"),
+    };
+    let first = queue(new_attempt_id()).await;
+    // The waiter watches the holders (it is the oldest).
+    let (start, stop) = keys.holders();
+    let mut watch = backend
+        .shared
+        .watches
+        .watch(&backend.shared, start, Some(stop), None, backend.deadline())
+        .await
+        .unwrap();
+    assert!(matches!(watch.next().await, Note::Created(_)));
+    // The lock is handed to its entry (the waiter's process stands still)...
+    backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let handed = loop {
+        match watch.next().await {
+            Note::Events(events) if events.iter().any(|(put, _)| *put) => break events,
+            Note::Events(_) => {}
+            _ => panic!("the watch hears the hand-off"),
+        }
+    };
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    assert!(
+        handed_over(&handed, &mine, &first).is_some(),
+        "to the entry it was made for, the hand-off is a grant"
+    );
+    // ...and force-released.
+    assert!(backend.force_release(&key).await.unwrap());
+    // Waking, it reads first: entry and grant gone, it queues again (the
+    // lock is busy once more, so the new entry waits)...
+    let seen = backend
+        .look(&waiter, &keys, &first, backend.deadline())
+        .await
+        .unwrap();
+    assert!(matches!(seen, Seen::Lost));
+    backend.acquire(&holder).await.unwrap();
+    let again = queue(new_attempt_id()).await;
+    // ...and only then hears the old hand-off: not a grant to the new entry.
+    assert!(
+        handed_over(&handed, &mine, &again).is_none(),
+        "a hand-off to an entry since lost answered the waiter"
+    );
+}

@@ -1064,6 +1064,34 @@ fn wakeups(
                         ),
                     });
                 }
+                // Handed the lock past its max wait while its own process
+                // stood still: not its own call's doing (a call it had
+                // out when stopped lands within the slack), but a release
+                // elsewhere that gave the lock to a waiter it should have
+                // passed over. Judged by the grant the lease dates from,
+                // against the wait counted from its latest queueing (the
+                // server's deadline for the entry is no later).
+                if let (Some(start), Some(&queued)) = (op.start, op.queued.last()) {
+                    let due = queued + op.wait_ms * MS + GRANT_SLACK;
+                    let stopped_then = h.faults.iter().any(|f| {
+                        f.process == Some(op.p) && f.at + GRANT_SLACK <= start && start < f.until
+                    });
+                    if start > due && stopped_then {
+                        out.push(Violation {
+                            kind: "late-grant",
+                            detail: format!(
+                                "{}: p{} #{} was handed the lock at {} while its process \
+                                 stood still, {}ms after its max wait of {}ms ran out",
+                                op.key,
+                                op.p,
+                                op.id,
+                                ms(start, t0),
+                                (start - (queued + op.wait_ms * MS)) / MS,
+                                op.wait_ms
+                            ),
+                        });
+                    }
+                }
                 // Granted: it slept until the grant the lease dates from
                 // (the hand-off, or the attempt that found the lock free).
                 // A grant that came late, however it came (the waiter's own
@@ -1382,6 +1410,32 @@ mod tests {
         // nothing of the server.
         h.faults.push(stop(3, 15, 390));
         assert_eq!(kinds(&h), ["lost-wake-up"]);
+    }
+
+    #[test]
+    fn a_waiter_handed_the_lock_past_its_max_wait_while_stopped_is_a_late_grant() {
+        // etcd-hand-off-to-a-waiter-past-its-deadline: p2's waiter (queued
+        // at 3 ms, max wait 1 s) stood still from 500 ms to 1.8 s; the
+        // holder's release at 1.5 s handed it the lock anyway. It answered
+        // late through its own stop (excused), but the grant was not its
+        // doing.
+        let mut h = granted_waiter(1_500);
+        h.ops[1] = release(1, 1, 1_499, 1_500, 1);
+        h.ops[2].ret = 1_802 * MS;
+        h.faults.push(stop(2, 500, 1_800));
+        assert_eq!(kinds(&h), ["late-grant"]);
+        // Handed it within its max wait: fine, however late it answered.
+        let mut h = granted_waiter(900);
+        h.ops[1] = release(1, 1, 899, 900, 1);
+        h.ops[2].ret = 1_802 * MS;
+        h.faults.push(stop(2, 500, 1_800));
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // Past it, but while its process ran: its own late call, judged by
+        // when it answered (within a call in flight: fine).
+        let mut h = granted_waiter(1_010);
+        h.ops[1] = release(1, 1, 999, 1_000, 1);
+        h.ops[2].ret = 1_012 * MS;
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
     }
 
     fn etcd_bounds() -> Bounds {

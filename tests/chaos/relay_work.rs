@@ -17,8 +17,9 @@
 //! its own: any call on the key hands an expired lock on, so another
 //! process's calls would hide the waiter that slept through it, as the
 //! other workloads' calls do on theirs. A third of the rounds go to a key
-//! the processes share, where one's waiter can be stopped (a paused process)
-//! past its max wait while another's holder lets go.
+//! the processes share, the same rounds in every process, where one's
+//! waiter can be stopped (a paused process) past its max wait while
+//! another's holder lets go.
 
 use std::time::Duration;
 
@@ -34,13 +35,15 @@ pub const LONGEST_TTL_MS: u64 = 1_600;
 /// Rounds until `end` (the run's end, on the monotonic clock), each led by
 /// a task drawn from `rng`, the others queueing behind it in turn.
 pub(super) async fn relay(mut tasks: Vec<Task>, mut rng: Rng, end: u64) {
+    let mut round = 0;
     while now_ns() < end {
         let lead = rng.range(0, tasks.len() as u64 - 1) as usize;
         let cfg = &tasks[0].cfg;
         let key = match &cfg.relay_shared {
-            Some(shared) if rng.chance(33) => shared.clone(),
+            Some(shared) if together(shared, round) => shared.clone(),
             _ => cfg.relay.clone().expect("the relay key"),
         };
+        round += 1;
         // The followers come a few ms apart, in the order of the tasks.
         let mut at = 0;
         let mut turns = Vec::new();
@@ -65,6 +68,20 @@ pub(super) async fn relay(mut tasks: Vec<Task>, mut rng: Rng, end: u64) {
         let left = end.saturating_sub(now_ns()) / MS;
         tokio::time::sleep(Duration::from_millis(away.min(left))).await;
     }
+}
+
+/// Whether round `round` of every process goes to the shared key `shared`:
+/// a third of the rounds, drawn from the key's name (the seed's) so that
+/// the processes agree. Their first rounds start together, so in those the
+/// processes' tasks queue on the key at once: one process's waiter can be
+/// stopped past its max wait while the other's holder lets go.
+fn together(shared: &str, round: u64) -> bool {
+    // FNV-1a of the name and the round.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in shared.bytes().chain(round.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h.is_multiple_of(3)
 }
 
 impl Task {

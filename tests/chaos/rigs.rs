@@ -57,6 +57,13 @@ pub enum FaultKind {
     /// would: every call on the key waits behind it (the same trigger,
     /// before the update).
     StallUpdates,
+    /// For a while, another session holds every PostgreSQL lock row (`FOR
+    /// UPDATE`) for 50-300 ms at a time, as a slow transaction on the
+    /// table would: the calls that come meanwhile queue for the row and go
+    /// on in their order when it lets go, so a release that hands a lock on
+    /// runs after the waiter's re-check began (its TTL must count from the
+    /// hand-off, not from the re-check's start).
+    HoldRows,
 }
 
 /// The servers of one backend configuration.
@@ -387,6 +394,27 @@ mod postgres {
                 pids.len()
             )
         }
+
+        /// [`FaultKind::HoldRows`]: every lock row held by a session of
+        /// the rig's, 50-300 ms at a time with short gaps, for 200-800 ms.
+        async fn hold_rows(&self, rng: &mut Rng) -> String {
+            let port = self.server.lock().unwrap().port();
+            let total = rng.range(200, 800);
+            let end = now_ns() + total * MS;
+            let mut holds = 0;
+            while now_ns() < end {
+                let (hold, gap) = (rng.range(50, 300), rng.range(5, 40));
+                let sql = format!(
+                    "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks FOR UPDATE) AS r; \
+                     SELECT pg_sleep({}); COMMIT;",
+                    hold as f64 / 1000.0
+                );
+                let _ = tokio::task::spawn_blocking(move || psql_on(port, &sql)).await;
+                holds += 1;
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+            }
+            format!("every lock row held 50-300ms at a time, {holds} times over {total}ms")
+        }
     }
 
     /// The rig's stall: while `chaos.stall` says so, an insert into the
@@ -482,6 +510,7 @@ mod postgres {
                 StopSessions,
                 StallInserts,
                 StallUpdates,
+                HoldRows,
             ]
         }
         fn client_backend(&self) -> BackendSpec {
@@ -578,6 +607,11 @@ mod postgres {
                             format!("{percent}% of {what} stalled up to {max}ms for {total}ms"),
                             at,
                         );
+                        f.quiet = true;
+                        f
+                    }
+                    FaultKind::HoldRows => {
+                        let mut f = fault(self.hold_rows(rng).await, at);
                         f.quiet = true;
                         f
                     }

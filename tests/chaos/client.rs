@@ -3,7 +3,7 @@
 //! they hold. Every choice follows from the run's seed.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -326,8 +326,14 @@ impl Task {
                 let extended = if by_owner {
                     let info = lock.info();
                     let holder = Holder::owner_only(info.owner());
+                    let sent = Instant::now();
                     let extend = self.backend.extend(info.lock_key(), holder, ttl);
-                    extend.await.is_ok()
+                    // The handle does not see this call: the job counts the
+                    // new TTL from when it asked, as the handle's own
+                    // extend does, and works only within it (an answer
+                    // that came after it, behind a row held for longer,
+                    // leaves nothing it can be sure of).
+                    extend.await.is_ok() && sent.elapsed() < ttl
                 } else {
                     lock.extend(ttl).await.is_ok()
                 };

@@ -10,6 +10,7 @@
 #   CHAOS_BACKEND=redis CHAOS_SEED=1234 cargo test --all-features --test chaos \
 #       long_run -- --ignored --nocapture   # replay one schedule
 #   scripts/check.sh --mutants              # prove it: each breakage found?
+#                                           # (8-s schedules; CHAOS_RUN_MS overrides)
 #
 # Backends: memory redis redis-cluster redis-cluster-failover postgres etcd.
 # Knobs: CHAOS_SCHEDULES (200), CHAOS_SEED_BASE (1000), CHAOS_RUN_MS (2500),

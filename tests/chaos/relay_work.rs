@@ -106,7 +106,9 @@ impl Task {
         let Ok(lock) = OwnedLock::acquire(self.backend.clone(), &spec).await else {
             return;
         };
-        let hold = match self.rng.range(0, 2) {
+        let choice = self.rng.range(0, 2);
+        let near_the_end = choice == 1;
+        let hold = match choice {
             // Midway: a waiter queued since its start sleeps by then in long
             // stretches, on this holder's expiry, until a nudge tells it
             // better.
@@ -123,7 +125,10 @@ impl Task {
             _ => self.rng.range(0, 20),
         };
         self.critical(&lock, Duration::from_millis(hold)).await;
-        if long || self.rng.chance(40) {
+        // A hold that ends just before its TTL gives the lock back: the
+        // release near the TTL's end is what shows a lease the server cut
+        // short (rule 12); walking away then would free it a few ms later.
+        if long || near_the_end || self.rng.chance(40) {
             let _ = lock.release().await;
         } else {
             // Walk away: its short TTL frees it.

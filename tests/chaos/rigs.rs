@@ -396,14 +396,19 @@ mod postgres {
         }
 
         /// [`FaultKind::HoldRows`]: every lock row held by a session of
-        /// the rig's, 50-300 ms at a time with short gaps, for 200-800 ms.
+        /// the rig's, 50-300 ms at a time with gaps of 100-400 ms, for
+        /// 200-800 ms.
         async fn hold_rows(&self, rng: &mut Rng) -> String {
             let port = self.server.lock().unwrap().port();
             let total = rng.range(200, 800);
             let end = now_ns() + total * MS;
             let mut holds = 0;
             while now_ns() < end {
-                let (hold, gap) = (rng.range(50, 300), rng.range(5, 40));
+                // Gaps about as long as a short TTL: a waiter handed the
+                // lock as a hold ends calls again near its TTL's end
+                // (release, extend) mostly while no hold delays that call,
+                // whose answer then tells what the server kept.
+                let (hold, gap) = (rng.range(50, 300), rng.range(100, 400));
                 let sql = format!(
                     "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks FOR UPDATE) AS r; \
                      SELECT pg_sleep({}); COMMIT;",

@@ -136,13 +136,16 @@ extra_keys = [
     ("advisory_p50_us", "advisory p50 µs", 1), ("live_rows_after", "live rows after", 0),
     ("keys_after", "keys left after", 0),
     ("release_check_keys_after", "keys left after 10^5 locked and released", 0),
+    ("shared_ratio", "shared cycle / exclusive", 3), ("permits_ratio", "permit cycle / exclusive", 3),
 ]
 for r in rows:
     extras = ", ".join(f"{label} {num(r[k], d)}" for k, label, d in extra_keys if k in r)
     small = r["backend"] == "memory" and r["workload"] in ("serial", "parallel32", "held")
-    print(f"| {r['backend']} | {r['workload']} | {num(r['ops_per_s'], 0)} | "
-          f"{num(r['p50_us'], 2 if small else 1)} | {num(r['p99_us'], 2 if small else 1)} | "
-          f"{num(r['max_concurrent_holders'], 0) if r['max_concurrent_holders'] is not None else '–'} | "
+    # kinds-serial reports ratios only (no rate, no waits of its own).
+    holders = r.get("max_concurrent_holders")
+    print(f"| {r['backend']} | {r['workload']} | {num(r.get('ops_per_s'), 0)} | "
+          f"{num(r.get('p50_us'), 2 if small else 1)} | {num(r.get('p99_us'), 2 if small else 1)} | "
+          f"{num(holders, 0) if holders is not None else '–'} | "
           f"{r['errors']} | {extras} |")
 for b, w, status in failed:
     print(f"| {b} | {w} | {status} | | | | | |")

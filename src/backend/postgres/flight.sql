@@ -11,7 +11,7 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_begin"(
   p_channel text, p_ticket bigint, p_keep_ms bigint,
   OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT now_us bigint,
   OUT remaining_us bigint, OUT seq bigint, OUT value bytea)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
 DECLARE
   a record;
 BEGIN
@@ -54,7 +54,7 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_flight_publish"(
   p_key text, p_owner text, p_fence bigint, p_value bytea,
   p_fresh_ms bigint, p_keep_ms bigint)
 RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
 DECLARE
   v_now timestamptz := now();
   r "{schema}"."{table}"%ROWTYPE;

@@ -57,9 +57,9 @@ pub enum FaultKind {
     /// would: every call on the key waits behind it (the same trigger,
     /// before the update).
     StallUpdates,
-    /// For a while, another session holds every PostgreSQL lock row (`FOR
-    /// UPDATE`) for 50-300 ms at a time, as a slow transaction on the
-    /// table would: the calls that come meanwhile queue for the row and go
+    /// For a while, another session holds the PostgreSQL lock rows (`FOR
+    /// UPDATE`; every row, or the relay keys' alone) for 50-300 ms at a
+    /// time, as a slow transaction on the table would: the calls that come meanwhile queue for the row and go
     /// on in their order when it lets go, so a release that hands a lock on
     /// runs after the waiter's re-check began (its TTL must count from the
     /// hand-off, not from the re-check's start).
@@ -417,12 +417,7 @@ mod postgres {
                 } else {
                     " WHERE key LIKE '%-relay%'"
                 };
-                let sql = format!(
-                    "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks{rows} FOR UPDATE) AS r; \
-                     SELECT pg_sleep({}); COMMIT;",
-                    hold as f64 / 1000.0
-                );
-                let _ = tokio::task::spawn_blocking(move || psql_on(port, &sql)).await;
+                let _ = tokio::task::spawn_blocking(move || hold_rows_for(port, rows, hold)).await;
                 holds += 1;
                 tokio::time::sleep(Duration::from_millis(gap)).await;
             }
@@ -463,20 +458,24 @@ mod postgres {
         }
     }
 
+    /// Hold the lock rows `rows` selects (a `WHERE` clause, or every row)
+    /// `FOR UPDATE` in a transaction of its own for `hold` ms (blocking).
+    fn hold_rows_for(port: u16, rows: &str, hold: u64) -> std::process::Output {
+        psql_on(
+            port,
+            &format!(
+                "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks{rows} FOR UPDATE) AS r; \
+                 SELECT pg_sleep({}); COMMIT;",
+                hold as f64 / 1000.0
+            ),
+        )
+    }
+
     /// Hold every lock row for `hold` ms; stop one of the statements that
     /// waits for one (the `which`th, wrapping) until `long` ms after. False
     /// if none was waiting.
     async fn stall_a_waiter(port: u16, hold: u64, long: u64, which: u64) -> bool {
-        let rows = tokio::task::spawn_blocking(move || {
-            psql_on(
-                port,
-                &format!(
-                    "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks FOR UPDATE) AS r; \
-                     SELECT pg_sleep({}); COMMIT;",
-                    hold as f64 / 1000.0
-                ),
-            )
-        });
+        let rows = tokio::task::spawn_blocking(move || hold_rows_for(port, "", hold));
         tokio::time::sleep(Duration::from_millis(hold / 2)).await;
         let waiting = tokio::task::spawn_blocking(move || {
             psql_on(

@@ -20,9 +20,9 @@
 -- the planner, seeing small tables, scans their indexes by bitmap, which
 -- never marks a dead entry dead in the index (a plain index scan does, the
 -- first time it finds the row gone). Every scan then walked every hold and
--- entry deleted since the last VACUUM: permits4 fell from 990 to 214 ops/s
--- over three 5-s runs on one server, and back to 962 after a VACUUM; with
--- plain index scans it stays at 835-990.
+-- entry deleted since the last VACUUM: lockbench permits4 ran 434, 267 and
+-- 217 ops/s in three 5-s runs on one server (962 again after a VACUUM);
+-- with plain index scans 884, 913 and 872.
 
 -- STABLE, not IMMUTABLE: extract() from a timestamptz is stable, and a SQL
 -- function declared less volatile than its body is never inlined; called

@@ -50,8 +50,16 @@
 //! 8. **Liveness.** After the faults ended and every client stopped, every
 //!    key comes free within its TTL, and no client process hangs.
 //!
-//! Rules 9 and 10, and how the others read shared holds and permits, are in
-//! `check_kinds.rs`.
+//!
+//! Rules 9 to 11, and how the others read shared holds and permits, are in
+//! `check_kinds.rs`; 12 is at its function (`cut_short`), and 13:
+//!
+//! 13. **A grant carries its whole TTL.** The README's TTL runs from the
+//!     grant: the lease a grant reports (`Lease::lasts`, from the grant to
+//!     the expiry the server set, both on its clock) is the TTL asked for.
+//!     Shorter, the server set the expiry from a moment before the grant
+//!     (a re-check dated from its own start): the holder is told, so no two
+//!     holders follow, but it holds for less than it asked.
 
 use std::collections::BTreeMap;
 
@@ -156,6 +164,7 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     stale_calls(&ops, &leases, t0, &mut out);
     foreign_extends(&ops, t0, &mut out);
     cut_short(&ops, &leases, &h.faults, bounds, t0, &mut out);
+    whole_ttl(&ops, bounds, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
     kinds::together(
         &ops,
@@ -590,6 +599,38 @@ fn cut_short(
                     op.outcome,
                     ms(op.ret, t0),
                     last_fault_before(faults, op.ret, t0)
+                ),
+            });
+        }
+    }
+}
+
+/// Rule 13: a grant whose reported lease is shorter than the TTL it asked
+/// for (1 ms for rounding). Not on etcd, whose waiters' queue entries go on
+/// leases etcd may end sooner, which their grants report
+/// (`Bounds::stopped_holder_ns`, as rule 12).
+fn whole_ttl(ops: &[&Op], bounds: Bounds, t0: u64, out: &mut Vec<Violation>) {
+    if bounds.stopped_holder_ns != 0 {
+        return;
+    }
+    for op in ops {
+        let grant = matches!(op.kind, Kind::Acquire | Kind::FlightBegin)
+            && op.outcome == Outcome::Ok
+            && op.start.is_some();
+        if grant && op.lease_ms + 1 < op.ttl_ms {
+            out.push(Violation {
+                kind: "short-lease",
+                detail: format!(
+                    "{}: fence {} (p{} #{}, asked at {}, granted by {}) reports a lease of \
+                     {} ms for a TTL of {} ms",
+                    op.key,
+                    op.fence.unwrap_or_default(),
+                    op.p,
+                    op.id,
+                    ms(op.inv, t0),
+                    ms(op.ret, t0),
+                    op.lease_ms,
+                    op.ttl_ms
                 ),
             });
         }
@@ -1225,6 +1266,23 @@ mod tests {
             release(2, 1, 20, 21, 2),
         ]);
         assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+    }
+
+    #[test]
+    fn a_grant_shorter_than_its_ttl_is_reported_but_not_on_etcd() {
+        let mut short = grant(1, 0, 0, 1, 1, 100);
+        short.lease_ms = 90;
+        let h = history(vec![short, grant(2, 0, 150, 151, 2, 100)]);
+        assert_eq!(kinds(&h), ["short-lease"]);
+        let etcd = Bounds {
+            stopped_holder_ns: 1_000 * MS,
+            ..Bounds::default()
+        };
+        assert!(check(&h, etcd).is_empty());
+        // Rounding to whole ms is no cut.
+        let mut rounded = grant(1, 0, 0, 1, 1, 100);
+        rounded.lease_ms = 99;
+        assert!(kinds(&history(vec![rounded])).is_empty());
     }
 
     #[test]

@@ -397,9 +397,26 @@ mod postgres {
 
         /// [`FaultKind::HoldRows`]: every lock row (or the relay keys'
         /// rows) held by a session of the rig's, 50-300 ms at a time with
-        /// gaps of 100-400 ms, for 200-800 ms.
+        /// gaps of 100-400 ms, for 200-800 ms; or, a third of the time, the
+        /// row of a relay key with waiters held across its holder's expiry.
         async fn hold_rows(&self, rng: &mut Rng) -> String {
             let port = self.server.lock().unwrap().port();
+            if rng.chance(33) {
+                let (before, after) = (rng.range(20, 60), rng.range(30, 150));
+                let held =
+                    tokio::task::spawn_blocking(move || hold_across_an_expiry(port, before, after))
+                        .await
+                        .ok()
+                        .filter(|o| o.status.success())
+                        // The key, in the block's notice.
+                        .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_owned())
+                        .unwrap_or_default();
+                return format!(
+                    "a relay row with waiters held from {before}ms before its holder's expiry \
+                     to {after}ms after ({})",
+                    if held.is_empty() { "none found" } else { &held }
+                );
+            }
             let total = rng.range(200, 800);
             let end = now_ns() + total * MS;
             let mut holds = 0;
@@ -467,6 +484,41 @@ mod postgres {
                 "BEGIN; SELECT count(*) FROM (SELECT 1 FROM tower_lock.locks{rows} FOR UPDATE) AS r; \
                  SELECT pg_sleep({}); COMMIT;",
                 hold as f64 / 1000.0
+            ),
+        )
+    }
+
+    /// Hold the row of the relay key with waiters whose holder's lease ends
+    /// next (in 80 ms to 1 s; looked for during 1 s) `FOR UPDATE` from `before` ms before its
+    /// expiry to `after` ms after (blocking; the key in a notice). A holder that
+    /// lets go just before its TTL runs out (the relay's holds do) then
+    /// releases into the held row, and the head waiter's re-check, due as
+    /// that TTL runs out, queues behind the release: the release hands the
+    /// lock to the waiter first, and the re-check finds it granted.
+    fn hold_across_an_expiry(port: u16, before: u64, after: u64) -> std::process::Output {
+        psql_on(
+            port,
+            &format!(
+                "DO $$ DECLARE k text; e timestamptz; BEGIN \
+                   FOR i IN 1..100 LOOP \
+                     SELECT l.key, l.expires_at INTO k, e FROM tower_lock.locks AS l \
+                     WHERE l.key LIKE '%-relay%' \
+                       AND l.expires_at BETWEEN clock_timestamp() + interval '80 ms' \
+                                            AND clock_timestamp() + interval '1 s' \
+                       AND EXISTS (SELECT 1 FROM tower_lock.locks_waiters AS q \
+                                   WHERE q.key = l.key) \
+                     ORDER BY l.expires_at LIMIT 1; \
+                     EXIT WHEN k IS NOT NULL; \
+                     PERFORM pg_sleep(0.01); \
+                   END LOOP; \
+                   IF k IS NULL THEN RETURN; END IF; \
+                   PERFORM pg_sleep(extract(epoch FROM e - clock_timestamp()) - {b}); \
+                   PERFORM 1 FROM tower_lock.locks AS l WHERE l.key = k FOR UPDATE; \
+                   PERFORM pg_sleep(extract(epoch FROM e - clock_timestamp()) + {a}); \
+                   RAISE NOTICE '%', k; \
+                 END $$",
+                b = before as f64 / 1000.0,
+                a = after as f64 / 1000.0,
             ),
         )
     }

@@ -265,6 +265,11 @@ async fn a_recheck_behind_its_hand_off_keeps_the_whole_lease() {
     let (owner, fence): (String, i64) = (row.get(0), row.get(1));
     let (acquired, expires): (SystemTime, SystemTime) = (row.get(2), row.get(3));
     assert_eq!((owner.as_str(), fence as u64), ("waiter", lease.fence));
+    // The handle believes the whole TTL from the grant (the reply dates it
+    // from where the stored one counts from, not from the re-check's
+    // start) ...
+    assert_eq!(lease.lasts(), ttl);
+    // ... and the server keeps it that long.
     assert!(
         expires
             .duration_since(lease.acquired_at)
@@ -278,6 +283,61 @@ async fn a_recheck_behind_its_hand_off_keeps_the_whole_lease() {
             .unwrap_or_default()
     );
     assert!(acquired <= lease.acquired_at + ms(1));
+}
+
+/// A waiter's re-check that finds its predecessor's TTL run out is handed
+/// the lock then (no release ever came): its lease runs the whole TTL from
+/// that hand-off, in what the handle believes and on the server. The reply
+/// dated the TTL from the call's start, a little before the hand-off
+/// (chaos checker rule 13: up to the time the call waited for the row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recheck_handed_an_expired_lock_reports_its_whole_ttl() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let holder = backend(&server.url()).await;
+    holder
+        .acquire(&req("k", "holder", ms(300), Duration::ZERO))
+        .await
+        .unwrap();
+    let ttl = 30 * SEC;
+    let lease = b.acquire(&req("k", "waiter", ttl, 20 * SEC)).await.unwrap();
+    assert_eq!(lease.lasts(), ttl);
+    let s = session(&server).await;
+    let expires: SystemTime = s
+        .query_one(
+            "SELECT expires_at FROM tower_lock.locks WHERE key = 'g:k' AND owner = 'waiter'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        expires
+            .duration_since(lease.acquired_at)
+            .unwrap_or_default()
+            >= ttl
+    );
+}
+
+/// The same through a key held shared: a writer queued behind a reader
+/// whose TTL ran out is handed the lock at its re-check, and its lease runs
+/// the whole TTL from that hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_handed_a_lock_whose_readers_expired_reports_its_whole_ttl() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let reader = backend(&server.url()).await;
+    reader
+        .acquire(
+            &req("k", "reader", ms(300), Duration::ZERO)
+                .with_kind(tower_lock::LockKind::Shared)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let ttl = 30 * SEC;
+    let lease = b.acquire(&req("k", "writer", ttl, 20 * SEC)).await.unwrap();
+    assert_eq!(lease.lasts(), ttl);
 }
 
 /// An acquire that stalls before its row goes in (a slow trigger stands in

@@ -241,6 +241,8 @@ BEGIN
         code := 1;
         fence := h.fence;
         acquired_us := h.granted_us;
+        -- Its TTL runs from the hand-off (see _acquire).
+        now_us := h.granted_us;
         RETURN;
       END IF;
       SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
@@ -263,7 +265,10 @@ BEGIN
       -- same fence, TTL refreshed from the clock, the grant claimed (as in
       -- _acquire).
       UPDATE "{schema}"."{table}_holds" AS d SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL
-        WHERE d.key = p_key AND d.fence = x.fence;
+        WHERE d.key = p_key AND d.fence = x.fence
+        RETURNING d.expires_at - v_ttl INTO v_now;
+      -- The lease it reports runs from where the TTL stored counts from.
+      now_us := "{schema}"."{table}_us"(v_now);
       UPDATE "{schema}"."{table}" AS l SET expires_at = greatest(l.expires_at, clock_timestamp() + v_ttl)
         WHERE l.key = p_key;
       IF p_ticket IS NOT NULL THEN
@@ -428,7 +433,12 @@ BEGIN
     -- before that grant, and its TTL from then would end before the lease
     -- it reports (dated from the grant) does.
     UPDATE "{schema}"."{table}" AS l SET expires_at = clock_timestamp() + v_ttl, granted_to = NULL
-      WHERE l.key = p_key;
+      WHERE l.key = p_key
+      RETURNING l.expires_at - v_ttl INTO v_now;
+    -- The reply dates the TTL from where the one stored counts from (not
+    -- from this call's start, before the grant): the lease it reports,
+    -- from the grant, is then the whole TTL, as the server keeps it.
+    now_us := "{schema}"."{table}_us"(v_now);
     IF p_ticket IS NOT NULL THEN
       DELETE FROM "{schema}"."{table}_waiters" AS w
         WHERE w.channel = p_channel AND w.ticket = p_ticket;
@@ -448,6 +458,9 @@ BEGIN
         code := 1;
         fence := h.fence;
         acquired_us := h.granted_us;
+        -- Its TTL runs from the hand-off, which may come well after this
+        -- call's start (it waited for the row).
+        now_us := h.granted_us;
         RETURN;
       END IF;
       v_handed := h.fence;

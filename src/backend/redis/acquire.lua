@@ -20,6 +20,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
   -- Measured cheaper than the obvious spelling: no locals (`KEYS[i]` and
   -- `ARGV[i]` directly), `..` rather than `string.format`, and `PSETEX`
   -- rather than `SET ... PX` (one argument less, no option parsing).
+  -- @kinds-fast-path
   local f = redis.call('INCR', KEYS[2])
   if f < 1e14 then
     -- `..` writes a number with %.14g: exact below 1e14.

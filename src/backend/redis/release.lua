@@ -27,6 +27,35 @@ if current then
   end
 end
 
+if not current and ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 0 then
+  -- A shared hold or a permit named by its fence, nobody queued: nothing
+  -- to hand on, so no helpers. Its own hold, live: dropped as `drop_hold`
+  -- (common.lua) drops it, and both keys go with the last hold. Holds that
+  -- ran out meanwhile stay for the next acquire's prune (nobody waits for
+  -- them). Anything else: the slow path below answers.
+  local f = ARGV[2]
+  local value = redis.call('HGET', KEYS[6], f)
+  if value then
+    local expiry, _, attempt, _, who = string.match(value, '^(%d+) (%d+) (%S+) (%S+) (.+)$')
+    local t = redis.call('TIME')
+    if who == ARGV[1]
+      and tonumber(expiry) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+      local expiries = KEYS[6] .. 'e'
+      local index = 'a' .. attempt .. ' ' .. who
+      if redis.call('HGET', KEYS[6], index) == f then
+        redis.call('HDEL', KEYS[6], f, 'm' .. f, index)
+      else
+        redis.call('HDEL', KEYS[6], f, 'm' .. f)
+      end
+      redis.call('ZREM', expiries, f)
+      if redis.call('ZCARD', expiries) == 0 then
+        redis.call('DEL', KEYS[6], expiries)
+      end
+      return 1
+    end
+  end
+end
+
 local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 -- The holds' expiry index, named beside the holds (same hash tag, same
 -- slot) rather than sent: the exclusive fast path above never needs it,

@@ -58,6 +58,9 @@ CHECKED = [
     ("postgres-take-over-ignores-queue", "postgres"),
     ("postgres-fence-drawn-before-the-insert", "postgres"),
     ("postgres-retry-refreshed-from-transaction-start", "postgres"),
+    # A grant's reply that dates its TTL from the call's start (rule 13).
+    ("postgres-retry-reply-dated-from-transaction-start", "postgres"),
+    ("postgres-hand-off-reply-dated-from-transaction-start", "postgres"),
     ("postgres-release-ignores-owner", "postgres"),
     ("postgres-release-ignores-fence", "postgres"),
     ("postgres-extend-ignores-fence", "postgres"),
@@ -83,6 +86,13 @@ CHECKED = [
     ("kinds-memory-ran-out-holds-kept", "memory"),
     ("kinds-redis-permits-over-n", "redis"),
     ("kinds-redis-writer-beside-readers", "redis"),
+    # The fast paths of a fresh key's first hold and of a release with
+    # nobody queued (2026-11-29, night).
+    ("kinds-redis-fast-hold-not-indexed", "redis"),
+    ("kinds-redis-fast-hold-without-expiry", "redis"),
+    ("kinds-redis-fast-release-ignores-owner", "redis"),
+    ("kinds-redis-fast-release-beside-waiters", "redis"),
+    ("kinds-redis-fast-release-of-a-ran-out-hold", "redis"),
     ("kinds-postgres-permits-over-n", "postgres"),
     ("kinds-postgres-writer-beside-readers", "postgres"),
     ("kinds-etcd-permits-over-n", "etcd"),

@@ -73,3 +73,91 @@ async fn kinds_expiry_index_follows_the_holds_and_goes_with_the_last() {
     }
     assert_eq!(server.cmd(&["EXISTS", hash, index]), "0");
 }
+
+/// Waits until `n` waiters are queued on `key` (`{E}:q`), at most 10 s.
+async fn queued(server: &RedisServer, key: &str, n: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.cmd(&["LLEN", &format!("lock:{{g:{key}}}:q")]) != n {
+        assert!(tokio::time::Instant::now() < deadline, "never {n} queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The release of a key's last hold with a writer queued hands the key to
+/// that writer in the same script: right after the release returns, the
+/// lock is the writer's (the release's fast path, for a key nobody waits
+/// on, must not take this one).
+#[tokio::test]
+async fn releasing_the_last_hold_hands_the_key_to_the_queued_writer_at_once() {
+    use tower_lock::backend::LockBackend;
+    let server = RedisServer::start();
+    let backend = RedisBackend::from_url(&server.url()).unwrap();
+    let key = LockKey::global("handed").unwrap();
+    let long = Duration::from_secs(30);
+    let reader = backend
+        .acquire(
+            &AcquireRequest::new(key.clone(), "reader", long, Duration::ZERO)
+                .unwrap()
+                .with_kind(LockKind::Shared)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let req = AcquireRequest::new(key, "writer", long, Duration::from_secs(20)).unwrap();
+            backend.acquire(&req).await
+        }
+    });
+    queued(&server, "handed", "1").await;
+    backend
+        .release(&key, Holder::new("reader", reader.fence))
+        .await
+        .unwrap();
+    let value = server.cmd(&["GET", "lock:{g:handed}"]);
+    assert!(
+        value.ends_with(" writer"),
+        "right after the release the lock is {value:?}"
+    );
+    let lease = writer.await.unwrap().unwrap();
+    assert!(lease.fence > reader.fence);
+}
+
+/// A hold whose TTL ran out on the server is not its holder's to release:
+/// the release is refused (the holder learns it lost the hold) and touches
+/// no other hold.
+#[tokio::test]
+async fn releasing_a_hold_that_ran_out_is_refused() {
+    use tower_lock::backend::LockBackend;
+    let server = RedisServer::start();
+    let backend = RedisBackend::from_url(&server.url()).unwrap();
+    let key = LockKey::global("ran-out").unwrap();
+    let permit = |owner: &str, ttl: Duration| {
+        AcquireRequest::new(key.clone(), owner, ttl, Duration::ZERO)
+            .unwrap()
+            .with_kind(LockKind::Permits(2))
+            .unwrap()
+    };
+    let short = backend
+        .acquire(&permit("short", Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let long = backend
+        .acquire(&permit("long", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // Let the short hold's server-side TTL run out (that wait is the point).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = backend
+        .release(&key, Holder::new("short", short.fence))
+        .await;
+    assert!(
+        refused.is_err(),
+        "released a hold that ran out: {refused:?}"
+    );
+    backend
+        .release(&key, Holder::new("long", long.fence))
+        .await
+        .unwrap();
+}

@@ -92,6 +92,7 @@ CHECKED = [
     ("kinds-redis-fast-hold-without-expiry", "redis"),
     ("kinds-redis-fast-release-ignores-owner", "redis"),
     ("kinds-redis-fast-release-beside-waiters", "redis"),
+    ("kinds-redis-fast-release-drops-every-hold", "redis"),
     ("kinds-redis-fast-release-of-a-ran-out-hold", "redis"),
     ("kinds-postgres-permits-over-n", "postgres"),
     ("kinds-postgres-writer-beside-readers", "postgres"),

@@ -30,7 +30,7 @@ end
 if not current and ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 0 then
   -- A shared hold or a permit named by its fence, nobody queued: nothing
   -- to hand on, so no helpers. Its own hold, live: dropped as `drop_hold`
-  -- (common.lua) drops it, and both keys go with the last hold. Holds that
+  -- (common.lua) drops it, or with the last hold both keys. Holds that
   -- ran out meanwhile stay for the next acquire's prune (nobody waits for
   -- them). Anything else: the slow path below answers.
   local f = ARGV[2]
@@ -41,6 +41,11 @@ if not current and ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 0 then
     if who == ARGV[1]
       and tonumber(expiry) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
       local expiries = KEYS[6] .. 'e'
+      if redis.call('ZCARD', expiries) <= 1 then
+        -- The last hold (its expiry the index's one entry): both keys go.
+        redis.call('DEL', KEYS[6], expiries)
+        return 1
+      end
       local index = 'a' .. attempt .. ' ' .. who
       if redis.call('HGET', KEYS[6], index) == f then
         redis.call('HDEL', KEYS[6], f, 'm' .. f, index)
@@ -48,9 +53,6 @@ if not current and ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 0 then
         redis.call('HDEL', KEYS[6], f, 'm' .. f)
       end
       redis.call('ZREM', expiries, f)
-      if redis.call('ZCARD', expiries) == 0 then
-        redis.call('DEL', KEYS[6], expiries)
-      end
       return 1
     end
   end

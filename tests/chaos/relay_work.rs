@@ -19,11 +19,12 @@
 //! other workloads' calls do on theirs. A third of the rounds go to a key
 //! the processes share, the same rounds in every process, where one's
 //! waiter can be stopped (a paused process) past its max wait while
-//! another's holder lets go.
+//! another's holder lets go. Half the rounds go through shared holds or
+//! permits (`kinds_of`): the same wake-up paths, through a hold's release.
 
 use std::time::Duration;
 
-use tower_lock::{JobSpec, OwnedLock};
+use tower_lock::{JobSpec, LockKind, OwnedLock};
 
 use super::Task;
 use crate::clock::{MS, now_ns};
@@ -43,21 +44,22 @@ pub(super) async fn relay(mut tasks: Vec<Task>, mut rng: Rng, end: u64) {
             Some(shared) if together(shared, round) => shared.clone(),
             _ => cfg.relay.clone().expect("the relay key"),
         };
+        let (lead_kind, follower_kind) = kinds_of(&key, round);
         round += 1;
         // The followers come a few ms apart, in the order of the tasks.
         let mut at = 0;
         let mut turns = Vec::new();
         for (i, mut task) in tasks.drain(..).enumerate() {
             let key = key.clone();
-            let delay = if i == lead {
-                0
+            let (delay, kind) = if i == lead {
+                (0, lead_kind)
             } else {
                 at += rng.range(3, 30);
-                at
+                (at, follower_kind)
             };
             turns.push(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
-                task.relay_turn(&key, i == lead, end).await;
+                task.relay_turn(&key, i == lead, kind, end).await;
                 task
             }));
         }
@@ -70,24 +72,44 @@ pub(super) async fn relay(mut tasks: Vec<Task>, mut rng: Rng, end: u64) {
     }
 }
 
+/// The kinds of round `round` on `key` (the lead's, the followers'), the
+/// same in every process (drawn from the key's name and the round): half
+/// the rounds exclusive throughout; a quarter led by a shared hold with
+/// exclusive followers (a hold's release hands the key to a writer); a
+/// quarter of `Permits(1)` throughout (holds handed to holds). One family
+/// per round: between rounds the key comes free, so the next round may
+/// take another (a hold left by a walk-away that outlives the gap refuses
+/// the other family at once, which ends those turns).
+fn kinds_of(key: &str, round: u64) -> (LockKind, LockKind) {
+    match fnv(key, round.wrapping_add(0x6b69_6e64)) % 4 {
+        2 => (LockKind::Shared, LockKind::Exclusive),
+        3 => (LockKind::Permits(1), LockKind::Permits(1)),
+        _ => (LockKind::Exclusive, LockKind::Exclusive),
+    }
+}
+
+/// FNV-1a of `name` and `round`.
+fn fnv(name: &str, round: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain(round.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// Whether round `round` of every process goes to the shared key `shared`:
 /// a third of the rounds, drawn from the key's name (the seed's) so that
 /// the processes agree. Their first rounds start together, so in those the
 /// processes' tasks queue on the key at once: one process's waiter can be
 /// stopped past its max wait while the other's holder lets go.
 fn together(shared: &str, round: u64) -> bool {
-    // FNV-1a of the name and the round.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in shared.bytes().chain(round.to_le_bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h.is_multiple_of(3)
+    fnv(shared, round).is_multiple_of(3)
 }
 
 impl Task {
     /// One turn on `key`: the round's lead (a long TTL) or a
     /// follower queued behind it; nothing that waits past `end`.
-    async fn relay_turn(&mut self, key: &str, lead: bool, end: u64) {
+    async fn relay_turn(&mut self, key: &str, lead: bool, kind: LockKind, end: u64) {
         let left = end.saturating_sub(now_ns()) / MS;
         let long = lead || self.rng.chance(20);
         let ttl = if long {
@@ -101,8 +123,9 @@ impl Task {
             self.rng.range(1_500, 2_500)
         }
         .min(left);
-        let spec =
-            JobSpec::new(key, Duration::from_millis(ttl)).max_wait(Duration::from_millis(wait));
+        let spec = JobSpec::new(key, Duration::from_millis(ttl))
+            .max_wait(Duration::from_millis(wait))
+            .kind(kind);
         let Ok(lock) = OwnedLock::acquire(self.backend.clone(), &spec).await else {
             return;
         };

@@ -332,8 +332,20 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
     // and one granted after it can share owner and fence (a custom owner
     // several clients use): a release or an extend of the old one that
     // reached the server acted on the new one, the README's limit of a
-    // server restarted without its data. The new lease may end there.
+    // server restarted without its data. The new lease may end there; one
+    // that its holder's own call ended may have ended there too, if that
+    // call was still unanswered when the old one's call went out (the
+    // server may have run the old one's first).
     let resets: Vec<&Fault> = faults.iter().filter(|f| f.resets_fences).collect();
+    let ended_by_own_call_after = |l: &Lease, t: u64| {
+        ops.iter().any(|c| {
+            c.p == l.p
+                && c.key == l.key
+                && c.fence_in == Some(l.fence)
+                && c.inv == l.end
+                && c.ret > t
+        })
+    };
     if !resets.is_empty() {
         let index = LeaseIndex::new(&leases);
         let mut cut: Vec<(usize, u64)> = Vec::new();
@@ -353,7 +365,10 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                     && resets
                         .iter()
                         .any(|f| leases[own].asked < f.until && f.at < l.sure);
-                if reused && l.asked < op.ret && op.inv < l.end {
+                if reused
+                    && l.asked < op.ret
+                    && (op.inv < l.end || ended_by_own_call_after(l, op.inv))
+                {
                     cut.push((i, op.inv));
                 }
             }
@@ -361,8 +376,8 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
         for (i, at) in cut {
             if at < leases[i].end {
                 leases[i].end = at;
-                leases[i].why = REUSED_FENCE;
             }
+            leases[i].why = REUSED_FENCE;
         }
     }
     leases
@@ -1795,6 +1810,42 @@ mod tests {
         assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
         // Without the restart the same fence twice is a violation in itself.
         assert!(!kinds(&history(other(false))).is_empty());
+    }
+
+    #[test]
+    fn a_stale_release_that_overtakes_the_holders_own_is_the_reused_fence() {
+        // Redis seed 1006 (2026-11-29, night): after a restart without data
+        // p1 was granted fence 12 under a custom owner p2 had held fence 12
+        // under before it; p1's release went out first but answered "not
+        // yours": p2's late release of its old fence 12, sent 0.3 ms later,
+        // reached the server first and freed p1's lock. Rule 12 must read
+        // p1's refused release as that limit, not a lease cut short.
+        let owned = |mut o: Op| {
+            o.owner = Some("job-k".into());
+            o
+        };
+        let mut refused = owned(release(1, 2, 720, 724, 12));
+        refused.outcome = Outcome::Mismatch;
+        let ops = vec![
+            owned(grant(2, 1, 0, 1, 12, 5_000)),
+            owned(grant(1, 1, 700, 701, 12, 500)),
+            refused,
+            owned(release(2, 2, 721, 723, 12)),
+        ];
+        let h = History {
+            faults: vec![wiped(600, 650)],
+            ..history(ops.clone())
+        };
+        assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
+        // The stale release sent after the holder's own was answered: the
+        // refusal is p1's lease cut short.
+        let mut late = ops;
+        late[3] = owned(release(2, 2, 725, 726, 12));
+        let h = History {
+            faults: vec![wiped(600, 650)],
+            ..history(late)
+        };
+        assert_eq!(kinds(&h), ["lease-cut-short"]);
     }
 
     #[test]

@@ -50,9 +50,8 @@
 //! 8. **Liveness.** After the faults ended and every client stopped, every
 //!    key comes free within its TTL, and no client process hangs.
 //!
-//!
 //! Rules 9 to 11, and how the others read shared holds and permits, are in
-//! `check_kinds.rs`; 12 is at its function (`cut_short`), and 13:
+//! `check_kinds.rs`; 12 is at its function (`cut_short`), and 13 and 14:
 //!
 //! 13. **A grant carries its whole TTL.** The README's TTL runs from the
 //!     grant: the lease a grant reports (`Lease::lasts`, from the grant to
@@ -60,6 +59,9 @@
 //!     Shorter, the server set the expiry from a moment before the grant
 //!     (a re-check dated from its own start): the holder is told, so no two
 //!     holders follow, but it holds for less than it asked.
+//! 14. **A call by another owner never acts.** A release or an extension
+//!     naming a hold's fence under another owner token answers "not
+//!     yours" (`foreign_calls`).
 
 use std::collections::BTreeMap;
 
@@ -163,6 +165,7 @@ pub fn check(h: &History, bounds: Bounds) -> Vec<Violation> {
     beliefs(&ops, &leases, bounds, t0, &mut out);
     stale_calls(&ops, &leases, t0, &mut out);
     foreign_extends(&ops, t0, &mut out);
+    foreign_calls(&ops, &leases, &h.faults, t0, &mut out);
     cut_short(&ops, &leases, &h.faults, bounds, t0, &mut out);
     whole_ttl(&ops, bounds, t0, &mut out);
     fifo(&ops, h, t0, op_timeout, &mut out);
@@ -743,6 +746,54 @@ fn stale_calls(ops: &[&Op], leases: &[Lease], t0: u64, out: &mut Vec<Violation>)
                 ms(other.end, t0)
             ),
         });
+    }
+}
+
+/// Rule 14: a call by another owner never acts. A release or an extension
+/// that named an acquisition's fence under an owner token that is not that
+/// acquisition's (the kinds workload's meddling calls), answered Ok: it
+/// acted on someone else's lock. Not once a fault started fences over (an
+/// earlier epoch may have granted that fence to that owner).
+fn foreign_calls(
+    ops: &[&Op],
+    leases: &[Lease],
+    faults: &[Fault],
+    t0: u64,
+    out: &mut Vec<Violation>,
+) {
+    for op in ops {
+        let named = matches!(op.kind, Kind::Release | Kind::Extend) && op.outcome == Outcome::Ok;
+        let (true, Some(fence), Some(owner)) = (named, op.fence_in, &op.owner) else {
+            continue;
+        };
+        if faults.iter().any(|f| f.resets_fences && f.at < op.ret) {
+            continue;
+        }
+        let lease = leases
+            .iter()
+            .filter(|l| l.key == op.key && l.fence == fence && l.sure <= op.ret)
+            .max_by_key(|l| l.sure);
+        let Some(l) = lease else {
+            continue;
+        };
+        if l.owner.as_ref().is_some_and(|o| o != owner) {
+            out.push(Violation {
+                kind: "foreign-call-succeeded",
+                detail: format!(
+                    "{}: {:?} p{} #{} under owner {owner} naming fence {fence} (p{} #{}, owner {}) \
+                     answered Ok during {}..{}",
+                    op.key,
+                    op.kind,
+                    op.p,
+                    op.id,
+                    l.p,
+                    l.id,
+                    l.owner.as_deref().unwrap_or_default(),
+                    ms(op.inv, t0),
+                    ms(op.ret, t0)
+                ),
+            });
+        }
     }
 }
 
@@ -1810,6 +1861,28 @@ mod tests {
         assert!(kinds(&h).is_empty(), "{:?}", check(&h, Bounds::default()));
         // Without the restart the same fence twice is a violation in itself.
         assert!(!kinds(&history(other(false))).is_empty());
+    }
+
+    #[test]
+    fn a_release_by_another_owner_that_succeeds_is_caught() {
+        let owned = |mut o: Op, owner: &str| {
+            o.owner = Some(owner.into());
+            o
+        };
+        let ops = |outcome: Outcome| {
+            let mut meddle = owned(release(2, 1, 10, 11, 1), "meddler");
+            meddle.outcome = outcome;
+            vec![owned(grant(1, 0, 0, 1, 1, 100), "a"), meddle]
+        };
+        assert_eq!(
+            kinds(&history(ops(Outcome::Ok))),
+            ["foreign-call-succeeded"]
+        );
+        assert!(kinds(&history(ops(Outcome::Mismatch))).is_empty());
+        // Its own owner may release it (from another process too).
+        let mut own = ops(Outcome::Ok);
+        own[1].owner = Some("a".into());
+        assert!(kinds(&history(own)).is_empty());
     }
 
     #[test]

@@ -2,16 +2,21 @@
 //! of a reader/writer key and `Permits(n)` of a permits key, with the
 //! exclusive tasks' operations where they apply (acquire with and without a
 //! max wait, cancelled calls, release, drop, extend, walking away, watchdog
-//! renewals, hand-off and restore, force release), and now and then a
-//! request of the other family (refused at once while the key is held).
+//! renewals, hand-off and restore, force release), now and then a
+//! request of the other family (refused at once while the key is held),
+//! and a caller naming another's hold by its fence (refused).
 //! Multi-lock requests through the layer and single-flight stay on the
 //! exclusive keys.
 
 use std::time::Duration;
 
-use tower_lock::{JobSpec, LockKind};
+use tower_lock::backend::Holder;
+use tower_lock::{JobSpec, LockKey, LockKind};
 
 use super::Task;
+
+/// The owner token of the meddling calls: no acquisition has it.
+pub const MEDDLER: &str = "meddler";
 
 impl Task {
     /// One kinds operation.
@@ -26,15 +31,39 @@ impl Task {
                 self.hand_off(spec).await
             }
             72..=83 => self.restore().await,
-            84..=86 => {
+            84..=85 => {
                 let key = self.kinds_key();
                 self.force_key(&key).await
             }
+            86..=87 => self.meddle().await,
             _ => {
                 let spec = self.kind_spec(true);
                 self.hold(spec).await
             }
         }
+    }
+
+    /// A caller that is not the holder names a live hold's fence (read
+    /// from the key's status, as from a log or an admin page) with an owner
+    /// token of its own, in a release or an extension: it must be refused
+    /// and touch nothing (rule 14).
+    async fn meddle(&mut self) {
+        let key = LockKey::global(self.kinds_key()).expect("key");
+        let holds: Vec<u64> = match self.backend.status(&key).await {
+            Ok(Some(s)) if s.holders.is_empty() => vec![s.fence],
+            Ok(Some(s)) => s.holders.iter().map(|h| h.fence).collect(),
+            _ => Vec::new(),
+        };
+        if let Some(&fence) = holds.get(self.rng.range(0, 3) as usize % holds.len().max(1)) {
+            let meddler = Holder::new(MEDDLER, fence);
+            if self.rng.chance(50) {
+                let _ = self.backend.release(&key, meddler).await;
+            } else {
+                let ttl = self.ttl();
+                let _ = self.backend.extend(&key, meddler, ttl).await;
+            }
+        }
+        self.idle().await;
     }
 
     fn kinds_key(&mut self) -> String {

@@ -95,6 +95,8 @@ CHECKED = [
     ("kinds-redis-fast-release-drops-every-hold", "redis"),
     ("kinds-redis-fast-release-of-a-ran-out-hold", "redis"),
     ("kinds-postgres-permits-over-n", "postgres"),
+    # The owner check of a hold's release (rule 14, the meddling calls).
+    ("kinds-postgres-hold-release-ignores-owner", "postgres"),
     ("kinds-postgres-writer-beside-readers", "postgres"),
     ("kinds-etcd-permits-over-n", "etcd"),
     ("kinds-etcd-shared-beside-a-writer", "etcd"),

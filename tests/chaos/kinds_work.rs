@@ -54,7 +54,8 @@ impl Task {
             Ok(Some(s)) => s.holders.iter().map(|h| h.fence).collect(),
             _ => Vec::new(),
         };
-        if let Some(&fence) = holds.get(self.rng.range(0, 3) as usize % holds.len().max(1)) {
+        if !holds.is_empty() {
+            let fence = *self.rng.pick(&holds);
             let meddler = Holder::new(MEDDLER, fence);
             if self.rng.chance(50) {
                 let _ = self.backend.release(&key, meddler).await;

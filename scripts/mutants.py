@@ -655,6 +655,19 @@ MUTANTS = [
     ("kinds-etcd-force-release-frees-one-hold", "src/backend/etcd/handoff.rs",
      "            Giving::All => true,\n            Giving::Nothing => false,\n        }",
      "            Giving::All => !std::ptr::eq(h, h),\n            Giving::Nothing => false,\n        }"),
+    # A permit or shared hold this process wrote, given back in one
+    # transaction when nobody waits; permit releases into a queue taking
+    # turns from the last grant's state (2026-11-30).
+    ("kinds-etcd-known-release-frees-every-hold", "src/backend/etcd/ops.rs",
+     "            ops = vec![TxnOp::delete(hold.clone(), None)];",
+     "            ops = vec![delete_range(keys.holders().0, keys.holders().1)];"),
+    ("kinds-etcd-known-release-ignores-the-queue", "src/backend/etcd/ops.rs",
+     "            when = compare;",
+     "            when = compare;\n            let txn = Txn::new().when([when]).and_then(ops);\n"
+     "            self.shared.conn.txn(WHAT, txn, end).await?;\n            return Ok(());"),
+    ("kinds-etcd-turn-hands-on-another-hold", "src/backend/etcd/handoff.rs",
+     "        let h = last.find(holder)?;",
+     "        let _ = holder;\n        let h = last.holders.first()?;"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

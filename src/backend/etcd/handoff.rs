@@ -180,6 +180,8 @@ impl EtcdBackend {
                 _ => None,
             };
             let mut ops: Vec<TxnOp> = if given { Vec::new() } else { extra.to_vec() };
+            // Whether an owner index entry goes, decided from the holds read.
+            let mut unindexed = false;
             for h in &gone {
                 ops.push(TxnOp::delete(h.key.clone(), None));
                 // (The index entry stays while the owner holds or is
@@ -188,6 +190,7 @@ impl EtcdBackend {
                     || head.as_ref().is_some_and(|w| w.value.owner == h.owner);
                 if !kept {
                     ops.push(TxnOp::delete(keys.index(&h.owner), None));
+                    unindexed |= self.index_owners;
                 }
             }
             let mut when: Vec<Compare> = from.condition(keys, snapshot.at).into_iter().collect();
@@ -204,6 +207,9 @@ impl EtcdBackend {
                 let txn = Txn::new().when(when).and_then(ops).or_else(reread);
                 let reply = self.shared.conn.txn(WHAT, txn, end).await?;
                 if reply.succeeded() {
+                    if !queued {
+                        self.shared.passing.forget(keys);
+                    }
                     return Ok(Passed::Done);
                 }
                 snapshot = Snapshot::read(keys, &reply, 0, WHAT)?;
@@ -229,8 +235,22 @@ impl EtcdBackend {
                 head.mod_revision,
             ));
             // No hold came since the read: the head fits beside what is
-            // held (holds that went away since only leave more room).
-            when.push(keys.holds_unchanged_since(snapshot.at));
+            // held (holds that went away since only leave more room). Not
+            // needed when one permit passes straight to a waiter for a
+            // permit of the same `n`: the holds stay as many as they were,
+            // whatever came or went since (none of another family can be
+            // beside the permit the condition above finds); with several
+            // holders releasing at once, each one's grant failed the
+            // others' transactions, a Raft commit each (etcd permits4).
+            // Unless an owner index entry goes: whether it may was decided
+            // from the holds read.
+            let swap = !given
+                && !unindexed
+                && matches!(head.value.kind, LockKind::Permits(_))
+                && matches!(&gone[..], [h] if h.kind == head.value.kind);
+            if !swap {
+                when.push(keys.holds_unchanged_since(snapshot.at));
+            }
             let txn = Txn::new().when(when).and_then(ops).or_else(reread);
             match self.shared.conn.txn_with_lease(WHAT, txn, end).await? {
                 Ok(reply) if reply.succeeded() => {
@@ -238,6 +258,7 @@ impl EtcdBackend {
                     from = Giving::Nothing;
                     snapshot = Snapshot::read(keys, &reply, read_at, WHAT)?;
                     self.shared.handed.keep(keys, &snapshot);
+                    self.shared.passing.keep(keys, &snapshot);
                 }
                 Ok(reply) => snapshot = Snapshot::read(keys, &reply, 0, WHAT)?,
                 Err(_gone) => {
@@ -384,6 +405,96 @@ impl Handed {
         let key = keys.holders().0;
         let h = map.get(&key)?.find(holder)?.clone();
         map.remove(&key).map(|snapshot| (snapshot, h))
+    }
+}
+
+/// Permits handed on in this process, one lock at a time. Several holders
+/// of a lock's permits releasing at once into a queue each read the same
+/// oldest waiter and raced to grant it: all but one failed their
+/// transaction (a Raft commit each) and read again, and raced for the
+/// next (etcd `permits4`: 2.3 failed hand-offs per grant). Once a lock's
+/// queue is seen, its permit releases in this process take turns, each
+/// from the state the last grant read (it shows the next waiter and the
+/// holds), which also spares the release its read-first transaction. A
+/// state gone stale (another process granted that waiter) only fails the
+/// transaction's conditions, whose failure branch reads afresh. Other
+/// processes race as before: no worse.
+#[derive(Default)]
+pub(super) struct Passing(std::sync::Mutex<std::collections::HashMap<Vec<u8>, Turns>>);
+
+#[derive(Default)]
+struct Turns {
+    turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The state the last grant read, while it showed a waiter.
+    last: Option<Snapshot>,
+}
+
+/// One permit release's turn to hand on a lock.
+pub(super) type Turn = tokio::sync::OwnedMutexGuard<()>;
+
+impl Passing {
+    /// Wait for this process's turn to hand on `keys`'s permits: when
+    /// `queued` (the lock has a queue), or when its queue was seen lately.
+    /// `None`: no turn to take.
+    pub(super) async fn turn(
+        &self,
+        keys: &LockKeys,
+        queued: bool,
+        end: Instant,
+    ) -> Result<Option<Turn>, LockError> {
+        let turn = {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let lock = keys.holders().0;
+            if !queued && map.get(&lock).is_none_or(|t| t.last.is_none()) {
+                return Ok(None);
+            }
+            if map.len() >= HANDED_MAX && !map.contains_key(&lock) {
+                // (Turns in flight keep their mutex; a new one only races.)
+                map.clear();
+            }
+            map.entry(lock).or_default().turn.clone()
+        };
+        match tokio::time::timeout_at(end, turn.lock_owned()).await {
+            Ok(turn) => Ok(Some(turn)),
+            Err(_) => Err(timed_out("waiting to hand an etcd lock over")),
+        }
+    }
+
+    /// The state the last grant of `keys` read, if it is newer than
+    /// `than` (a revision), shows `holder`'s hold and a waiter.
+    pub(super) fn last(
+        &self,
+        keys: &LockKeys,
+        holder: crate::backend::Holder<'_>,
+        than: i64,
+    ) -> Option<(Snapshot, HeldKey)> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let last = map.get(&keys.holders().0)?.last.as_ref()?;
+        let h = last.find(holder)?;
+        (last.at > than && last.head.is_some()).then(|| (last.clone(), h.clone()))
+    }
+
+    /// Keep `snapshot` (a grant's state) for the next permit release of
+    /// the lock, if it has a queue here (else forget it: the state of a
+    /// lock with nobody waiting is no head start).
+    fn keep(&self, keys: &LockKeys, snapshot: &Snapshot) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(turns) = map.get_mut(&keys.holders().0) else {
+            return;
+        };
+        let permits = snapshot
+            .holders
+            .iter()
+            .all(|h| matches!(h.kind, LockKind::Permits(_)));
+        turns.last = (permits && snapshot.head.is_some()).then(|| snapshot.clone());
+    }
+
+    /// The lock was given back to nobody: its queue is gone.
+    fn forget(&self, keys: &LockKeys) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(turns) = map.get_mut(&keys.holders().0) {
+            turns.last = None;
+        }
     }
 }
 

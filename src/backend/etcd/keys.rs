@@ -71,6 +71,15 @@ impl LockKeys {
         )
     }
 
+    /// The range of `owner`'s holds of `kind` (see [`Self::holder`]).
+    pub(super) fn owner_holds(&self, kind: LockKind, owner: &str) -> (Vec<u8>, Vec<u8>) {
+        let tag = super::kinds::tag(kind);
+        (
+            self.with(format!("h/{tag}{owner} ").as_bytes()),
+            self.with(format!("h/{tag}{owner}!").as_bytes()),
+        )
+    }
+
     /// `[…/q/, …/q0)`: the waiters.
     pub(super) fn queue(&self) -> (Vec<u8>, Vec<u8>) {
         (self.with(b"q/"), self.with(&[b'q', AFTER_SLASH]))

@@ -155,6 +155,7 @@ struct Shared {
     expiries: Expiries,
     watches: Watches,
     handed: handoff::Handed,
+    passing: handoff::Passing,
     waits: leave::LiveWaits,
 }
 
@@ -168,6 +169,7 @@ impl Shared {
             expiries: Expiries::default(),
             watches: Watches::default(),
             handed: handoff::Handed::default(),
+            passing: handoff::Passing::default(),
             waits: leave::LiveWaits::default(),
         })
     }

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::time::Instant;
 
 use super::EtcdBackend;
@@ -14,7 +16,7 @@ use super::keys::{HeldKey, HolderValue, LockKeys, ceil_ms};
 use crate::backend::{Holder, Lease};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::{owners_match, validate_ttl};
+use crate::spec::{LockKind, owners_match, validate_ttl};
 
 pub(super) enum Attempt {
     Acquired(Lease),
@@ -115,22 +117,58 @@ impl EtcdBackend {
             // Not held as that state said: the release below says why.
         }
         let mut ops = vec![delete_range(start.clone(), stop.clone())];
+        let mut when = keys.held_by(holder.owner(), holder.fence());
+        let mut disarm = (start, stop);
+        let known = self.known_hold(&keys, holder);
+        // A permit of a lock with a queue seen lately: this process's turn
+        // to hand it on, from the state the last grant read (see
+        // `Passing`).
+        let permit = known.as_ref().is_some_and(|(hold, _)| {
+            matches!(keys.parse_hold(hold), Some((LockKind::Permits(_), _, _)))
+        });
+        let mut turn = None;
+        if permit {
+            turn = self.shared.passing.turn(&keys, false, end).await?;
+            if let Some((snapshot, h)) = self.shared.passing.last(&keys, holder, 0) {
+                let from = Giving::Fence(&h.key, h.fence);
+                if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {
+                    self.disarm_released(&h);
+                    return Ok(());
+                }
+            }
+        }
+        if let Some((hold, compare)) = known {
+            // A shared hold or permit this process wrote: its key is known,
+            // so nobody queued, one transaction gives it back (the
+            // condition above only sees exclusive holder keys, and the
+            // release needed a second, read-first one).
+            ops = vec![TxnOp::delete(hold.clone(), None)];
+            when = compare;
+            disarm = (hold.clone(), after(&hold));
+        }
         if self.index_owners {
             ops.push(TxnOp::delete(keys.index(holder.owner()), None));
         }
         let txn = Txn::new()
-            .when([
-                keys.held_by(holder.owner(), holder.fence()),
-                keys.nobody_queued(),
-            ])
+            .when([when, keys.nobody_queued()])
             .and_then(ops)
             .or_else([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
         if reply.succeeded() {
-            self.shared.expiries.disarm_range(&start, &stop);
+            self.shared.expiries.disarm_range(&disarm.0, &disarm.1);
             return Ok(());
         }
-        let snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
+        let (start, stop) = disarm;
+        let mut snapshot = Snapshot::read(&keys, &reply, 0, WHAT)?;
+        if permit && snapshot.head.is_some() {
+            if turn.is_none() {
+                turn = self.shared.passing.turn(&keys, true, end).await?;
+            }
+            if let Some((last, _)) = self.shared.passing.last(&keys, holder, snapshot.at) {
+                // A grant made while this release waited for its turn.
+                snapshot = last;
+            }
+        }
         let Some(h) = snapshot.find(holder).cloned() else {
             if snapshot.holders.is_empty() {
                 self.shared.expiries.disarm_range(&start, &stop);
@@ -141,12 +179,41 @@ impl EtcdBackend {
         let outcome = self
             .pass_on(&keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
             .await?;
+        // (The next permit release's turn.)
+        drop(turn);
         self.disarm_released(&h);
         match outcome {
             Passed::Done => Ok(()),
             // Released or expired meanwhile.
             Passed::NotHeld => Err(LockError::NotFound),
         }
+    }
+
+    /// The holder key of `holder`'s shared hold or permit if this process
+    /// wrote it (its expiry is armed here), and the condition that it is
+    /// still held: under its fence, and with the owner index on, the
+    /// owner's only hold of the lock (else the release must read whether
+    /// the index entry stays).
+    fn known_hold(&self, keys: &LockKeys, holder: Holder<'_>) -> Option<(Vec<u8>, Compare)> {
+        let fence = holder.fence()?;
+        let (start, stop) = keys.holders();
+        let of_owner = |k: &[u8]| {
+            keys.parse_hold(k)
+                .is_some_and(|(kind, o, _)| kind != LockKind::Exclusive && o == holder.owner())
+        };
+        let known = self
+            .shared
+            .expiries
+            .known(&start, &stop, Some(fence), of_owner)?;
+        let compare = if self.index_owners {
+            let (kind, _, _) = keys.parse_hold(&known.key)?;
+            let (start, stop) = keys.owner_holds(kind, holder.owner());
+            let fence = i64::try_from(fence).ok()?;
+            Compare::create_revision(start, CompareOp::Equal, fence).with_range(stop)
+        } else {
+            fence_is(&known.key, fence)
+        };
+        Some((known.key, compare))
     }
 
     /// Forget the expiry of hold `h`, given back and handed on: the timers

@@ -266,6 +266,66 @@ pub async fn permits_admit_n_and_serve_the_rest_in_order(h: Harness) {
     assert_eq!(status_of(&h.backend, &key).await, None);
 }
 
+/// Holders of one process releasing their permits by fence, one after the
+/// other, into a queue: each gives back its own permit, not another
+/// holder's, and each goes to the oldest waiter. (etcd hands permits on in
+/// turns, each from the state the last grant read, which lists every
+/// holder: a release that took the wrong one from it gave back the oldest
+/// holder's permit instead of its own.)
+pub async fn permits_released_into_a_queue_each_give_back_their_own(h: Harness) {
+    let key = gkey("uploads");
+    let permit = |o, wait| kreq(&key, o, LockKind::Permits(2), LONG, wait);
+    let fenced = |o: &'static str, l: &Lease| (o, l.fence);
+    let give_back = |(o, fence): (&'static str, u64)| {
+        let (b, key) = (h.backend.clone(), key.clone());
+        async move {
+            b.release(&key, Holder::new(o, fence))
+                .await
+                .unwrap_or_else(|e| panic!("release {o}: {e:?}"))
+        }
+    };
+    let p1 = h
+        .backend
+        .acquire(&permit("p1", Duration::ZERO))
+        .await
+        .unwrap();
+    let p2 = h
+        .backend
+        .acquire(&permit("p2", Duration::ZERO))
+        .await
+        .unwrap();
+    let mut waiting = Vec::new();
+    for (i, o) in ["p3", "p4", "p5"].into_iter().enumerate() {
+        waiting.push(spawn_acquire(&h.backend, permit(o, PATIENT)));
+        h.until_queued(&key, i + 1).await;
+    }
+    let mut waiting = waiting.into_iter();
+    let mut next = async || waiting.next().unwrap().await.unwrap().unwrap();
+
+    give_back(fenced("p2", &p2)).await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Permits(2), vec!["p1".into(), "p3".into()], 2)
+    );
+    let p3 = next().await;
+    give_back(fenced("p3", &p3)).await;
+    assert_eq!(
+        holders(&h, &key).await,
+        (LockKind::Permits(2), vec!["p1".into(), "p4".into()], 1),
+        "p3 gave back its own permit, to p4"
+    );
+    give_back(fenced("p1", &p1)).await;
+    assert_eq!(
+        holders(&h, &key).await.1,
+        vec!["p4".to_owned(), "p5".to_owned()]
+    );
+    let (p4, p5) = (next().await, next().await);
+    assert!(p1.fence < p3.fence && p3.fence < p4.fence && p4.fence < p5.fence);
+    give_back(fenced("p5", &p5)).await;
+    give_back(fenced("p4", &p4)).await;
+    assert_eq!(status_of(&h.backend, &key).await, None);
+}
+
 /// A newcomer never takes a free permit while earlier requests queue for
 /// one: a permit that ran out goes to the head of the queue.
 pub async fn an_expired_permit_goes_to_the_queue_not_to_a_newcomer(h: Harness) {

@@ -311,6 +311,7 @@ mod kinds_suite {
                 a_queued_writer_blocks_later_readers,
                 consecutive_queued_readers_are_granted_together,
                 permits_admit_n_and_serve_the_rest_in_order,
+                permits_released_into_a_queue_each_give_back_their_own,
                 each_hold_is_released_and_extended_on_its_own,
                 kinds_that_cannot_meet_are_refused_and_never_queue,
                 the_layer_takes_shared_holds_and_permits,

@@ -86,7 +86,8 @@ start_postgres() {
 
 # A 3-member etcd cluster, each member in a directory of its own, on the real
 # disk (the tests use /dev/shm; ETCD_DATA_PARENT chooses), with etcd's default
-# Raft timing (heartbeat 100 ms, election 1 s).
+# Raft timing (heartbeat 100 ms, election 1 s). ETCD_ARGS: more flags for
+# each member (e.g. "--auto-compaction-mode=periodic --auto-compaction-retention=5s").
 start_etcd() {
   local ep initial="" i client peer
   read -r -a ep <<< "$(free_ports 6)"
@@ -99,7 +100,7 @@ start_etcd() {
       --listen-client-urls "$client" --advertise-client-urls "$client" \
       --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
       --initial-cluster "$initial" --initial-cluster-state new \
-      --initial-cluster-token lockbench --log-level error \
+      --initial-cluster-token lockbench --log-level error ${ETCD_ARGS:-} \
       > "$ETCD_DIR/m$i.log" 2>&1 &
     ETCD_PIDS+=($!)
   done

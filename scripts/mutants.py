@@ -668,14 +668,6 @@ MUTANTS = [
     ("kinds-etcd-turn-hands-on-another-hold", "src/backend/etcd/handoff.rs",
      "        let h = last.find(holder)?;",
      "        let _ = holder;\n        let h = last.holders.first()?;"),
-    # PostgreSQL's one-statement release of a shared hold or permit named by
-    # its fence, nobody queued (2026-11-30).
-    ("kinds-postgres-fenced-release-beside-waiters", "src/backend/postgres/functions.sql",
-     "  IF r.kind <> 0 AND p_fence IS NOT NULL AND NOT r.queued THEN",
-     "  IF r.kind <> 0 AND p_fence IS NOT NULL THEN"),
-    ("kinds-postgres-fenced-release-drops-the-other-holds", "src/backend/postgres/functions.sql",
-     "        WHERE z.key = p_key AND z.fence <> p_fence AND EXISTS (SELECT 1 FROM anchor))",
-     "        WHERE z.key = p_key AND z.fence <> p_fence)"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

@@ -526,31 +526,6 @@ BEGIN
   IF NOT FOUND THEN
     RETURN 0;
   END IF;
-  IF r.kind <> 0 AND p_fence IS NOT NULL AND NOT r.queued THEN
-    -- Fast path, one statement: the hold named (nobody queued, so nobody
-    -- to hand the room to) and, with the last live hold, the row and the
-    -- holds that ran out. Every part reads the one snapshot taken with the
-    -- row ours (no hold comes or goes without the row), in which the hold
-    -- named is still there: "another live hold" is one of another fence.
-    WITH gone AS (
-      DELETE FROM "{schema}"."{table}_holds" AS x
-        WHERE x.key = p_key AND x.owner = p_owner AND x.fence = p_fence
-        RETURNING x.expires_at),
-    anchor AS (
-      DELETE FROM "{schema}"."{table}" AS l
-        WHERE l.key = p_key AND EXISTS (SELECT 1 FROM gone)
-          AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
-                          WHERE y.key = p_key AND y.fence <> p_fence AND y.expires_at > v_now)
-        RETURNING l.key),
-    rest AS (
-      DELETE FROM "{schema}"."{table}_holds" AS z
-        WHERE z.key = p_key AND z.fence <> p_fence AND EXISTS (SELECT 1 FROM anchor))
-    SELECT g.expires_at INTO r.expires_at FROM gone AS g;
-    IF FOUND THEN
-      RETURN CASE WHEN r.expires_at > v_now THEN 1 ELSE 0 END;
-    END IF;
-    -- Not held under that fence: nothing changed; the path below says why.
-  END IF;
   IF r.kind <> 0 THEN
     -- One hold of a shared/permit key (a NULL `p_fence`: the owner's oldest).
     DELETE FROM "{schema}"."{table}_holds" AS x

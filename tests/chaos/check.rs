@@ -879,6 +879,18 @@ fn fifo(ops: &[&Op], h: &History, t0: u64, op_timeout: u64, out: &mut Vec<Violat
             .filter(|w| w.key == n.key && (w.p, w.id) != (n.p, n.id))
         {
             let queued = place(w);
+            // A force release after its last entry may have taken back a
+            // hand-off to it that it had not seen yet (its entry went with
+            // the hand-off): from then on it holds no place, and, finding
+            // its entry gone, it asks again; when the lock is free by then
+            // it is granted at once, with no entry to record (etcd seed
+            // 3114: queued by 90 ms, handed the lock by a release at ~140,
+            // force-released at ~170, a newcomer granted at once at 172,
+            // the waiter granted at once at 234 on its next look).
+            let last_entry = w.queued.iter().copied().max().unwrap_or(queued);
+            let taken_back = forced
+                .iter()
+                .any(|f| f.key == w.key && f.ret > last_entry && f.inv < n.ret);
             // A waiter granted the lock waited until the hand-off (a grant
             // after its lease ran out, before it woke, is no overtaking).
             let waited_until = match w.outcome {
@@ -888,6 +900,7 @@ fn fifo(ops: &[&Op], h: &History, t0: u64, op_timeout: u64, out: &mut Vec<Violat
             let waiting_until = waited_until.min(w.inv + w.wait_ms * MS);
             if queued < n.inv
                 && n.ret + 10 * MS < waiting_until
+                && !taken_back
                 && !disturbed(queued, n.ret, [w.p, n.p])
             {
                 out.push(Violation {
@@ -2072,6 +2085,26 @@ mod tests {
         let mut force = op(3, 2, Kind::ForceRelease, 290, 291, Outcome::Ok);
         force.key = "k".into();
         assert!(!kinds(&overtaken_again(vec![force])).contains(&"barging"));
+    }
+
+    #[test]
+    fn a_force_release_after_a_waiters_entry_may_have_taken_back_its_hand_off() {
+        // The waiter (entry at 3 ms) was handed the lock by the release at
+        // 280 ms and had not seen it when a force release took it back;
+        // the newcomer at 500 ms found the lock free. Its entry gone with
+        // the hand-off, the waiter holds no place: no overtaking.
+        let mut force = op(3, 2, Kind::ForceRelease, 290, 291, Outcome::Ok);
+        force.key = "k".into();
+        let mut h = overtaken(vec![3]);
+        h.ops.push(force.clone());
+        assert!(!kinds(&h).contains(&"barging"));
+        // A force release that began only after the newcomer's grant says
+        // nothing of the place the waiter had before it.
+        force.inv = 600 * MS;
+        force.ret = 601 * MS;
+        let mut h = overtaken(vec![3]);
+        h.ops.push(force);
+        assert!(kinds(&h).contains(&"barging"));
     }
 
     #[test]

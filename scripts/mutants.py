@@ -624,8 +624,10 @@ MUTANTS = [
      "            when.push(Compare::mod_revision(\n                head.key.clone(),\n                CompareOp::Equal,\n                head.mod_revision,\n            ));\n",
      ""),
     ("etcd-kept-hand-off-release-answers-for-a-lost-hold", "src/backend/etcd/ops.rs",
-     "if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {",
-     "if self.pass_on(&keys, snapshot, from, &[], end).await? != Passed::Done || true {"),
+     "(see `Handed`).\n            let from = Giving::Fence(&h.key, h.fence);\n"
+     "            if self.pass_on(&keys, snapshot, from, &[], end).await? == Passed::Done {",
+     "(see `Handed`).\n            let from = Giving::Fence(&h.key, h.fence);\n"
+     "            if self.pass_on(&keys, snapshot, from, &[], end).await? != Passed::Done || true {"),
     # A waiter's watch, kept across a re-join, delivering the hand-off to
     # the entry it lost (the checker's etcd seed 2012; the lib's wait_test).
     ("etcd-waiter-takes-a-stale-hand-off", "src/backend/etcd/wait.rs",

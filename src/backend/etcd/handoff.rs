@@ -412,7 +412,7 @@ impl Handed {
 /// of a lock's permits releasing at once into a queue each read the same
 /// oldest waiter and raced to grant it: all but one failed their
 /// transaction (a Raft commit each) and read again, and raced for the
-/// next (etcd `permits4`: 2.3 failed hand-offs per grant). Once a lock's
+/// next (etcd `permits4`: 2.4 failed hand-offs per grant). Once a lock's
 /// queue is seen, its permit releases in this process take turns, each
 /// from the state the last grant read (it shows the next waiter and the
 /// holds), which also spares the release its read-first transaction. A

@@ -667,7 +667,7 @@ MUTANTS = [
      "            when = compare;",
      "            when = compare;\n            let txn = Txn::new().when([when]).and_then(ops);\n"
      "            self.shared.conn.txn(WHAT, txn, end).await?;\n            return Ok(());"),
-    ("kinds-etcd-turn-hands-on-another-hold", "src/backend/etcd/handoff.rs",
+    ("kinds-etcd-turn-hands-on-another-hold", "src/backend/etcd/passing.rs",
      "        let h = last.find(holder)?;",
      "        let _ = holder;\n        let h = last.holders.first()?;"),
     # apalis tasks (feature `apalis`)

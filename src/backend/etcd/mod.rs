@@ -92,6 +92,7 @@ mod leases;
 mod leave;
 mod lookup;
 mod ops;
+mod passing;
 mod take;
 mod wait;
 mod watch;
@@ -155,7 +156,7 @@ struct Shared {
     expiries: Expiries,
     watches: Watches,
     handed: handoff::Handed,
-    passing: handoff::Passing,
+    passing: passing::Passing,
     waits: leave::LiveWaits,
 }
 
@@ -169,7 +170,7 @@ impl Shared {
             expiries: Expiries::default(),
             watches: Watches::default(),
             handed: handoff::Handed::default(),
-            passing: handoff::Passing::default(),
+            passing: passing::Passing::default(),
             waits: leave::LiveWaits::default(),
         })
     }

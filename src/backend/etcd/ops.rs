@@ -123,9 +123,7 @@ impl EtcdBackend {
         // A permit of a lock with a queue seen lately: this process's turn
         // to hand it on, from the state the last grant read (see
         // `Passing`).
-        let permit = known.as_ref().is_some_and(|(hold, _)| {
-            matches!(keys.parse_hold(hold), Some((LockKind::Permits(_), _, _)))
-        });
+        let permit = matches!(known, Some((_, LockKind::Permits(_), _)));
         let mut turn = None;
         if permit {
             turn = self.shared.passing.turn(&keys, false, end).await?;
@@ -137,7 +135,7 @@ impl EtcdBackend {
                 }
             }
         }
-        if let Some((hold, compare)) = known {
+        if let Some((hold, _, compare)) = known {
             // A shared hold or permit this process wrote: its key is known,
             // so nobody queued, one transaction gives it back (the
             // condition above only sees exclusive holder keys, and the
@@ -189,31 +187,39 @@ impl EtcdBackend {
         }
     }
 
-    /// The holder key of `holder`'s shared hold or permit if this process
-    /// wrote it (its expiry is armed here), and the condition that it is
-    /// still held: under its fence, and with the owner index on, the
+    /// The holder key and kind of `holder`'s shared hold or permit if this
+    /// process wrote it (its expiry is armed here), and the condition that
+    /// it is still held: under its fence, and with the owner index on, the
     /// owner's only hold of the lock (else the release must read whether
     /// the index entry stays).
-    fn known_hold(&self, keys: &LockKeys, holder: Holder<'_>) -> Option<(Vec<u8>, Compare)> {
+    fn known_hold(
+        &self,
+        keys: &LockKeys,
+        holder: Holder<'_>,
+    ) -> Option<(Vec<u8>, LockKind, Compare)> {
         let fence = holder.fence()?;
-        let (start, stop) = keys.holders();
+        // Only the holds of shared and permits groups: they sort before
+        // exclusive holder keys (kinds.rs), which an exclusive release's
+        // own condition covers.
+        let start = keys.holders().0;
+        let stop = keys.kind_range(LockKind::Exclusive).0;
         let of_owner = |k: &[u8]| {
             keys.parse_hold(k)
-                .is_some_and(|(kind, o, _)| kind != LockKind::Exclusive && o == holder.owner())
+                .is_some_and(|(_, o, _)| o == holder.owner())
         };
         let known = self
             .shared
             .expiries
             .known(&start, &stop, Some(fence), of_owner)?;
+        let (kind, _, _) = keys.parse_hold(&known.key)?;
         let compare = if self.index_owners {
-            let (kind, _, _) = keys.parse_hold(&known.key)?;
             let (start, stop) = keys.owner_holds(kind, holder.owner());
             let fence = i64::try_from(fence).ok()?;
             Compare::create_revision(start, CompareOp::Equal, fence).with_range(stop)
         } else {
             fence_is(&known.key, fence)
         };
-        Some((known.key, compare))
+        Some((known.key, kind, compare))
     }
 
     /// Forget the expiry of hold `h`, given back and handed on: the timers

@@ -670,6 +670,16 @@ MUTANTS = [
     ("kinds-etcd-turn-hands-on-another-hold", "src/backend/etcd/passing.rs",
      "        let h = last.find(holder)?;",
      "        let _ = holder;\n        let h = last.holders.first()?;"),
+    # etcd: grants and queue heads told in this process (near.rs)
+    ("etcd-near-grant-untold", "src/backend/etcd/handoff.rs",
+     "                        self.shared.near.grant(&head.key, h.clone(), head.lease);",
+     "                        let _ = (h, head.lease);"),
+    ("etcd-near-head-untold", "src/backend/etcd/handoff.rs",
+     "                        self.shared.near.head(&next.key, snapshot.at);",
+     "                        let _ = next;"),
+    ("etcd-near-left-entry-still-told", "src/backend/etcd/near.rs",
+     "        self.map().remove(entry);\n    }",
+     "        let _ = entry;\n    }"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

@@ -257,6 +257,12 @@ impl EtcdBackend {
                     given = true;
                     from = Giving::Nothing;
                     snapshot = Snapshot::read(keys, &reply, read_at, WHAT)?;
+                    if let Some(h) = snapshot.hold(&head.holder_key(keys)) {
+                        self.shared.near.grant(&head.key, h.clone(), head.lease);
+                    }
+                    if let Some(next) = &snapshot.head {
+                        self.shared.near.head(&next.key, snapshot.at);
+                    }
                     self.shared.handed.keep(keys, &snapshot);
                     self.shared.passing.keep(keys, &snapshot);
                 }

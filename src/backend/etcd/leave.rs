@@ -7,11 +7,13 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Txn, TxnOp};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::EtcdBackend;
 use super::handoff::{Giving, Passed};
 use super::keys::LockKeys;
+use super::near::Told;
 use super::watch::Note;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -35,6 +37,9 @@ pub(super) struct WaitGuard<'a> {
     pub(super) in_flight: bool,
     /// The entry's deadline (the max wait's end).
     pub(super) until: SystemTime,
+    /// The entry registered for a grant told in this process, and where
+    /// that grant arrives (see `near`).
+    near: Option<(Vec<u8>, mpsc::UnboundedReceiver<Told>)>,
 }
 
 /// The holder keys this process's acquire calls are waiting for now, with
@@ -86,6 +91,30 @@ impl<'a> WaitGuard<'a> {
             entry: None,
             in_flight: false,
             until,
+            near: None,
+        }
+    }
+
+    /// Queue under `entry` from now on (before the call that makes it is
+    /// sent): a grant to it made in this process is told to this call.
+    pub(super) fn queue_as(&mut self, entry: Vec<u8>) {
+        let near = &self.backend.shared.near;
+        if let Some((old, _)) = self.near.take() {
+            near.exit(&old);
+        }
+        self.near = Some((entry.clone(), near.enter(&entry)));
+        self.entry = Some(entry);
+    }
+
+    /// What the current entry is told in this process (never, if nothing
+    /// comes).
+    pub(super) async fn told(&mut self) -> Told {
+        match self.near.as_mut() {
+            Some((_, rx)) => match rx.recv().await {
+                Some(told) => told,
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
         }
     }
 }
@@ -97,6 +126,9 @@ const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         self.backend.shared.waits.exit(&self.mine);
+        if let Some((entry, _)) = self.near.take() {
+            self.backend.shared.near.exit(&entry);
+        }
         let Some(entry) = self.entry.take() else {
             return;
         };

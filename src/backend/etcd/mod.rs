@@ -91,6 +91,7 @@ mod kinds;
 mod leases;
 mod leave;
 mod lookup;
+mod near;
 mod ops;
 mod passing;
 mod take;
@@ -158,6 +159,7 @@ struct Shared {
     handed: handoff::Handed,
     passing: passing::Passing,
     waits: leave::LiveWaits,
+    near: near::NearWaiters,
 }
 
 impl Shared {
@@ -172,6 +174,7 @@ impl Shared {
             handed: handoff::Handed::default(),
             passing: passing::Passing::default(),
             waits: leave::LiveWaits::default(),
+            near: near::NearWaiters::default(),
         })
     }
 }

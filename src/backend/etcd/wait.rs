@@ -31,6 +31,7 @@ use super::handoff::{Giving, Snapshot};
 use super::keys::{HeldKey, LockKeys, Waiter};
 use super::kinds::{earliest_end, fits};
 use super::leave::WaitGuard;
+use super::near::Told;
 use super::ops::{Attempt, Queued, kvs_at, revision};
 use super::watch::Note;
 use crate::backend::Lease;
@@ -50,6 +51,19 @@ struct Place {
     before: Option<Vec<u8>>,
     /// Watch from the revision after this one.
     read_at: i64,
+}
+
+impl Place {
+    /// Told that the entry is the oldest as read at revision `at`: whether
+    /// that is news (an older read said it had a predecessor).
+    fn heads(&mut self, at: i64) -> bool {
+        if self.before.is_none() || at <= self.read_at {
+            return false;
+        }
+        self.before = None;
+        self.read_at = at;
+        true
+    }
 }
 
 impl From<Queued> for Place {
@@ -132,6 +146,8 @@ impl EtcdBackend {
         // The open watch and what it watches: kept across re-reads while the
         // target stays (a synced watch misses nothing from its creation on).
         let mut watching: Option<(Target, super::watch::Watch)> = None;
+        // Told by this process that our entry is the oldest (see `near`).
+        let mut headed = false;
         loop {
             if Instant::now() >= deadline {
                 return self.give_up(&mut guard, start, hard_end).await;
@@ -159,6 +175,18 @@ impl EtcdBackend {
                 while !woken {
                     tokio::select! {
                         biased;
+                        told = guard.told() => match told {
+                            // Handed over by this process (see `near`).
+                            Told::Granted(h, lease) => {
+                                guard.entry = None;
+                                return Ok(self.granted(req, &h, lease));
+                            }
+                            // The oldest now: watch the holders, no read.
+                            Told::Head(at) => if place.heads(at) {
+                                headed = true;
+                                break;
+                            },
+                        },
                         note = watch.next() => match note {
                             // Set up: what changed between our read and
                             // then reached no watch; read again unless
@@ -189,7 +217,19 @@ impl EtcdBackend {
                 }
             } else {
                 // No watch now (etcd unreachable): read again a bit later.
-                sleep_until(wake_at).await;
+                tokio::select! {
+                    told = guard.told() => match told {
+                        Told::Granted(h, lease) => {
+                            guard.entry = None;
+                            return Ok(self.granted(req, &h, lease));
+                        }
+                        Told::Head(at) => headed = place.heads(at),
+                    },
+                    () = sleep_until(wake_at) => {}
+                }
+            }
+            if std::mem::take(&mut headed) {
+                continue;
             }
             let end = (Instant::now() + self.op_timeout).min(hard_end);
             let seen = match self.look(req, &keys, &place, end).await {
@@ -229,7 +269,7 @@ impl EtcdBackend {
     ) -> Result<Attempt, LockError> {
         let end = (Instant::now() + self.op_timeout).min(hard_end);
         let id = crate::spec::new_attempt_id();
-        guard.entry = Some(guard.keys.waiter(id));
+        guard.queue_as(guard.keys.waiter(id));
         let until = Some(guard.until);
         // Until its reply is read, the attempt may still land (and queue the
         // entry again after a leave).

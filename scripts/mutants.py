@@ -680,6 +680,13 @@ MUTANTS = [
     ("etcd-near-left-entry-still-told", "src/backend/etcd/near.rs",
      "        self.map().remove(entry);\n    }",
      "        let _ = entry;\n    }"),
+    # etcd: a waiter's re-read from any member, at or past what woke it
+    ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
+     "            if at_least.take().is_some_and(|r| read_at < r) {",
+     "            if at_least.take().is_some_and(|r| read_at < r && false) {"),
+    ("etcd-look-always-serializable", "src/backend/etcd/wait.rs",
+     "            let serializable = at_least.is_some();",
+     "            let serializable = true;"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

@@ -248,7 +248,16 @@ impl EtcdBackend {
                 && !unindexed
                 && matches!(head.value.kind, LockKind::Permits(_))
                 && matches!(&gone[..], [h] if h.kind == head.value.kind);
-            if !swap {
+            // Nor when an exclusive hold goes that was alone: while the
+            // condition above finds it held, no other hold can have come
+            // beside it (a range compare walks every key of the holders'
+            // range that etcd has not compacted yet, on every member, on
+            // every hand-off's path).
+            let alone = !given
+                && !unindexed
+                && left.is_empty()
+                && matches!(&gone[..], [h] if h.kind == LockKind::Exclusive);
+            if !swap && !alone {
                 when.push(keys.holds_unchanged_since(snapshot.at));
             }
             let txn = Txn::new().when(when).and_then(ops).or_else(reread);

@@ -148,6 +148,8 @@ impl EtcdBackend {
         let mut watching: Option<(Target, super::watch::Watch)> = None;
         // Told by this process that our entry is the oldest (see `near`).
         let mut headed = false;
+        // The revision of what woke us, if a watch did (see `look`).
+        let mut seen_at: Option<i64> = None;
         loop {
             if Instant::now() >= deadline {
                 return self.give_up(&mut guard, start, hard_end).await;
@@ -191,7 +193,10 @@ impl EtcdBackend {
                             // Set up: what changed between our read and
                             // then reached no watch; read again unless
                             // nothing did.
-                            Note::Created(at) => woken = at != place.read_at,
+                            Note::Created(at) => {
+                                woken = at != place.read_at;
+                                seen_at = Some(at);
+                            }
                             Note::Events(events) => {
                                 // Handed over: our holder key was created.
                                 let mine = keys.holder(req.kind(), req.owner(), req.attempt());
@@ -206,13 +211,18 @@ impl EtcdBackend {
                                 woken = events.iter().any(|(put, kv)| {
                                     !*put || keys.parse_holder(kv.key()).is_none()
                                 });
+                                seen_at = events.iter().map(|(_, kv)| kv.mod_revision()).max();
                             }
                             Note::Gone => {
                                 watching = None;
+                                seen_at = None;
                                 break;
                             }
                         },
-                        () = sleep_until(wake_at) => woken = true,
+                        () = sleep_until(wake_at) => {
+                            woken = true;
+                            seen_at = None;
+                        }
                     }
                 }
             } else {
@@ -232,7 +242,7 @@ impl EtcdBackend {
                 continue;
             }
             let end = (Instant::now() + self.op_timeout).min(hard_end);
-            let seen = match self.look(req, &keys, &place, end).await {
+            let seen = match self.look(req, &keys, &place, seen_at.take(), end).await {
                 Ok(seen) => seen,
                 // etcd cannot answer now (a leader election, a member
                 // gone): the entry stays queued, consensus keeps it. Read
@@ -323,35 +333,65 @@ impl EtcdBackend {
     /// Read the lock again for a waiter at `place`: granted, lost, or where
     /// it stands now (handing the lock to itself when it is the oldest and
     /// nobody holds it).
+    ///
+    /// `at_least`: the revision of what woke the waiter (a watch event, or
+    /// the revision its new watch was set up at). The watch delivers every
+    /// change after it, so a read at that revision or later misses
+    /// nothing: it is asked of whichever member the connection reaches, as
+    /// that member has applied the log (a serializable read, no round
+    /// through the leader), and through the leader only when that member
+    /// is behind it. Without it (the safety-net re-read, which is there for
+    /// a watch that went quiet) the read is linearizable.
     async fn look(
         &self,
         req: &AcquireRequest,
         keys: &LockKeys,
         place: &Place,
+        at_least: Option<i64>,
         end: Instant,
     ) -> Result<Seen, LockError> {
         const WHAT: &str = "waiting";
         let mine = keys.holder(req.kind(), req.owner(), req.attempt());
-        for _ in 0..4 {
+        let mut at_least = at_least;
+        // (One more turn than hand-offs to retry: a read from a member
+        // behind `at_least`.)
+        for _ in 0..5 {
+            let serializable = at_least.is_some();
+            let options = |o: GetOptions| {
+                if serializable {
+                    o.with_serializable()
+                } else {
+                    o
+                }
+            };
             let (start, stop) = keys.queue();
             let before = TxnOp::get(
                 start,
-                Some(
+                Some(options(
                     GetOptions::new()
                         .with_range(stop)
                         .with_max_create_revision(place.revision - 1)
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_limit(1)
                         .with_keys_only(),
-                ),
+                )),
             );
+            let (start, stop) = keys.holders();
+            let holders = GetOptions::new()
+                .with_range(stop)
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
             let txn = Txn::new().and_then([
-                keys.get_holders(),
+                TxnOp::get(start, Some(options(holders))),
                 before,
-                TxnOp::get(place.entry.clone(), None),
+                TxnOp::get(place.entry.clone(), Some(options(GetOptions::new()))),
             ]);
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             let read_at = revision(&reply, WHAT)?;
+            if at_least.take().is_some_and(|r| read_at < r) {
+                // The member asked has not applied what woke us: ask
+                // through the leader.
+                continue;
+            }
             let holder_kvs = kvs_at(&reply, 0, WHAT)?;
             let holders = holder_kvs
                 .iter()

@@ -74,7 +74,7 @@ async fn a_hand_off_to_an_entry_since_lost_is_not_a_grant() {
     // Waking, it reads first: entry and grant gone, it queues again (the
     // lock is busy once more, so the new entry waits)...
     let seen = backend
-        .look(&waiter, &keys, &first, backend.deadline())
+        .look(&waiter, &keys, &first, None, backend.deadline())
         .await
         .unwrap();
     assert!(matches!(seen, Seen::Lost));

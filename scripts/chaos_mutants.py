@@ -77,6 +77,8 @@ CHECKED = [
     ("etcd-acquire-barges-past-the-queue", "etcd"),
     ("etcd-release-without-hand-off", "etcd"),
     ("etcd-hand-off-to-a-waiter-past-its-deadline", "etcd"),
+    ("etcd-look-takes-a-read-behind-its-wake", "etcd"),
+    ("etcd-look-always-serializable", "etcd"),
     # Shared holds and permits (issue 23): the kinds workload's keys.
     ("kinds-memory-permits-over-n", "memory"),
     ("kinds-memory-writer-beside-readers", "memory"),

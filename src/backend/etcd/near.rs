@@ -3,9 +3,8 @@
 //! A hand-off is one transaction; once etcd has committed it, the lock is
 //! the waiter's. A waiter in another process hears of it on its watch; one
 //! in the process that made the hand-off used to hear of it the same way:
-//! etcd applying the commit, then sending the event to the member the watch
-//! stream is on (often a follower, which applies it a hop later), then the
-//! stream. Under contention within one process (16 waiters in
+//! etcd applying the commit, then its watch machinery sending the event
+//! down the stream. Under contention within one process (16 waiters in
 //! `contended16`) that delivery lay on every hand-off's path. The process
 //! that made the hand-off now tells such a waiter itself, right after the
 //! commit, with the holder key the transaction read back; the watch stays
@@ -15,7 +14,7 @@
 //! process that has become the head is told that too, with the revision:
 //! it then watches the holders at once instead of first hearing that its
 //! predecessor's entry went and reading the queue to learn where it stands
-//! (a linearizable read, through the leader, on every hand-off).
+//! (a read on every hand-off).
 //!
 //! Told by queue entry: each of a waiter's entries is registered under its
 //! own key while it is the waiter's current one, so a grant to an entry

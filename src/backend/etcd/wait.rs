@@ -337,11 +337,13 @@ impl EtcdBackend {
     /// `at_least`: the revision of what woke the waiter (a watch event, or
     /// the revision its new watch was set up at). The watch delivers every
     /// change after it, so a read at that revision or later misses
-    /// nothing: it is asked of whichever member the connection reaches, as
-    /// that member has applied the log (a serializable read, no round
-    /// through the leader), and through the leader only when that member
-    /// is behind it. Without it (the safety-net re-read, which is there for
-    /// a watch that went quiet) the read is linearizable.
+    /// nothing: it is answered by the member the connection uses (the
+    /// leader, when it is known) as that member has applied the log (a
+    /// serializable read: no round of heartbeats to the other members to
+    /// confirm the leadership first, as a linearizable read takes), and
+    /// linearizably when that member is behind it. Without it (the
+    /// safety-net re-read, which is there for a watch that went quiet) the
+    /// read is linearizable.
     async fn look(
         &self,
         req: &AcquireRequest,

@@ -24,7 +24,7 @@ async fn a_hand_off_tells_the_waiter_and_the_next_one_in_this_process() {
     let first = backend.acquire(&holder).await.unwrap();
     let keys = backend.keys(&key);
     let until = Some(SystemTime::now() + wait);
-    // Two waiters queue (as `join` does: registered before the attempt).
+    // Three waiters queue (as `join` does: registered before the attempt).
     let mut queued = Vec::new();
     for owner in ["w1", "w2", "w3"] {
         let req = AcquireRequest::new(key.clone(), owner, ttl, wait).unwrap();

@@ -341,7 +341,8 @@ impl EtcdBackend {
     /// leader, when it is known) as that member has applied the log (a
     /// serializable read: no round of heartbeats to the other members to
     /// confirm the leadership first, as a linearizable read takes), and
-    /// linearizably when that member is behind it. Without it (the
+    /// linearizably when that member is behind it (or behind the waiter's
+    /// last read, which an event from before it may predate). Without it (the
     /// safety-net re-read, which is there for a watch that went quiet) the
     /// read is linearizable.
     async fn look(
@@ -354,7 +355,9 @@ impl EtcdBackend {
     ) -> Result<Seen, LockError> {
         const WHAT: &str = "waiting";
         let mine = keys.holder(req.kind(), req.owner(), req.attempt());
-        let mut at_least = at_least;
+        // Never older than what the waiter read last (a watch kept across a
+        // re-join can deliver events from before it).
+        let mut at_least = at_least.map(|r| r.max(place.read_at));
         // (One more turn than hand-offs to retry: a read from a member
         // behind `at_least`.)
         for _ in 0..5 {

@@ -19,7 +19,9 @@
 # backend answers Unsupported), CHAOS_WAKE_BOUND_MS (250), CHAOS_FAULT_KINDS
 # (only these faults of the menu, e.g. StopSessions,Pause), CHAOS_WALK_AWAY
 # (percent of exclusive holds that walk away besides the usual 5),
-# CHAOS_RELAY_TASKS (3 per process taking turns on the relay key; 0: none). Each backend prints one line per schedule and a
+# CHAOS_RELAY_TASKS (3 per process taking turns on the relay key; 0: none),
+# TOWER_LOCK_ETCD_ARGS (more flags for the etcd members, e.g.
+# "--auto-compaction-mode=periodic --auto-compaction-retention=1s"). Each backend prints one line per schedule and a
 # `CHAOS-SUMMARY {json}` line; the logs go to target/chaos/, with the timeline
 # of each failing schedule in target/chaos/<backend>.dump.
 set -euo pipefail

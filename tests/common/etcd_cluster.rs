@@ -369,6 +369,13 @@ fn spawn(m: &Member, initial: &str, state: &str) -> Child {
         .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
         .args(["--election-timeout", &ELECTION_MS.to_string()])
         .args(["--logger", "zap", "--log-level", "error"])
+        // More flags for every member, e.g. a compaction to run the checker
+        // with ("--auto-compaction-mode=periodic --auto-compaction-retention=1s").
+        .args(
+            std::env::var("TOWER_LOCK_ETCD_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -307,4 +307,4 @@ impl EtcdBackend {
 
 #[cfg(test)]
 #[path = "leave_test.rs"]
-mod leave_test;
+pub(super) mod leave_test;

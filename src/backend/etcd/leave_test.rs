@@ -33,7 +33,12 @@ fn req(key: &LockKey, owner: &str, wait: Duration) -> AcquireRequest {
 }
 
 /// Queue `waiter` under entry `id`, as its attempt would.
-async fn queue(backend: &EtcdBackend, waiter: &AcquireRequest, id: u64, until: SystemTime) {
+pub(in crate::backend::etcd) async fn queue(
+    backend: &EtcdBackend,
+    waiter: &AcquireRequest,
+    id: u64,
+    until: SystemTime,
+) {
     let keys = backend.keys(waiter.key());
     let attempt = backend
         .attempt(waiter, &keys, Some(id), Some(until), backend.deadline())

@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::super::EtcdBackend;
-use super::super::ops::Attempt;
+use super::super::leave::leave_test::queue;
 use super::*;
 use crate::backend::{Holder, LockBackend};
 use crate::key::LockKey;
@@ -23,24 +23,14 @@ async fn a_hand_off_tells_the_waiter_and_the_next_one_in_this_process() {
     let holder = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
     let first = backend.acquire(&holder).await.unwrap();
     let keys = backend.keys(&key);
-    let until = Some(SystemTime::now() + wait);
+    let until = SystemTime::now() + wait;
     // Three waiters queue (as `join` does: registered before the attempt).
     let mut queued = Vec::new();
     for owner in ["w1", "w2", "w3"] {
         let req = AcquireRequest::new(key.clone(), owner, ttl, wait).unwrap();
         let id = new_attempt_id();
         let told = backend.shared.near.enter(&keys.waiter(id));
-        let attempt = backend
-            .attempt(&req, &keys, Some(id), until, backend.deadline())
-            .await
-            .unwrap();
-        assert!(matches!(
-            attempt,
-            Attempt::Busy {
-                queued: Some(_),
-                ..
-            }
-        ));
+        queue(&backend, &req, id, until).await;
         queued.push((req, told));
     }
     let [(w1, mut told1), (_, mut told2), (_, mut told3)] = queued.try_into().ok().unwrap();

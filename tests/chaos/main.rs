@@ -258,14 +258,19 @@ async fn long_run() {
 
 /// Check a recorded history again (`CHAOS_DUMP` wrote it):
 /// `CHAOS_HISTORY=<json>`; prints the violations, and with CHAOS_DUMP set
-/// the timeline of their keys.
+/// the timeline of their keys. The rig's own bounds are not in the
+/// history: for an etcd one, `CHAOS_STOPPED_HOLDER_MS=3500
+/// CHAOS_TOGETHER_MS=100` (the etcd rig's; see `Bounds`).
 #[test]
 #[ignore = "needs CHAOS_HISTORY"]
 fn recheck() {
     let path = std::env::var("CHAOS_HISTORY").expect("CHAOS_HISTORY=<history JSON>");
     let history: history::History =
         serde_json::from_slice(&std::fs::read(&path).expect("read the history")).expect("JSON");
-    let violations = check::check(&history, run::Settings::from_env().bounds);
+    let mut bounds = run::Settings::from_env().bounds;
+    bounds.stopped_holder_ns = env_or("CHAOS_STOPPED_HOLDER_MS", 0) * 1_000_000;
+    bounds.together_ns = env_or("CHAOS_TOGETHER_MS", bounds.together_ns / 1_000_000) * 1_000_000;
+    let violations = check::check(&history, bounds);
     for v in &violations {
         println!("  VIOLATION: {}: {}", v.kind, v.detail);
     }

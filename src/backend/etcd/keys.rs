@@ -158,14 +158,16 @@ impl LockKeys {
 
     /// Read every holder, oldest grant first.
     pub(super) fn get_holders(&self) -> TxnOp {
+        self.read_holders(GetOptions::new())
+    }
+
+    /// Read every holder, oldest grant first, with `options` besides.
+    pub(super) fn read_holders(&self, options: GetOptions) -> TxnOp {
         let (start, end) = self.holders();
+        let options = options.with_range(end);
         TxnOp::get(
             start,
-            Some(
-                GetOptions::new()
-                    .with_range(end)
-                    .with_sort(SortTarget::Create, SortOrder::Ascend),
-            ),
+            Some(options.with_sort(SortTarget::Create, SortOrder::Ascend)),
         )
     }
 

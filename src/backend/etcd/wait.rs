@@ -381,12 +381,8 @@ impl EtcdBackend {
                         .with_keys_only(),
                 )),
             );
-            let (start, stop) = keys.holders();
-            let holders = GetOptions::new()
-                .with_range(stop)
-                .with_sort(SortTarget::Create, SortOrder::Ascend);
             let txn = Txn::new().and_then([
-                TxnOp::get(start, Some(options(holders))),
+                keys.read_holders(options(GetOptions::new())),
                 before,
                 TxnOp::get(place.entry.clone(), Some(options(GetOptions::new()))),
             ]);

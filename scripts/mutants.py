@@ -680,6 +680,13 @@ MUTANTS = [
     ("etcd-near-left-entry-still-told", "src/backend/etcd/near.rs",
      "        self.map().remove(entry);\n    }",
      "        let _ = entry;\n    }"),
+    # etcd: work retried through an outage goes when etcd answers (retry.rs)
+    ("etcd-retry-sleeps-out-its-pause", "src/backend/etcd/retry.rs",
+     "            Ok(()) = self.back.changed() => {}",
+     "            Ok(()) = std::future::pending::<Result<(), ()>>() => {}"),
+    ("etcd-conn-never-says-it-is-back", "src/backend/etcd/conn.rs",
+     "            self.back.send_modify(|n| *n = n.wrapping_add(1));",
+     "            let _ = &self.back;"),
     # etcd: a waiter's re-read from any member, at or past what woke it
     ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
      "            if at_least.take().is_some_and(|r| read_at < r) {",

@@ -10,15 +10,19 @@
 //!
 //! Every call is bounded by a deadline. Errors become
 //! [`LockError::BackendUnavailable`] without a key or an owner in the
-//! message.
+//! message. The first answer after a failure is announced (see
+//! `retry.rs`): work retried in the background (an expiry, a leave) goes
+//! again at once when etcd is back instead of sleeping out its pause.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, Error, Txn, TxnResponse};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout_at};
 
+use super::retry::{RETRY_FIRST, RETRY_MAX};
 use crate::error::LockError;
 
 /// The endpoints, and which one calls go to.
@@ -27,6 +31,12 @@ pub(super) struct Conn {
     current: AtomicUsize,
     /// The next call first asks which member leads.
     find_leader: AtomicBool,
+    /// A call failed since the last answer.
+    failing: AtomicBool,
+    /// Counts the answers that came after a failure.
+    back: watch::Sender<u64>,
+    /// The first and largest pause of work retried (see `retry.rs`).
+    pauses: (Duration, Duration),
 }
 
 struct Member {
@@ -48,6 +58,34 @@ impl Conn {
                 .collect(),
             current: AtomicUsize::new(0),
             find_leader: AtomicBool::new(true),
+            failing: AtomicBool::new(false),
+            back: watch::Sender::new(0),
+            pauses: (RETRY_FIRST, RETRY_MAX),
+        }
+    }
+
+    /// The first and largest pause between the tries of retried work.
+    pub(super) fn pauses(&self) -> (Duration, Duration) {
+        self.pauses
+    }
+
+    /// Other pauses (a test's pause longer than the test).
+    #[cfg(test)]
+    pub(super) fn set_pauses(&mut self, first: Duration, max: Duration) {
+        self.pauses = (first, max);
+    }
+
+    /// Told of every answer etcd gives after a failed call (the first
+    /// answer of each run of answers).
+    pub(super) fn back(&self) -> watch::Receiver<u64> {
+        self.back.subscribe()
+    }
+
+    /// etcd answered a call: if one had failed since the last answer,
+    /// say that etcd is back. (One load on the common path.)
+    fn answered(&self) {
+        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
+            self.back.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -59,6 +97,7 @@ impl Conn {
     /// A call to endpoint `i` failed: the next ones go to the next
     /// endpoint (unless another call moved on already).
     pub(super) fn failed(&self, i: usize) {
+        self.failing.store(true, Ordering::Release);
         let next = (i + 1) % self.members.len().max(1);
         let moved = self
             .current
@@ -164,8 +203,14 @@ impl Conn {
     {
         let (i, client) = self.client(end).await?;
         match timeout_at(end, call(client)).await {
-            Ok(Ok(reply)) => Ok(Ok(reply)),
-            Ok(Err(e)) if lease_not_found(&e) => Ok(Err(LeaseGone)),
+            Ok(Ok(reply)) => {
+                self.answered();
+                Ok(Ok(reply))
+            }
+            Ok(Err(e)) if lease_not_found(&e) => {
+                self.answered();
+                Ok(Err(LeaseGone))
+            }
             Ok(Err(e)) => {
                 self.failed(i);
                 Err(etcd_error(&e))

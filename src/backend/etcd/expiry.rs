@@ -24,18 +24,14 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::task::AbortHandle;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
 use super::handoff::Expire;
 use super::keys::LockKeys;
+use super::retry::Retry;
 use super::{EtcdBackend, Shared};
 use crate::error::LockError;
 use crate::key::LockKey;
-
-/// First and largest pause between two tries of an expiry that could not
-/// reach etcd.
-const RETRY_FIRST: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The armed timers, by holder key.
 #[derive(Default)]
@@ -214,7 +210,7 @@ impl Expiries {
         let backend = backend.clone();
         runtime.spawn(async move {
             sleep_until(deadline).await;
-            let mut pause = RETRY_FIRST;
+            let mut retry = Retry::new(&backend.shared.conn);
             loop {
                 let txn = Txn::new()
                     .when([Compare::value(key.clone(), CompareOp::Equal, value.clone())])
@@ -225,10 +221,7 @@ impl Expiries {
                     .txn("forgetting a flight result", txn, backend.deadline())
                     .await
                 {
-                    Err(LockError::BackendUnavailable(_)) => {
-                        sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_MAX);
-                    }
+                    Err(LockError::BackendUnavailable(_)) => retry.pause().await,
                     _ => return,
                 }
             }
@@ -238,7 +231,8 @@ impl Expiries {
 
 /// The timer: wait, then release the lock if it is still the write's;
 /// tried again while etcd cannot be reached (the lease keeps the lock
-/// meanwhile, and freeing it late is safe).
+/// meanwhile, and freeing it late is safe), at once when etcd answers
+/// again (`retry.rs`).
 async fn fire(
     shared: Arc<Shared>,
     prefix: Arc<str>,
@@ -249,7 +243,7 @@ async fn fire(
     deadline: Instant,
 ) {
     sleep_until(deadline).await;
-    let mut pause = RETRY_FIRST;
+    let mut retry = Retry::new(&shared.conn);
     loop {
         let backend = EtcdBackend {
             shared: shared.clone(),
@@ -264,8 +258,7 @@ async fn fire(
         match outcome {
             Err(LockError::BackendUnavailable(e)) => {
                 tracing::debug!(key = %lock.digest(), error = %e, "expiring an etcd lock failed; retrying");
-                sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
+                retry.pause().await;
             }
             Ok(Expire::Done | Expire::Gone) | Err(_) => {
                 backend.shared.expiries.forget(&holder_key, &value);

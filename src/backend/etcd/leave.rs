@@ -8,12 +8,13 @@ use std::time::{Duration, SystemTime};
 
 use etcd_client::{Txn, TxnOp};
 use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
 use super::EtcdBackend;
 use super::handoff::{Giving, Passed};
 use super::keys::LockKeys;
 use super::near::Told;
+use super::retry::Retry;
 use super::watch::Note;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -119,10 +120,6 @@ impl<'a> WaitGuard<'a> {
     }
 }
 
-/// First and largest pause between attempts to leave the queue.
-const LEAVE_RETRY_FIRST: Duration = Duration::from_millis(50);
-const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
-
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         self.backend.shared.waits.exit(&self.mine);
@@ -177,17 +174,17 @@ struct Leave<'a> {
 }
 
 impl Leave<'_> {
-    /// Leave, tried again (backing off) until etcd answers.
+    /// Leave, tried again (backing off, at once when etcd is back: see
+    /// `retry.rs`) until etcd answers.
     async fn now(&self) {
-        let mut pause = LEAVE_RETRY_FIRST;
+        let mut retry = Retry::new(&self.backend.shared.conn);
         while let Err(LockError::BackendUnavailable(e)) = self
             .backend
             .leave(self.keys, self.owner, self.entry, self.mine)
             .await
         {
             tracing::debug!(key = %self.key.digest(), error = %e, "leaving the lock queue failed; retrying");
-            sleep(pause).await;
-            pause = (pause * 2).min(LEAVE_RETRY_MAX);
+            retry.pause().await;
         }
     }
 
@@ -198,7 +195,7 @@ impl Leave<'_> {
             + until.duration_since(SystemTime::now()).unwrap_or_default()
             + Duration::from_millis(10);
         let shared = &self.backend.shared;
-        let mut pause = LEAVE_RETRY_FIRST;
+        let mut retry = Retry::new(&shared.conn);
         while Instant::now() < deadline {
             let end = (Instant::now() + self.backend.op_timeout).min(deadline);
             let watched = async {
@@ -212,12 +209,14 @@ impl Leave<'_> {
             };
             let Ok((mut entry, mut mine)) = watched.await else {
                 // No watch now: look again after a pause.
-                sleep_until((Instant::now() + pause).min(deadline)).await;
-                pause = (pause * 2).min(LEAVE_RETRY_MAX);
+                tokio::select! {
+                    () = retry.pause() => {}
+                    () = sleep_until(deadline) => {}
+                }
                 self.now().await;
                 continue;
             };
-            pause = LEAVE_RETRY_FIRST;
+            retry.reset(&shared.conn);
             // Both set up (or gone): what landed before is seen by this
             // leave, what lands after by the watches.
             let mut set_up = 0;

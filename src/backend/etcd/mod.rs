@@ -94,6 +94,7 @@ mod lookup;
 mod near;
 mod ops;
 mod passing;
+mod retry;
 mod take;
 mod wait;
 mod watch;

@@ -1,0 +1,61 @@
+//! Work retried through an outage goes again as soon as etcd answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::super::EtcdBackend;
+use super::super::etcd_cluster::EtcdCluster;
+use crate::backend::LockBackend;
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+/// A lock whose TTL runs out while every member is stopped: its expiry
+/// fails, and then pauses for longer than the test runs. Once etcd answers
+/// a call of the process again, the expiry goes at once and the lock is
+/// free (with the pause slept out, it would stay held for two minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_held_up_by_an_outage_goes_when_etcd_answers_again() {
+    let cluster = EtcdCluster::start(3);
+    let op_timeout = Duration::from_millis(300);
+    let mut backend = EtcdBackend::from_endpoints(cluster.endpoints())
+        .unwrap()
+        .op_timeout(op_timeout);
+    Arc::get_mut(&mut backend.shared)
+        .expect("not shared yet")
+        .conn
+        .set_pauses(Duration::from_secs(120), Duration::from_secs(120));
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_millis(1500);
+    let req = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
+    let start = Instant::now();
+    backend.acquire(&req).await.unwrap();
+    for i in 0..cluster.len() {
+        cluster.stop(i);
+    }
+    // The expiry's first try (at the TTL's end, bounded by the op
+    // timeout) fails: every member is stopped until after it.
+    sleep_until(start + ttl + op_timeout + Duration::from_millis(300)).await;
+    for i in 0..cluster.len() {
+        cluster.resume(i);
+    }
+    // Calls of this process get answers again (these are the first)...
+    let back = Instant::now();
+    while let Err(e) = backend.status(&key).await {
+        assert!(
+            back.elapsed() < Duration::from_secs(20),
+            "etcd is not back after 20 s: {e}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    // ...and the expiry, woken by them, frees the lock for a newcomer
+    // (whose own max wait is far shorter than the expiry's pause).
+    let newcomer =
+        AcquireRequest::new(key.clone(), "newcomer", ttl, Duration::from_secs(10)).unwrap();
+    let granted = backend.acquire(&newcomer).await;
+    assert!(
+        granted.is_ok(),
+        "the expired lock still held 10 s after etcd answered again: {granted:?}"
+    );
+}

@@ -31,6 +31,10 @@ async fn an_expiry_held_up_by_an_outage_goes_when_etcd_answers_again() {
     let req = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
     let start = Instant::now();
     backend.acquire(&req).await.unwrap();
+    // Stopped shortly before the TTL's end: the lock's lease (3 s, kept
+    // alive every 500 ms until then) outlives the outage by far, so only
+    // the expiry can free the lock.
+    sleep_until(start + ttl - Duration::from_millis(200)).await;
     for i in 0..cluster.len() {
         cluster.stop(i);
     }

@@ -27,13 +27,13 @@ async fn an_expiry_held_up_by_an_outage_goes_when_etcd_answers_again() {
         .conn
         .set_pauses(Duration::from_secs(120), Duration::from_secs(120));
     let key = LockKey::global("k").unwrap();
-    let ttl = Duration::from_millis(1500);
+    let ttl = Duration::from_millis(4500);
     let req = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
     let start = Instant::now();
     backend.acquire(&req).await.unwrap();
-    // Stopped shortly before the TTL's end: the lock's lease (3 s, kept
-    // alive every 500 ms until then) outlives the outage by far, so only
-    // the expiry can free the lock.
+    // Stopped shortly before the TTL's end: the lock's lease (6 s, kept
+    // alive every 500 ms until then) outlives the outage and the
+    // newcomer's wait below, so only the expiry can free the lock.
     sleep_until(start + ttl - Duration::from_millis(200)).await;
     for i in 0..cluster.len() {
         cluster.stop(i);
@@ -54,12 +54,13 @@ async fn an_expiry_held_up_by_an_outage_goes_when_etcd_answers_again() {
         sleep(Duration::from_millis(50)).await;
     }
     // ...and the expiry, woken by them, frees the lock for a newcomer
-    // (whose own max wait is far shorter than the expiry's pause).
+    // (whose own max wait ends long before the expiry's pause, or the
+    // lease, would).
     let newcomer =
-        AcquireRequest::new(key.clone(), "newcomer", ttl, Duration::from_secs(10)).unwrap();
+        AcquireRequest::new(key.clone(), "newcomer", ttl, Duration::from_secs(2)).unwrap();
     let granted = backend.acquire(&newcomer).await;
     assert!(
         granted.is_ok(),
-        "the expired lock still held 10 s after etcd answered again: {granted:?}"
+        "the expired lock still held 2 s after etcd answered again: {granted:?}"
     );
 }

@@ -12,7 +12,8 @@
 //! [`LockError::BackendUnavailable`] without a key or an owner in the
 //! message. The first answer after a failure is announced (see
 //! `retry.rs`): work retried in the background (an expiry, a leave) goes
-//! again at once when etcd is back instead of sleeping out its pause.
+//! again when the process hears from etcd, instead of sleeping out its
+//! pause.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -83,7 +84,7 @@ impl Conn {
 
     /// etcd answered a call: if one had failed since the last answer,
     /// say that etcd is back. (One load on the common path.)
-    fn answered(&self) {
+    pub(super) fn answered(&self) {
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
             self.back.send_modify(|n| *n = n.wrapping_add(1));
         }

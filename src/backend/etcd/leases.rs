@@ -218,6 +218,11 @@ async fn keep_alive(shared: Weak<Shared>, bucket: Arc<Bucket>) {
                 }
             }
         };
+        if matches!(outcome, Refresh::Alive) {
+            // (An answer on a stream opened earlier did not go through a
+            // call: it counts all the same, see `retry.rs`.)
+            shared.conn.answered();
+        }
         drop(shared);
         let mut state = bucket.state.lock().unwrap_or_else(|e| e.into_inner());
         match outcome {

@@ -1,12 +1,16 @@
 //! Pauses between the tries of work that must land though etcd cannot be
 //! reached now: a lock's expiry, a dropped waiter's leave, the deletion of
 //! a flight's result. They double, from 50 ms to 1 s, so that an outage is
-//! not met with a storm of calls; but the first answer etcd gives any call
-//! of this process after a failure ([`Conn::back`]) ends a pause (once
-//! 50 ms of it have passed). A lock whose TTL ran out while etcd was away
-//! then goes to its waiter as soon as etcd is back, not up to a second
-//! later. (The 50 ms keep a try that fails while other calls succeed, a
-//! member of its own gone bad, from looping.)
+//! not met with a storm of calls; but an answer etcd gives another call of
+//! this process after a failure ([`Conn::back`]) ends a pause (once 50 ms of
+//! it have passed). A lock whose TTL ran out while etcd was away then goes
+//! to its waiter as soon as the process hears from etcd again (its next
+//! call, at the latest its next lease keep-alive), not up to a second later.
+//!
+//! When etcd answers some calls but not these (a member of their own gone
+//! bad, an alarm that refuses writes), every failure would be followed by
+//! another call's answer: a pause cut short is then followed by one that
+//! runs out, so the work still backs off (at most two tries per pause).
 
 use std::time::Duration;
 
@@ -27,6 +31,9 @@ pub(super) struct Retry {
     back: watch::Receiver<u64>,
     pause: Duration,
     max: Duration,
+    /// The last pause was cut short by an answer (and the try after it
+    /// failed, or there would be no pause now): this one runs out.
+    cut: bool,
 }
 
 impl Retry {
@@ -37,19 +44,25 @@ impl Retry {
             back: conn.back(),
             pause: first,
             max,
+            cut: false,
         }
     }
 
     /// After a failed try: until the pause is over or etcd answered a call
     /// of this process since the try began, whichever comes first (never
-    /// under 50 ms).
+    /// under 50 ms; the whole pause after one cut short).
     pub(super) async fn pause(&mut self) {
         let floor = FLOOR.min(self.pause);
         sleep(floor).await;
-        tokio::select! {
-            () = sleep(self.pause - floor) => {}
-            // (Err: the connection is gone; the pause runs out.)
-            Ok(()) = self.back.changed() => {}
+        let rest = sleep(self.pause - floor);
+        if std::mem::take(&mut self.cut) {
+            rest.await;
+        } else {
+            tokio::select! {
+                () = rest => {}
+                // (Err: the connection is gone; the pause runs out.)
+                Ok(()) = self.back.changed() => self.cut = true,
+            }
         }
         self.back.borrow_and_update();
         self.pause = (self.pause * 2).min(self.max);
@@ -58,6 +71,7 @@ impl Retry {
     /// A try got through: the next failure pauses from the first pause.
     pub(super) fn reset(&mut self, conn: &Conn) {
         self.pause = conn.pauses().0;
+        self.cut = false;
     }
 }
 

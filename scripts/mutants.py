@@ -682,8 +682,8 @@ MUTANTS = [
      "        let _ = entry;\n    }"),
     # etcd: work retried through an outage goes when etcd answers (retry.rs)
     ("etcd-retry-sleeps-out-its-pause", "src/backend/etcd/retry.rs",
-     "            Ok(()) = self.back.changed() => {}",
-     "            Ok(()) = std::future::pending::<Result<(), ()>>() => {}"),
+     "                Ok(()) = self.back.changed() => self.cut = true,",
+     "                Ok(()) = std::future::pending::<Result<(), ()>>() => self.cut = true,"),
     ("etcd-retry-cuts-every-pause", "src/backend/etcd/retry.rs",
      "        if std::mem::take(&mut self.cut) {",
      "        if std::mem::take(&mut self.cut) && false {"),

@@ -231,8 +231,8 @@ impl Expiries {
 
 /// The timer: wait, then release the lock if it is still the write's;
 /// tried again while etcd cannot be reached (the lease keeps the lock
-/// meanwhile, and freeing it late is safe), at once when etcd answers
-/// again (`retry.rs`).
+/// meanwhile, and freeing it late is safe), at once when the process
+/// hears from etcd again (`retry.rs`).
 async fn fire(
     shared: Arc<Shared>,
     prefix: Arc<str>,

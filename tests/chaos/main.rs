@@ -268,7 +268,10 @@ fn recheck() {
     let history: history::History =
         serde_json::from_slice(&std::fs::read(&path).expect("read the history")).expect("JSON");
     let mut bounds = run::Settings::from_env().bounds;
-    bounds.stopped_holder_ns = env_or("CHAOS_STOPPED_HOLDER_MS", 0) * 1_000_000;
+    bounds.stopped_holder_ns = env_or(
+        "CHAOS_STOPPED_HOLDER_MS",
+        bounds.stopped_holder_ns / 1_000_000,
+    ) * 1_000_000;
     bounds.together_ns = env_or("CHAOS_TOGETHER_MS", bounds.together_ns / 1_000_000) * 1_000_000;
     let violations = check::check(&history, bounds);
     for v in &violations {

@@ -216,7 +216,7 @@ impl Leave<'_> {
                 self.now().await;
                 continue;
             };
-            retry.reset(&shared.conn);
+            retry.reset();
             // Both set up (or gone): what landed before is seen by this
             // leave, what lands after by the watches.
             let mut set_up = 0;

@@ -30,6 +30,7 @@ const FLOOR: Duration = Duration::from_millis(50);
 pub(super) struct Retry {
     back: watch::Receiver<u64>,
     pause: Duration,
+    first: Duration,
     max: Duration,
     /// The last pause was cut short by an answer (and the try after it
     /// failed, or there would be no pause now): this one runs out.
@@ -43,6 +44,7 @@ impl Retry {
         Retry {
             back: conn.back(),
             pause: first,
+            first,
             max,
             cut: false,
         }
@@ -69,8 +71,8 @@ impl Retry {
     }
 
     /// A try got through: the next failure pauses from the first pause.
-    pub(super) fn reset(&mut self, conn: &Conn) {
-        self.pause = conn.pauses().0;
+    pub(super) fn reset(&mut self) {
+        self.pause = self.first;
         self.cut = false;
     }
 }

@@ -680,16 +680,23 @@ MUTANTS = [
     ("etcd-near-left-entry-still-told", "src/backend/etcd/near.rs",
      "        self.map().remove(entry);\n    }",
      "        let _ = entry;\n    }"),
-    # etcd: work retried through an outage goes when etcd answers (retry.rs)
-    ("etcd-retry-sleeps-out-its-pause", "src/backend/etcd/retry.rs",
+    # etcd and Redis: work retried through an outage goes when the server
+    # answers (backend/retry.rs)
+    ("etcd-retry-sleeps-out-its-pause", "src/backend/retry.rs",
      "                Ok(()) = self.back.changed() => self.cut = true,",
      "                Ok(()) = std::future::pending::<Result<(), ()>>() => self.cut = true,"),
-    ("etcd-retry-cuts-every-pause", "src/backend/etcd/retry.rs",
+    ("etcd-retry-cuts-every-pause", "src/backend/retry.rs",
      "        if std::mem::take(&mut self.cut) {",
      "        if std::mem::take(&mut self.cut) && false {"),
     ("etcd-conn-never-says-it-is-back", "src/backend/etcd/conn.rs",
-     "            self.back.send_modify(|n| *n = n.wrapping_add(1));",
-     "            let _ = &self.back;"),
+     "        self.answers.answered();",
+     "        let _ = &self.answers;"),
+    ("redis-conn-never-says-it-is-back", "src/backend/redis/conn.rs",
+     "                    self.answers.answered();\n                    return Ok(value);",
+     "                    return Ok(value);"),
+    ("redis-leave-sleeps-out-its-pause", "src/backend/redis/wait.rs",
+     "                        retry.pause().await;",
+     "                        tokio::time::sleep(retry.next_pause()).await;"),
     # etcd: a waiter's re-read from any member, at or past what woke it
     ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
      "            if at_least.take().is_some_and(|r| read_at < r) {",

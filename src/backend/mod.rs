@@ -136,6 +136,8 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+mod retry;
 mod shared;
 
 /// A boxed, `Send` future, as returned by [`LockBackend`] methods.

@@ -64,6 +64,21 @@ impl RedisServer {
         }
     }
 
+    /// SIGSTOP the server: it keeps its sockets and its data but answers
+    /// nothing (a partition, a stalled host), until [`RedisServer::resume`].
+    pub fn stop(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT the server.
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGCONT);
+        }
+    }
+
     /// Kill the server (if running) and start an empty one on the same port.
     pub fn restart(&mut self) {
         self.kill();
@@ -92,6 +107,14 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
     }
 }
 

@@ -17,13 +17,12 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, Error, Txn, TxnResponse};
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::OnceCell;
 use tokio::time::{Instant, timeout_at};
 
-use super::retry::{RETRY_FIRST, RETRY_MAX};
+use crate::backend::retry::Answers;
 use crate::error::LockError;
 
 /// The endpoints, and which one calls go to.
@@ -32,12 +31,9 @@ pub(super) struct Conn {
     current: AtomicUsize,
     /// The next call first asks which member leads.
     find_leader: AtomicBool,
-    /// A call failed since the last answer.
-    failing: AtomicBool,
-    /// Counts the answers that came after a failure.
-    back: watch::Sender<u64>,
-    /// The first and largest pause of work retried (see `retry.rs`).
-    pauses: (Duration, Duration),
+    /// Whether etcd answers, for the pauses of work retried (see
+    /// `backend/retry.rs`).
+    answers: Answers,
 }
 
 struct Member {
@@ -59,35 +55,24 @@ impl Conn {
                 .collect(),
             current: AtomicUsize::new(0),
             find_leader: AtomicBool::new(true),
-            failing: AtomicBool::new(false),
-            back: watch::Sender::new(0),
-            pauses: (RETRY_FIRST, RETRY_MAX),
+            answers: Answers::default(),
         }
     }
 
-    /// The first and largest pause between the tries of retried work.
-    pub(super) fn pauses(&self) -> (Duration, Duration) {
-        self.pauses
+    /// Whether etcd answers: what retried work pauses on.
+    pub(super) fn answers(&self) -> &Answers {
+        &self.answers
     }
 
     /// Other pauses (a test's pause longer than the test).
     #[cfg(test)]
-    pub(super) fn set_pauses(&mut self, first: Duration, max: Duration) {
-        self.pauses = (first, max);
+    pub(super) fn set_pauses(&mut self, first: std::time::Duration, max: std::time::Duration) {
+        self.answers.set_pauses(first, max);
     }
 
-    /// Told of every answer etcd gives after a failed call (the first
-    /// answer of each run of answers).
-    pub(super) fn back(&self) -> watch::Receiver<u64> {
-        self.back.subscribe()
-    }
-
-    /// etcd answered a call: if one had failed since the last answer,
-    /// say that etcd is back. (One load on the common path.)
+    /// etcd answered a call (see [`Answers::answered`]).
     pub(super) fn answered(&self) {
-        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
-            self.back.send_modify(|n| *n = n.wrapping_add(1));
-        }
+        self.answers.answered();
     }
 
     /// The endpoint calls go to now.
@@ -98,7 +83,7 @@ impl Conn {
     /// A call to endpoint `i` failed: the next ones go to the next
     /// endpoint (unless another call moved on already).
     pub(super) fn failed(&self, i: usize) {
-        self.failing.store(true, Ordering::Release);
+        self.answers.failed();
         let next = (i + 1) % self.members.len().max(1);
         let moved = self
             .current

@@ -28,8 +28,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::handoff::Expire;
 use super::keys::LockKeys;
-use super::retry::Retry;
 use super::{EtcdBackend, Shared};
+use crate::backend::retry::Retry;
 use crate::error::LockError;
 use crate::key::LockKey;
 
@@ -210,7 +210,7 @@ impl Expiries {
         let backend = backend.clone();
         runtime.spawn(async move {
             sleep_until(deadline).await;
-            let mut retry = Retry::new(&backend.shared.conn);
+            let mut retry = Retry::new(backend.shared.conn.answers());
             loop {
                 let txn = Txn::new()
                     .when([Compare::value(key.clone(), CompareOp::Equal, value.clone())])
@@ -243,7 +243,7 @@ async fn fire(
     deadline: Instant,
 ) {
     sleep_until(deadline).await;
-    let mut retry = Retry::new(&shared.conn);
+    let mut retry = Retry::new(shared.conn.answers());
     loop {
         let backend = EtcdBackend {
             shared: shared.clone(),

@@ -14,8 +14,8 @@ use super::EtcdBackend;
 use super::handoff::{Giving, Passed};
 use super::keys::LockKeys;
 use super::near::Told;
-use super::retry::Retry;
 use super::watch::Note;
+use crate::backend::retry::Retry;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -177,7 +177,7 @@ impl Leave<'_> {
     /// Leave, tried again (backing off, at once when etcd is back: see
     /// `retry.rs`) until etcd answers.
     async fn now(&self) {
-        let mut retry = Retry::new(&self.backend.shared.conn);
+        let mut retry = Retry::new(self.backend.shared.conn.answers());
         while let Err(LockError::BackendUnavailable(e)) = self
             .backend
             .leave(self.keys, self.owner, self.entry, self.mine)
@@ -195,7 +195,7 @@ impl Leave<'_> {
             + until.duration_since(SystemTime::now()).unwrap_or_default()
             + Duration::from_millis(10);
         let shared = &self.backend.shared;
-        let mut retry = Retry::new(&shared.conn);
+        let mut retry = Retry::new(shared.conn.answers());
         while Instant::now() < deadline {
             let end = (Instant::now() + self.backend.op_timeout).min(deadline);
             let watched = async {

@@ -94,7 +94,8 @@ mod lookup;
 mod near;
 mod ops;
 mod passing;
-mod retry;
+#[cfg(test)]
+mod retry_test;
 mod take;
 mod wait;
 mod watch;

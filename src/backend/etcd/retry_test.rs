@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::super::EtcdBackend;
-use super::super::etcd_cluster::EtcdCluster;
+use super::EtcdBackend;
+use super::etcd_cluster::EtcdCluster;
 use crate::backend::LockBackend;
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -76,55 +76,4 @@ async fn an_expiry_held_up_by_an_outage_goes_when_etcd_answers_again() {
         granted.is_ok(),
         "the expired lock still held 2 s after etcd answered again: {granted:?}"
     );
-}
-
-/// A connection that never connects (nothing listens on port 1): only its
-/// failure and answer signals are used.
-fn conn(first: Duration, max: Duration) -> super::super::conn::Conn {
-    let mut conn = super::super::conn::Conn::new(
-        vec!["http://127.0.0.1:1".into()],
-        etcd_client::ConnectOptions::new(),
-    );
-    conn.set_pauses(first, max);
-    conn
-}
-
-/// An answer after a failure ends a pause once 50 ms of it have passed;
-/// the pause after one cut short runs out whatever answers come (etcd
-/// answering other calls but not these must not turn the back-off into a
-/// try every 50 ms); one not cut short may be cut again.
-#[tokio::test(start_paused = true)]
-async fn answers_cut_pauses_short_but_never_two_in_a_row() {
-    let conn = conn(Duration::from_secs(10), Duration::from_secs(10));
-    let mut retry = super::Retry::new(&conn);
-    let timed = async |retry: &mut super::Retry| {
-        let t0 = Instant::now();
-        let answer = async {
-            sleep(Duration::from_millis(10)).await;
-            conn.failed(0);
-            conn.answered();
-            std::future::pending::<()>().await
-        };
-        tokio::select! {
-            () = retry.pause() => {}
-            () = answer => {}
-        }
-        t0.elapsed()
-    };
-    assert_eq!(
-        timed(&mut retry).await,
-        Duration::from_millis(50),
-        "cut short"
-    );
-    assert_eq!(timed(&mut retry).await, Duration::from_secs(10), "runs out");
-    assert_eq!(
-        timed(&mut retry).await,
-        Duration::from_millis(50),
-        "cut short again"
-    );
-    // No answer: a pause runs out.
-    let mut retry = super::Retry::new(&conn);
-    let t0 = Instant::now();
-    retry.pause().await;
-    assert_eq!(t0.elapsed(), Duration::from_secs(10));
 }

@@ -26,6 +26,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::error::{pool_error, redis_error, timed_out};
 use super::invoke::Invocation;
+use crate::backend::retry::Answers;
 use crate::error::LockError;
 
 /// The redis-rs per-request timeout on our connection. Every call is bounded
@@ -43,6 +44,9 @@ pub(super) struct Pinned {
     replacing: Arc<AtomicBool>,
     // The eviction policy was looked at (once per backend).
     policy_checked: AtomicBool,
+    /// Whether Redis answers the scripts, for the pauses of work retried
+    /// (a dropped waiter's leave, `wait.rs`).
+    answers: Answers,
 }
 
 /// Where connections come from.
@@ -108,7 +112,19 @@ impl Pinned {
             #[cfg(feature = "redis-cluster")]
             replacing: Arc::default(),
             policy_checked: AtomicBool::new(false),
+            answers: Answers::default(),
         }
+    }
+
+    /// Whether Redis answers: what retried work pauses on.
+    pub(super) fn answers(&self) -> &Answers {
+        &self.answers
+    }
+
+    /// Other pauses (a test's pause longer than the test).
+    #[cfg(test)]
+    pub(super) fn set_pauses(&mut self, first: Duration, max: Duration) {
+        self.answers.set_pauses(first, max);
     }
 
     /// The pool of a single-server backend.
@@ -233,6 +249,7 @@ impl Pinned {
     /// and replaces it if that succeeds (a half-open socket to one node is
     /// then gone).
     fn timed_out(&self, generation: u64) {
+        self.answers.failed();
         match &self.source {
             Source::Single(_) => self.invalidate(generation),
             #[cfg(feature = "redis-cluster")]
@@ -266,6 +283,7 @@ impl Pinned {
 
     /// Forget the connection of `generation` (if it is still the current one).
     fn invalidate(&self, generation: u64) {
+        self.answers.failed();
         let mut slot = self.slot();
         if slot.as_ref().is_some_and(|s| s.generation == generation) {
             *slot = None;
@@ -315,11 +333,13 @@ impl Pinned {
     ) -> Result<Value, LockError> {
         let mut retried = false;
         loop {
-            let (generation, mut conn) = self.get(end).await?;
+            let (generation, mut conn) =
+                self.get(end).await.inspect_err(|_| self.answers.failed())?;
             *sent = Some(conn.clone());
             match timeout_at(end, invocation.invoke(&mut conn)).await {
                 Ok(Ok(value)) => {
                     *sent = None;
+                    self.answers.answered();
                     return Ok(value);
                 }
                 Ok(Err(e)) if is_connection_error(&e) => {
@@ -332,6 +352,7 @@ impl Pinned {
                 }
                 Ok(Err(e)) => {
                     *sent = None;
+                    self.answers.answered();
                     return Err(redis_error(&e));
                 }
                 Err(_) => {
@@ -356,10 +377,19 @@ impl Pinned {
         end: Instant,
     ) -> Result<Value, LockError> {
         match timeout_at(end, invocation.invoke(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                self.answers.answered();
+                Ok(value)
+            }
             Ok(Err(e)) if is_connection_error(&e) => self.eval(invocation, end).await,
-            Ok(Err(e)) => Err(redis_error(&e)),
-            Err(_) => Err(timed_out("waiting for Redis to answer")),
+            Ok(Err(e)) => {
+                self.answers.answered();
+                Err(redis_error(&e))
+            }
+            Err(_) => {
+                self.answers.failed();
+                Err(timed_out("waiting for Redis to answer"))
+            }
         }
     }
 }

@@ -474,3 +474,13 @@ impl LockBackend for RedisBackend {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod leave_test;
+
+// The integration tests' server helper, for the tests at the seams (its
+// own `unsafe` is for kill(2)).
+#[cfg(test)]
+#[allow(unreachable_pub, missing_docs)]
+#[path = "../../../tests/common/redis_server.rs"]
+mod redis_server;

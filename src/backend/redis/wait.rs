@@ -12,6 +12,7 @@ use super::ops::{Attempt, LeaveMode, Left};
 use super::scripts::{ceil_ms, server_time};
 use super::wake::{Wake, Wakes};
 use crate::backend::Lease;
+use crate::backend::retry::Retry;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -209,7 +210,9 @@ impl RedisBackend {
 /// When Redis cannot be reached (a failover under way), leaving is retried,
 /// backing off, until the entry's own deadline, after which the scripts
 /// ignore it anyway: an entry left behind would be handed the lock by the
-/// next release, which then idles for the hand-off's whole TTL.
+/// next release, which then idles for the hand-off's whole TTL. A pause
+/// ends early once Redis answers another call of this process
+/// (`backend/retry.rs`), so the entry goes as soon as Redis is back.
 struct WaitGuard<'a> {
     backend: &'a RedisBackend,
     key: &'a LockKey,
@@ -219,10 +222,6 @@ struct WaitGuard<'a> {
     /// The entry's deadline in Redis (the waiter's max wait).
     until: Instant,
 }
-
-/// First and largest pause between attempts to leave the queue.
-const LEAVE_RETRY_FIRST: Duration = Duration::from_millis(50);
-const LEAVE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
@@ -240,17 +239,18 @@ impl Drop for WaitGuard<'_> {
         let id = self.id;
         let until = self.until;
         runtime.spawn(async move {
-            let mut pause = LEAVE_RETRY_FIRST;
+            let mut retry = Retry::new(backend.shared.conn.answers());
             loop {
                 let end = backend.deadline();
                 let outcome = backend
                     .leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end)
                     .await;
                 match outcome {
-                    Err(LockError::BackendUnavailable(e)) if Instant::now() + pause < until => {
+                    Err(LockError::BackendUnavailable(e))
+                        if Instant::now() + retry.next_pause() < until =>
+                    {
                         tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(LEAVE_RETRY_MAX);
+                        retry.pause().await;
                     }
                     Err(e) => {
                         tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");

@@ -1,0 +1,90 @@
+//! A dropped waiter's leave, retried through an outage, goes as soon as
+//! Redis answers again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use super::RedisBackend;
+use super::redis_server::RedisServer;
+use crate::backend::{Holder, LockBackend};
+use crate::key::LockKey;
+use crate::spec::AcquireRequest;
+
+/// The length of the key's queue in Redis.
+fn queued(server: &RedisServer) -> usize {
+    let queues = server.cmd(&["KEYS", "*:q"]);
+    match queues.lines().next() {
+        Some(q) if !q.is_empty() && q != "(nil)" => server.cmd(&["LLEN", q]).parse().unwrap(),
+        _ => 0,
+    }
+}
+
+/// A waiter dropped while Redis is stopped: its leave fails, then pauses
+/// for longer than the test runs. Redis resumes and the holder's release
+/// (another call of this process) is answered: the leave goes at once,
+/// giving back what the release handed to the dropped entry, and a
+/// newcomer gets the lock within its 2-s wait. (With the pause slept out,
+/// the lock would idle with the dropped entry for its 30-s TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_leave_goes_when_redis_answers_again() {
+    let server = RedisServer::start();
+    let mut backend = RedisBackend::from_url(&server.url())
+        .unwrap()
+        .op_timeout(Duration::from_millis(300));
+    Arc::get_mut(&mut backend.shared)
+        .expect("not shared yet")
+        .conn
+        .set_pauses(Duration::from_secs(120), Duration::from_secs(120));
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let holder = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
+    let held = backend.acquire(&holder).await.unwrap();
+    // Its entry's deadline (the max wait) lies beyond the pause, so the
+    // leave keeps trying.
+    let waiter = AcquireRequest::new(key.clone(), "waiter", ttl, Duration::from_secs(300)).unwrap();
+    let waiting = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.acquire(&waiter).await }
+    });
+    let t0 = Instant::now();
+    while queued(&server) != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the waiter never queued"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    server.stop();
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // The leave's first try fails (no answer within the op timeout)...
+    let answers = backend.shared.conn.answers();
+    let t0 = Instant::now();
+    while !answers.failing() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the leave never failed"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    server.resume();
+    // ...and the entry is still queued: the leave now pauses.
+    assert_eq!(queued(&server), 1, "the leave landed before Redis stopped");
+    // The holder's release is answered (it hands the lock to the dropped
+    // entry, still queued)...
+    backend
+        .release(&key, Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    // ...which ends the leave's pause: the leave gives the lock back.
+    let newcomer =
+        AcquireRequest::new(key.clone(), "newcomer", ttl, Duration::from_secs(2)).unwrap();
+    let granted = backend.acquire(&newcomer).await;
+    assert!(
+        granted.is_ok(),
+        "the lock stayed with the dropped waiter 2 s after Redis answered again: {granted:?}"
+    );
+    assert_eq!(queued(&server), 0);
+}

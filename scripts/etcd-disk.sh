@@ -3,7 +3,9 @@
 # scripts/servers.sh (on the real disk unless ETCD_DATA_PARENT says otherwise),
 # RUNS runs of contended16 (5 s each), and for each member the WAL fsyncs, their
 # mean duration, and the Raft proposals committed during the run, read from
-# etcd's own /metrics before and after it.
+# etcd's own /metrics before and after it, and the backend's (bbolt) commits
+# beside them (each its own fsyncs; every 100 ms by default). ETCD_ARGS as in
+# scripts/servers.sh passes the members other flags.
 #
 #   LOCKBENCH_BIN=target/release/examples/lockbench scripts/etcd-disk.sh
 set -euo pipefail
@@ -16,7 +18,7 @@ start_etcd
 ports=$(echo "$ETCD_URL" | sed 's/etcd:\/\///; s/127.0.0.1://g; s/,/ /g')
 snap() {
   for p in $ports; do curl -s "http://127.0.0.1:$p/metrics" | sed "s/^/m$p /"; done |
-    grep -E ' (etcd_disk_wal_fsync_duration_seconds_(sum|count)|etcd_server_proposals_committed_total) ' || true
+    grep -E ' (etcd_disk_(wal_fsync|backend_commit)_duration_seconds_(sum|count)|etcd_server_proposals_committed_total) ' || true
 }
 dir=$(mktemp -d)
 for _ in $(seq 1 "${RUNS:-2}"); do
@@ -41,8 +43,10 @@ for m in sorted({m for m, _ in b}):
     dv = lambda k: b.get((m, k), 0) - a.get((m, k), 0)
     n, s = dv("etcd_disk_wal_fsync_duration_seconds_count"), dv("etcd_disk_wal_fsync_duration_seconds_sum")
     p = dv("etcd_server_proposals_committed_total")
+    c, cs = dv("etcd_disk_backend_commit_duration_seconds_count"), dv("etcd_disk_backend_commit_duration_seconds_sum")
     print(f"  member {m[1:]}: {n:.0f} WAL fsyncs ({n / ops:.2f} per hand-off), mean {1000 * s / max(n, 1):.2f} ms, "
-          f"fsyncing {s / 5:.0%} of the run; {p:.0f} proposals committed")
+          f"fsyncing {s / 5:.0%} of the run; {p:.0f} proposals committed; "
+          f"{c:.0f} backend commits, mean {1000 * cs / max(c, 1):.2f} ms ({cs / 5:.0%} of the run)")
 PY
 done
 rm -rf "$dir"

@@ -695,8 +695,8 @@ MUTANTS = [
      "                    self.answers.answered();\n                    return Ok(value);",
      "                    return Ok(value);"),
     ("redis-leave-sleeps-out-its-pause", "src/backend/redis/wait.rs",
-     "                        retry.pause().await;",
-     "                        tokio::time::sleep(retry.next_pause()).await;"),
+     "                        if timeout_at(until, retry.pause()).await.is_err() {",
+     "                        if timeout_at(until, sleep_until(until)).await.is_err() {"),
     # etcd: a waiter's re-read from any member, at or past what woke it
     ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
      "            if at_least.take().is_some_and(|r| read_at < r) {",

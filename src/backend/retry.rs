@@ -5,9 +5,12 @@
 //! the server gives another call of this process after a failure
 //! ([`Answers`]) ends a pause (once 50 ms of it have passed). A lock whose
 //! TTL ran out while etcd was away then goes to its waiter as soon as the
-//! process hears from etcd again, and a dropped waiter's entry leaves the
-//! queue (releasing what was handed to it) as soon as Redis answers again,
-//! not up to a second later.
+//! process hears from etcd again (its next call, at the latest its next
+//! lease keep-alive), and a dropped waiter's entry leaves the Redis queue
+//! (giving back what was handed to it) with the first script call of the
+//! process that Redis answers again, not up to a second later. Only
+//! answers count: a failed call or an error reply (a server loading its
+//! data, a replica refusing writes) never ends a pause.
 //!
 //! When the server answers some calls but not these (an etcd member of
 //! their own gone bad, an alarm that refuses writes), every failure would
@@ -99,11 +102,6 @@ impl Retry {
             max,
             cut: false,
         }
-    }
-
-    /// The pause the next failure starts.
-    pub(crate) fn next_pause(&self) -> Duration {
-        self.pause
     }
 
     /// After a failed try: until the pause is over or the server answered a

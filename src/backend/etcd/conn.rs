@@ -11,7 +11,7 @@
 //! Every call is bounded by a deadline. Errors become
 //! [`LockError::BackendUnavailable`] without a key or an owner in the
 //! message. The first answer after a failure is announced (see
-//! `retry.rs`): work retried in the background (an expiry, a leave) goes
+//! `backend/retry.rs`): work retried in the background (an expiry, a leave) goes
 //! again when the process hears from etcd, instead of sleeping out its
 //! pause.
 

@@ -232,7 +232,7 @@ impl Expiries {
 /// The timer: wait, then release the lock if it is still the write's;
 /// tried again while etcd cannot be reached (the lease keeps the lock
 /// meanwhile, and freeing it late is safe), at once when the process
-/// hears from etcd again (`retry.rs`).
+/// hears from etcd again (`backend/retry.rs`).
 async fn fire(
     shared: Arc<Shared>,
     prefix: Arc<str>,

@@ -220,7 +220,7 @@ async fn keep_alive(shared: Weak<Shared>, bucket: Arc<Bucket>) {
         };
         if matches!(outcome, Refresh::Alive) {
             // (An answer on a stream opened earlier did not go through a
-            // call: it counts all the same, see `retry.rs`.)
+            // call: it counts all the same, see `backend/retry.rs`.)
             shared.conn.answered();
         }
         drop(shared);

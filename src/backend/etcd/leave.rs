@@ -175,7 +175,7 @@ struct Leave<'a> {
 
 impl Leave<'_> {
     /// Leave, tried again (backing off, at once when etcd is back: see
-    /// `retry.rs`) until etcd answers.
+    /// `backend/retry.rs`) until etcd answers.
     async fn now(&self) {
         let mut retry = Retry::new(self.backend.shared.conn.answers());
         while let Err(LockError::BackendUnavailable(e)) = self

@@ -352,7 +352,10 @@ impl Pinned {
                 }
                 Ok(Err(e)) => {
                     *sent = None;
-                    self.answers.answered();
+                    // An error reply is no sign Redis is back: LOADING,
+                    // READONLY, MASTERDOWN, CLUSTERDOWN and BUSY come from a
+                    // server that refuses work (a restart, a failover).
+                    self.answers.failed();
                     return Err(redis_error(&e));
                 }
                 Err(_) => {
@@ -383,7 +386,7 @@ impl Pinned {
             }
             Ok(Err(e)) if is_connection_error(&e) => self.eval(invocation, end).await,
             Ok(Err(e)) => {
-                self.answers.answered();
+                self.answers.failed();
                 Err(redis_error(&e))
             }
             Err(_) => {

@@ -704,6 +704,16 @@ MUTANTS = [
     ("etcd-look-always-serializable", "src/backend/etcd/wait.rs",
      "            let serializable = at_least.is_some();",
      "            let serializable = true;"),
+    # single-flight: a response reaches only the leader's credentials
+    ("flight-shares-across-credentials", "src/flight/response.rs",
+     "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",
+     "    if false && !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {"),
+    ("flight-keeps-credentials-as-they-are", "src/flight/response.rs",
+     "        if CREDENTIALS.contains(name) {",
+     "        if false && CREDENTIALS.contains(name) {"),
+    ("flight-public-response-not-for-anyone", "src/flight/response.rs",
+     "            d.eq_ignore_ascii_case(\"public\")",
+     "            d.eq_ignore_ascii_case(\"-public\")"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

@@ -63,10 +63,17 @@ use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
 ///   the leader alone).
 /// - **Identity**: the flight key must name everything the response depends
 ///   on. When it depends on who asks, put the caller's identity in the key,
-///   or one user's response goes to another.
+///   so that requests of one caller share and no two callers meet in a
+///   flight. As a safety net (RFC 9111 §3.5), a response reaches only the
+///   followers whose `Authorization` is the leader's (none where it had
+///   none), unless it says `Cache-Control: public`, `s-maxage` or
+///   `must-revalidate`; a follower with other credentials runs the handler
+///   on its own. `Authorization`, `Proxy-Authorization` and `Cookie` (when
+///   a `Vary` names it) are kept with the shared result only as a SHA-256
+///   digest, never as they are.
 /// - A request that runs the handler outside a flight (conditional, range,
-///   a `Vary` that does not fit it, or released from a stream) has no
-///   `single-flight` header.
+///   a `Vary` or credentials that do not fit it, or released from a stream)
+///   has no `single-flight` header.
 /// - A request that waits longer than the max wait gets `429` with
 ///   `Retry-After`, an unreachable backend `503`, an invalid key `400`, with
 ///   the same JSON error bodies as [`LockLayer`](crate::LockLayer), or what

@@ -4,11 +4,13 @@
 //! of a flight (and its result TTL).
 
 use http::header::{
-    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderName, HeaderValue, IF_MATCH, IF_MODIFIED_SINCE,
-    IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE, SET_COOKIE, VARY,
+    AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, COOKIE, HeaderName, HeaderValue,
+    IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PROXY_AUTHORIZATION,
+    RANGE, SET_COOKIE, VARY,
 };
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
 
 use crate::layer::headers::LOCK_OWNER;
 
@@ -142,28 +144,86 @@ pub(crate) fn vary(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
     Some(names)
 }
 
-/// The field lines of `request` named by `names`: what the leader's
-/// request had for its response's `Vary`.
-pub(crate) fn varied<'a>(
-    names: &'a [HeaderName],
-    request: &'a HeaderMap,
-) -> Vec<(&'a HeaderName, &'a HeaderValue)> {
-    names
-        .iter()
-        .flat_map(|name| request.get_all(name).iter().map(move |v| (name, v)))
-        .collect()
+/// Request headers that carry a client's credentials: kept with a shared
+/// response only as a digest, never as they are (the result lives in the
+/// backend, beside every other process's).
+const CREDENTIALS: [HeaderName; 3] = [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE];
+
+/// The request headers a response is shared by: those its `Vary` names, and
+/// `Authorization` unless the response says it may answer other clients'
+/// authorized requests (`public`, `s-maxage` or `must-revalidate`, RFC 9111
+/// §3.5): a request with other credentials than the leader's (or with none
+/// where it had some, or some where it had none) runs the handler on its
+/// own, so one client's answer never reaches another client because the
+/// flight's key left the caller out. `None` for `Vary: *`.
+pub(crate) fn keyed_by(response: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = vary(response)?;
+    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {
+        names.push(AUTHORIZATION);
+    }
+    Some(names)
 }
 
-/// Whether a shared response fits `request`: for every header its `Vary`
-/// names, `request` has the same field lines as the leader's request had
-/// (`leader`), none included (RFC 9111 §4.1).
+/// Whether `Cache-Control` lets a cache reuse the response for requests
+/// with credentials (RFC 9111 §3.5).
+fn answers_any_authorized(response: &HeaderMap) -> bool {
+    response
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| d.split('=').next().unwrap_or("").trim())
+        .any(|d| {
+            d.eq_ignore_ascii_case("public")
+                || d.eq_ignore_ascii_case("s-maxage")
+                || d.eq_ignore_ascii_case("must-revalidate")
+        })
+}
+
+/// The field lines of `request` named by `names` ([`keyed_by`]), as kept
+/// with a shared response: as they are, but a credential header's lines as
+/// one SHA-256 digest of them all.
+pub(crate) fn varied(names: &[HeaderName], request: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    let mut kept = Vec::new();
+    for name in names {
+        let mut lines = request.get_all(name).iter().peekable();
+        if lines.peek().is_none() {
+            continue;
+        }
+        if CREDENTIALS.contains(name) {
+            let mut digest = Sha256::new();
+            for line in lines {
+                // Each line's length first: no two lists of lines hash alike.
+                digest.update((line.len() as u64).to_be_bytes());
+                digest.update(line.as_bytes());
+            }
+            let value = format!("sha256:{}", crate::key::hex(&digest.finalize()));
+            kept.push((
+                name.clone(),
+                HeaderValue::from_str(&value).expect("hex is a valid header value"),
+            ));
+        } else {
+            kept.extend(lines.map(|v| (name.clone(), v.clone())));
+        }
+    }
+    kept
+}
+
+/// Whether a shared response fits `request`: for every header it is shared
+/// by ([`keyed_by`]: its `Vary`, and the credentials), `request` has the
+/// same field lines as the leader's request had (`leader`, as [`varied`]
+/// kept them), none included (RFC 9111 §4.1).
 pub(crate) fn fits(response: &HeaderMap, leader: &HeaderMap, request: &HeaderMap) -> bool {
-    let Some(names) = vary(response) else {
+    let Some(names) = keyed_by(response) else {
         return false;
     };
-    names
-        .iter()
-        .all(|name| leader.get_all(name).iter().eq(request.get_all(name).iter()))
+    let mine = varied(&names, request);
+    names.iter().all(|name| {
+        leader
+            .get_all(name)
+            .iter()
+            .eq(mine.iter().filter(|(n, _)| n == name).map(|(_, v)| v))
+    })
 }
 
 /// The headers of `headers` a copy of the response carries: none about the
@@ -261,8 +321,11 @@ mod tests {
     fn a_varied_response_fits_only_requests_with_the_same_field_lines() {
         let res = map(&[("vary", "Accept-Encoding"), ("vary", "accept-language")]);
         let leader = map(&[("accept-encoding", "gzip"), ("x-other", "1")]);
-        let names = vary(&res).unwrap();
-        assert_eq!(names, ["accept-encoding", "accept-language"]);
+        let names = keyed_by(&res).unwrap();
+        assert_eq!(
+            names,
+            ["accept-encoding", "accept-language", "authorization"]
+        );
         let kept: Vec<_> = varied(&names, &leader);
         assert_eq!(kept.len(), 1);
         assert!(fits(&res, &leader, &map(&[("accept-encoding", "gzip")])));
@@ -276,6 +339,69 @@ mod tests {
         // Without a Vary, every request fits; with `*`, none.
         assert!(fits(&map(&[]), &leader, &map(&[])));
         assert!(!fits(&map(&[("vary", "*")]), &leader, &leader));
+    }
+
+    /// What `fly` keeps of the leader's request, as a follower reads it.
+    fn kept(response: &HeaderMap, leader: &HeaderMap) -> HeaderMap {
+        varied(&keyed_by(response).unwrap(), leader)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn a_response_reaches_only_requests_with_the_leaders_credentials() {
+        let res = map(&[("content-type", "text/plain")]);
+        let a = map(&[("authorization", "Bearer a")]);
+        let b = map(&[("authorization", "Bearer b")]);
+        let none = map(&[]);
+        let leader = kept(&res, &a);
+        assert!(fits(&res, &leader, &a));
+        assert!(!fits(&res, &leader, &b), "another client's credentials");
+        assert!(!fits(&res, &leader, &none), "no credentials");
+        // A leader without credentials: only requests without them.
+        let leader = kept(&res, &none);
+        assert!(fits(&res, &leader, &none));
+        assert!(!fits(&res, &leader, &a));
+        // A response that says it may answer anyone's authorized request.
+        for cc in ["public, max-age=5", "s-maxage=10", "Must-Revalidate"] {
+            let res = map(&[("cache-control", cc)]);
+            let leader = kept(&res, &a);
+            assert!(fits(&res, &leader, &b), "{cc}");
+            assert!(fits(&res, &leader, &none), "{cc}");
+        }
+        // Cookies count only when the response varies on them.
+        let res = map(&[("vary", "Cookie"), ("cache-control", "public")]);
+        let leader = kept(&res, &map(&[("cookie", "s=1")]));
+        assert!(fits(&res, &leader, &map(&[("cookie", "s=1")])));
+        assert!(!fits(&res, &leader, &map(&[("cookie", "s=2")])));
+    }
+
+    #[test]
+    fn credentials_are_kept_as_a_digest_never_as_they_are() {
+        let res = map(&[("vary", "cookie, proxy-authorization")]);
+        let leader = map(&[
+            ("authorization", "Bearer secret-a"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("cookie", "session=secret-c"),
+            ("cookie", "other=1"),
+        ]);
+        let kept = varied(&keyed_by(&res).unwrap(), &leader);
+        assert_eq!(kept.len(), 3, "one digest per credential header");
+        for (name, value) in &kept {
+            let value = value.to_str().unwrap();
+            assert!(
+                value.starts_with("sha256:") && value.len() == 7 + 64,
+                "{name}: {value}"
+            );
+            assert!(!value.contains("secret") && !value.contains("c2VjcmV0"));
+        }
+        // Other lines, or the same lines split otherwise, digest otherwise.
+        let split = map(&[
+            ("authorization", "Bearer secret-a"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("cookie", "session=secret-cother=1"),
+        ]);
+        assert_ne!(varied(&keyed_by(&res).unwrap(), &split), kept);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use super::frame::{Shared, decode};
 use super::layer::SingleFlightLayer;
 use super::request::{FlightRequest, FlightSpec};
 use super::response::{
-    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, shared_headers, stays_out, varied, vary, verdict,
+    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, keyed_by, shared_headers, stays_out, varied,
+    verdict,
 };
 use crate::key::LockKey;
 use crate::layer::rejection::SharedRejection;
@@ -157,8 +158,8 @@ where
         Ok(Role::Leader(leader)) => leader,
         Err(e) => return Ok(rejection(&reject, &e)),
     };
-    // What the response's `Vary` may name, to be checked against each
-    // follower's request.
+    // What the response's `Vary` may name (and the credentials), to be
+    // checked against each follower's request.
     let asked = req.headers().clone();
     let res = match inner.call(req).await {
         Ok(res) => res,
@@ -187,12 +188,12 @@ where
             .map(|(n, v)| (n.clone(), v.clone()))
             .collect()
     };
-    let names = vary(&parts.headers).unwrap_or_default();
+    let names = keyed_by(&parts.headers).unwrap_or_default();
     let sharing = Sharing::new(
         leader,
         parts.status,
         owned(shared_headers(&parts.headers)),
-        owned(varied(&names, &asked)),
+        varied(&names, &asked),
         (flights.get_max_result_bytes(), flights.get_lock_ttl()),
         spec.get_result_ttl(),
     );

@@ -185,6 +185,87 @@ pub async fn a_varied_response_reaches_only_the_requests_it_fits(h: Harness) {
     assert_eq!(ctl.runs(), 3);
 }
 
+/// A flight keyed without the caller (the app's mistake): a response
+/// reaches only the followers with the leader's credentials
+/// (`Authorization`); one with other credentials, or none, runs the
+/// handler on its own. A response that says `Cache-Control: public` is
+/// for anyone's request, and reaches them all.
+pub async fn a_response_reaches_only_the_clients_with_its_credentials(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(
+        move |axum::extract::Path(id): axum::extract::Path<String>, headers: HeaderMap| {
+            let ctl = runs.clone();
+            async move {
+                ctl.checkpoint(&headers).await;
+                let who = headers
+                    .get(header::AUTHORIZATION)
+                    .map_or("-", |v| v.to_str().unwrap());
+                let cache = if id == "public" {
+                    "public, max-age=5"
+                } else {
+                    "max-age=5"
+                };
+                ([(header::CACHE_CONTROL, cache)], format!("for {who}"))
+            }
+        },
+    );
+    let app = Router::new().route("/{id}", handler.layer(on_route(&flights)));
+    let (a, b) = (("authorization", "Bearer a"), ("authorization", "Bearer b"));
+    let mut set = JoinSet::new();
+    spawn_call(&mut set, &app, gated_get("/mine", &[a]));
+    ctl.entered().await;
+    for asks in [&[a][..], &[b], &[], &[a], &[b]] {
+        spawn_call(&mut set, &app, gated_get("/mine", asks));
+    }
+    until_waiting(&h, &flights, "page:mine", 5).await;
+    // One gate for each run that should happen: the leader's and the three
+    // that do not fit (more would leave the next phase's leader ungated).
+    ctl.open(4);
+    let answers = all(set).await;
+    let bodies = |who: &str| {
+        answers
+            .iter()
+            .filter(|x| x.body == format!("for {who}").as_bytes())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bodies("Bearer a").len(),
+        3,
+        "a's answer reached a client with other credentials"
+    );
+    for x in bodies("Bearer a") {
+        assert!(matches!(flight_header(x), Some("leader" | "shared")));
+    }
+    for who in ["Bearer b", "-"] {
+        let own = bodies(who);
+        assert_eq!(own.len(), if who == "-" { 1 } else { 2 }, "{who}");
+        for x in own {
+            assert_eq!(flight_header(x), None, "{who} ran on its own");
+        }
+    }
+    assert_eq!(ctl.runs(), 4, "the leader, both b's and the one without");
+    for _ in 1..4 {
+        // The three runs after the leader's entered too.
+        ctl.entered().await;
+    }
+
+    // Public: anyone's.
+    let mut set = JoinSet::new();
+    spawn_call(&mut set, &app, gated_get("/public", &[a]));
+    ctl.entered().await;
+    for asks in [&[b][..], &[]] {
+        spawn_call(&mut set, &app, gated_get("/public", asks));
+    }
+    until_waiting(&h, &flights, "page:public", 2).await;
+    ctl.open(1);
+    for x in all(set).await {
+        assert_eq!(x.body, "for Bearer a", "a public response is anyone's");
+    }
+    assert_eq!(ctl.runs(), 5);
+}
+
 /// With the layer outside the Router (`layer.layer(router)`, as
 /// `ServiceBuilder` puts it), a HEAD's response comes to it with its body
 /// stripped by axum and the GET's `content-length` kept. HEAD and GET are

@@ -201,6 +201,7 @@ for_each_backend! {
             // Single-flight over HTTP: every client gets what it asked for.
             conditional_and_range_requests_stay_out_of_flights,
             a_varied_response_reaches_only_the_requests_it_fits,
+            a_response_reaches_only_the_clients_with_its_credentials,
             head_and_get_are_separate_flights,
             a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends,
             a_stream_past_the_cap_releases_every_follower_at_once,

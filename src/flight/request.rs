@@ -11,13 +11,15 @@ use http::Request;
 /// requests with one key get one response. **When responses depend on who
 /// asks** (a user's statement, anything behind authentication), put the
 /// caller's identity in the key, or the first caller's response goes to
-/// everyone.
+/// every caller the layer cannot tell apart: a session cookie, a client
+/// certificate or an address is invisible to it.
 ///
 /// The layer adds what HTTP itself says a response depends on (see
 /// [`SingleFlightLayer`](crate::flight::SingleFlightLayer)): the method is part of
 /// the flight (a HEAD never shares a GET's), conditional and range requests
-/// stay out of flights, and a response reaches only the requests its
-/// `Vary` fits. With a result TTL of zero, a response nobody waited for is
+/// stay out of flights, a response reaches only the requests its `Vary`
+/// fits, and only those with the leader's `Authorization` unless it says
+/// `Cache-Control: public`. With a result TTL of zero, a response nobody waited for is
 /// not stored at all; otherwise it is kept for the result TTL.
 ///
 /// ```

@@ -714,6 +714,12 @@ MUTANTS = [
     ("flight-public-response-not-for-anyone", "src/flight/response.rs",
      "            d.eq_ignore_ascii_case(\"public\")",
      "            d.eq_ignore_ascii_case(\"-public\")"),
+    ("flight-stored-response-for-no-cache", "src/flight/service.rs",
+     "            let refused = stored.then(|| refuses_stored(req.headers())).flatten();",
+     "            let refused = (stored && false).then(|| refuses_stored(req.headers())).flatten();"),
+    ("flight-no-cache-stays-out-of-flights", "src/flight/service.rs",
+     "            let refused = stored.then(|| refuses_stored(req.headers())).flatten();",
+     "            let refused = refuses_stored(req.headers());"),
     # apalis tasks (feature `apalis`)
     ("apalis-task-token-not-read", "src/job/apalis.rs",
      "        self.args.lock_token()",

@@ -23,8 +23,9 @@ pub(crate) struct Settings {
 
 /// What joining a flight gave this caller.
 pub(crate) enum Role {
-    /// Another caller's result.
-    Shared(FlightResult),
+    /// Another caller's result: one published while this caller waited, or
+    /// (`stored`) one published before it came and kept for the result TTL.
+    Shared { result: FlightResult, stored: bool },
     /// This caller computes.
     Leader(Box<Leader>),
 }
@@ -111,7 +112,13 @@ async fn begin(
     let req = AcquireRequest::fresh(key, settings.lock_ttl, settings.max_wait)?;
     let sent = tokio::time::Instant::now();
     match backend.flight_begin(&req).await {
-        Ok(FlightStart::Fresh(result)) => Ok(("fresh", Role::Shared(result))),
+        Ok(FlightStart::Fresh(result)) => Ok((
+            "fresh",
+            Role::Shared {
+                result,
+                stored: true,
+            },
+        )),
         Ok(FlightStart::Leader(lease)) => {
             // A flight's lock is counted as a flight, not as a lock.
             let lock = acquired(
@@ -128,7 +135,7 @@ async fn begin(
         Ok(FlightStart::Busy(wait)) => {
             let role = follow(backend, &req, wait, settings).await?;
             let outcome = match role {
-                Role::Shared(_) => "shared",
+                Role::Shared { .. } => "shared",
                 Role::Leader(_) => "leader",
             };
             Ok((outcome, role))
@@ -170,7 +177,12 @@ async fn follow(
                 if result.is_some() =>
             {
                 match shared {
-                    Ok(shared) => return Ok(Role::Shared(shared)),
+                    Ok(result) => {
+                        return Ok(Role::Shared {
+                            result,
+                            stored: false,
+                        });
+                    }
                     // The wake-up cannot come any more: wait on the lock
                     // alone, and read the result once it is ours.
                     Err(_) => result = None,
@@ -183,7 +195,10 @@ async fn follow(
                 return match backend.flight_result(req.key()).await {
                     Ok(Some(shared)) if shared.seq > seen => {
                         let _ = OwnedLock::from_parts(backend.clone(), lock, None).release().await;
-                        Ok(Role::Shared(shared))
+                        Ok(Role::Shared {
+                            result: shared,
+                            stored: false,
+                        })
                     }
                     Ok(_) => Ok(Role::Leader(Box::new(leader(backend, req, lock, settings)))),
                     Err(e) => {

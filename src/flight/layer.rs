@@ -29,6 +29,11 @@ use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
 ///   itself ([`SingleFlight::status`] names it); a HEAD (whose body axum
 ///   strips, keeping the GET's `content-length`), and any other method,
 ///   has a flight of its own under the same key.
+/// - **Stored responses** (a result TTL above zero): a request that says
+///   `Cache-Control: no-cache` or `max-age=0` (or `Pragma: no-cache`
+///   without a `Cache-Control`) is not answered with a response published
+///   before it came; it runs the handler on its own. It still joins a
+///   flight under way.
 /// - **Conditional and range requests** (`If-None-Match`,
 ///   `If-Modified-Since`, `If-Match`, `If-Unmodified-Since`, `If-Range`,
 ///   `Range`) neither lead nor follow: they go to the handler untouched, as

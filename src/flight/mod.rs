@@ -242,7 +242,7 @@ impl SingleFlight {
             .await
             .map_err(FlightError::Lock)?
         {
-            Role::Shared(result) => {
+            Role::Shared { result, .. } => {
                 return serde_json::from_slice(&result.value).map_err(FlightError::Decode);
             }
             Role::Leader(leader) => leader,

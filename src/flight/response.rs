@@ -5,8 +5,8 @@
 
 use http::header::{
     AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, COOKIE, HeaderName, HeaderValue,
-    IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PROXY_AUTHORIZATION,
-    RANGE, SET_COOKIE, VARY,
+    IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PRAGMA,
+    PROXY_AUTHORIZATION, RANGE, SET_COOKIE, VARY,
 };
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
@@ -56,6 +56,36 @@ pub(crate) fn stays_out(request: &HeaderMap) -> Option<&'static str> {
         .iter()
         .any(|name| request.contains_key(name))
         .then_some("a conditional or range request")
+}
+
+/// Whether a request refuses a response stored before it came (kept for the
+/// flight's result TTL): it says `Cache-Control: no-cache` or `max-age=0`
+/// (RFC 9111 §5.2.1), or `Pragma: no-cache` without a `Cache-Control` (as
+/// HTTP/1.0 clients say it). It may still join a flight under way: that
+/// response is made after it came.
+pub(crate) fn refuses_stored(request: &HeaderMap) -> Option<&'static str> {
+    let mut directives = request
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    if directives.any(|d| {
+        let (name, value) = d.split_once('=').unwrap_or((d, ""));
+        let name = name.trim();
+        name.eq_ignore_ascii_case("no-cache")
+            || (name.eq_ignore_ascii_case("max-age") && value.trim().trim_matches('"') == "0")
+    }) {
+        return Some("the request says no-cache or max-age=0");
+    }
+    let pragma = !request.contains_key(CACHE_CONTROL)
+        && request
+            .get_all(PRAGMA)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|d| d.trim().eq_ignore_ascii_case("no-cache"));
+    pragma.then_some("the request says Pragma: no-cache")
 }
 
 /// What the leader does with its response, judged by its head.
@@ -300,6 +330,33 @@ mod tests {
             )),
             Verdict::Alone(_)
         ));
+    }
+
+    #[test]
+    fn no_cache_and_max_age_zero_refuse_stored_responses() {
+        assert!(refuses_stored(&map(&[])).is_none());
+        assert!(refuses_stored(&map(&[("cache-control", "max-age=5")])).is_none());
+        assert!(refuses_stored(&map(&[("cache-control", "max-age=05, no-transform")])).is_none());
+        for cc in [
+            "no-cache",
+            "No-Cache",
+            "max-age=0",
+            "max-stale, max-age=\"0\"",
+        ] {
+            assert!(
+                refuses_stored(&map(&[("cache-control", cc)])).is_some(),
+                "{cc}"
+            );
+        }
+        assert!(refuses_stored(&map(&[("pragma", "no-cache")])).is_some());
+        // Cache-Control, where there is one, speaks instead of Pragma.
+        assert!(
+            refuses_stored(&map(&[
+                ("pragma", "no-cache"),
+                ("cache-control", "max-age=9")
+            ]))
+            .is_none()
+        );
     }
 
     #[test]

@@ -19,8 +19,8 @@ use super::frame::{Shared, decode};
 use super::layer::SingleFlightLayer;
 use super::request::{FlightRequest, FlightSpec};
 use super::response::{
-    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, keyed_by, shared_headers, stays_out, varied,
-    verdict,
+    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, keyed_by, refuses_stored, shared_headers,
+    stays_out, varied, verdict,
 };
 use crate::key::LockKey;
 use crate::layer::rejection::SharedRejection;
@@ -132,24 +132,33 @@ where
         Err(e) => return Ok(rejection(&reject, &e)),
     };
     let leader = match join(flights.backend(), key, flights.settings()).await {
-        Ok(Role::Shared(result)) => {
-            match decode(Bytes::from_owner(SharedBytes(result.value))) {
-                Some(Shared::Response { response, varied })
-                    if fits(response.headers(), &varied, req.headers()) =>
-                {
-                    let (mut parts, body) = (*response).into_parts();
-                    parts.headers.insert(SINGLE_FLIGHT, SHARED);
-                    return Ok(Response::from_parts(parts, FlightBody::full(body)));
+        Ok(Role::Shared { result, stored }) => {
+            let refused = stored.then(|| refuses_stored(req.headers())).flatten();
+            if let Some(why) = refused {
+                // Published before this request came, and it asks for an
+                // answer made for it (RFC 9111 §5.2.1): not for it.
+                tracing::debug!(why, "a stored single-flight response not used");
+            } else {
+                match decode(Bytes::from_owner(SharedBytes(result.value))) {
+                    Some(Shared::Response { response, varied })
+                        if fits(response.headers(), &varied, req.headers()) =>
+                    {
+                        let (mut parts, body) = (*response).into_parts();
+                        parts.headers.insert(SINGLE_FLIGHT, SHARED);
+                        return Ok(Response::from_parts(parts, FlightBody::full(body)));
+                    }
+                    // The response varies on a header this request has another
+                    // value of (`Vary`): not for it.
+                    Some(Shared::Response { .. }) => {
+                        tracing::debug!("a shared single-flight response varies; not used");
+                    }
+                    Some(Shared::Alone) => {}
+                    // Not a response frame (another program, or another version,
+                    // stored something else under this key).
+                    None => {
+                        tracing::warn!("a shared single-flight result is not a response; not used")
+                    }
                 }
-                // The response varies on a header this request has another
-                // value of (`Vary`): not for it.
-                Some(Shared::Response { .. }) => {
-                    tracing::debug!("a shared single-flight response varies; not used");
-                }
-                Some(Shared::Alone) => {}
-                // Not a response frame (another program, or another version,
-                // stored something else under this key).
-                None => tracing::warn!("a shared single-flight result is not a response; not used"),
             }
             // This request runs the handler on its own, outside the flight.
             let res = inner.call(req).await?;

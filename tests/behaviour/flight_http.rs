@@ -266,6 +266,80 @@ pub async fn a_response_reaches_only_the_clients_with_its_credentials(h: Harness
     assert_eq!(ctl.runs(), 5);
 }
 
+/// A response kept for the result TTL answers later requests, but not one
+/// that says `Cache-Control: no-cache` or `max-age=0`: it runs the handler
+/// on its own (and its answer replaces nothing). Such a request still
+/// joins a flight under way, whose response is made after it came.
+pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            format!("run {}", ctl.runs())
+        }
+    });
+    let layer = SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
+        let id = tower_lock::path_params(req).get("id")?.to_owned();
+        Some(FlightSpec::new(format!("page:{id}")).result_ttl(LONG))
+    });
+    let app = Router::new().route("/{id}", handler.layer(layer));
+    let one = |asks: &'static [(&'static str, &'static str)]| {
+        let app = app.clone();
+        async move {
+            let mut req = Request::get("/kept");
+            for (n, v) in asks {
+                req = req.header(*n, *v);
+            }
+            let res = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            let shared = res.headers().get("single-flight").cloned();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (shared, body)
+        }
+    };
+    assert_eq!(one(&[]).await.1, "run 1");
+    let (shared, body) = one(&[]).await;
+    assert_eq!(
+        (shared.unwrap(), body),
+        ("shared".parse().unwrap(), "run 1".into())
+    );
+    for (asks, run) in [
+        (&[("cache-control", "no-cache")][..], "run 2"),
+        (&[("cache-control", "max-age=0")], "run 3"),
+        (&[("pragma", "no-cache")], "run 4"),
+    ] {
+        let (shared, body) = one(asks).await;
+        assert_eq!(body, run, "{asks:?} got a stored response");
+        assert_eq!(shared, None, "{asks:?} ran on its own");
+    }
+    assert_eq!(one(&[]).await.1, "run 1", "the stored response stays");
+
+    // A flight under way: joined.
+    let mut set = JoinSet::new();
+    spawn_call(&mut set, &app, gated_get("/under-way", &[]));
+    for _ in 0..4 {
+        // The four runs above entered too.
+        ctl.entered().await;
+    }
+    ctl.entered().await;
+    spawn_call(
+        &mut set,
+        &app,
+        gated_get("/under-way", &[("cache-control", "no-cache")]),
+    );
+    until_waiting(&h, &flights, "page:under-way", 1).await;
+    ctl.open(1);
+    for x in all(set).await {
+        assert_eq!(
+            x.body, "run 5",
+            "a no-cache request joins a flight under way"
+        );
+    }
+    assert_eq!(ctl.runs(), 5);
+}
+
 /// With the layer outside the Router (`layer.layer(router)`, as
 /// `ServiceBuilder` puts it), a HEAD's response comes to it with its body
 /// stripped by axum and the GET's `content-length` kept. HEAD and GET are

@@ -330,7 +330,9 @@ pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
         gated_get("/under-way", &[("cache-control", "no-cache")]),
     );
     until_waiting(&h, &flights, "page:under-way", 1).await;
-    ctl.open(1);
+    // Two gates: the leader's, and one for the follower should it (wrongly)
+    // run on its own; it then answers "run 6" instead of hanging.
+    ctl.open(2);
     for x in all(set).await {
         assert_eq!(
             x.body, "run 5",

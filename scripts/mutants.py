@@ -697,6 +697,13 @@ MUTANTS = [
     ("redis-leave-sleeps-out-its-pause", "src/backend/redis/wait.rs",
      "                        if timeout_at(until, retry.pause()).await.is_err() {",
      "                        if timeout_at(until, sleep_until(until)).await.is_err() {"),
+    # etcd: a release disarms only the expiries of what it deleted
+    ("etcd-release-disarms-the-owners-range", "src/backend/etcd/ops.rs",
+     "            self.shared.expiries.disarm_through(&disarm.0, &disarm.1, at);",
+     "            self.shared.expiries.disarm_range(&disarm.0, &disarm.1);"),
+    ("etcd-release-disarms-nothing", "src/backend/etcd/ops.rs",
+     "            self.shared.expiries.disarm_through(&disarm.0, &disarm.1, at);",
+     "            self.shared.expiries.disarm_through(&disarm.0, &disarm.1, -1);"),
     # etcd: a waiter's re-read from any member, at or past what woke it
     ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
      "            if at_least.take().is_some_and(|r| read_at < r) {",

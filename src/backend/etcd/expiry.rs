@@ -135,6 +135,37 @@ impl Expiries {
         }
     }
 
+    /// Disarm the timers of the holder keys in `[start, end)` whose write
+    /// landed at or before revision `at`: those a deletion of the range at
+    /// `at` removed. A timer of a write not known to have landed (`None`:
+    /// an acquisition of the same owner under way, or one whose reply was
+    /// lost) or that landed after `at` stays: it is not this deletion's (a
+    /// stale one, when it fires, finds its key gone and deletes nothing).
+    pub(super) fn disarm_through(&self, start: &[u8], end: &[u8], at: i64) {
+        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<Vec<u8>> = armed
+            .range(start.to_vec()..end.to_vec())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(timers) = armed.get_mut(&key) else {
+                continue;
+            };
+            timers.retain(|t| {
+                let deleted = t
+                    .fence
+                    .is_some_and(|f| i64::try_from(f).is_ok_and(|f| f <= at));
+                if deleted {
+                    t.abort.abort();
+                }
+                !deleted
+            });
+            if timers.is_empty() {
+                armed.remove(&key);
+            }
+        }
+    }
+
     /// Disarm the timers of `key` except the one for `keep`.
     pub(super) fn disarm_others(&self, key: &[u8], keep: &[u8]) {
         let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());

@@ -152,8 +152,14 @@ impl EtcdBackend {
             .and_then(ops)
             .or_else([keys.get_holders(), keys.get_head()]);
         let reply = self.shared.conn.txn(WHAT, txn, end).await?;
+        // Only the timers of what this release deleted (or found gone) go:
+        // an acquisition of the same owner token under way meanwhile armed
+        // one of its own in the range, and keeps it.
+        let at = revision(&reply, WHAT)?;
         if reply.succeeded() {
-            self.shared.expiries.disarm_range(&disarm.0, &disarm.1);
+            self.shared
+                .expiries
+                .disarm_through(&disarm.0, &disarm.1, at);
             return Ok(());
         }
         let (start, stop) = disarm;
@@ -169,7 +175,7 @@ impl EtcdBackend {
         }
         let Some(h) = snapshot.find(holder).cloned() else {
             if snapshot.holders.is_empty() {
-                self.shared.expiries.disarm_range(&start, &stop);
+                self.shared.expiries.disarm_through(&start, &stop, at);
                 return Err(LockError::NotFound);
             }
             return Err(LockError::OwnershipMismatch);
@@ -406,3 +412,7 @@ pub(super) fn after(key: &[u8]) -> Vec<u8> {
     k.push(0);
     k
 }
+
+#[cfg(test)]
+#[path = "release_test.rs"]
+mod release_test;

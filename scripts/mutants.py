@@ -704,6 +704,9 @@ MUTANTS = [
     ("etcd-release-disarms-nothing", "src/backend/etcd/ops.rs",
      "            self.shared.expiries.disarm_through(&disarm.0, &disarm.1, at);",
      "            self.shared.expiries.disarm_through(&disarm.0, &disarm.1, -1);"),
+    ("etcd-near-tells-a-fitting-waiter-to-wait", "src/backend/etcd/handoff.rs",
+     "                        && !fits(next.value.kind, snapshot.holders.iter())\n",
+     "                        && (true || !fits(next.value.kind, snapshot.holders.iter()))\n"),
     # etcd: a waiter's re-read from any member, at or past what woke it
     ("etcd-look-takes-a-read-behind-its-wake", "src/backend/etcd/wait.rs",
      "            if at_least.take().is_some_and(|r| read_at < r) {",

@@ -269,7 +269,16 @@ impl EtcdBackend {
                     if let Some(h) = snapshot.hold(&head.holder_key(keys)) {
                         self.shared.near.grant(&head.key, h.clone(), head.lease);
                     }
-                    if let Some(next) = &snapshot.head {
+                    // The next waiter is told it is the oldest only if it
+                    // must wait (it does not fit beside the holds): one that
+                    // fits is this loop's next grant, and should that
+                    // grant not be made (an error, the deadline), its own
+                    // watch on the entry just deleted wakes it to read and
+                    // take what it fits beside. Told, it would watch the
+                    // holders instead, which need not change.
+                    if let Some(next) = &snapshot.head
+                        && !fits(next.value.kind, snapshot.holders.iter())
+                    {
                         self.shared.near.head(&next.key, snapshot.at);
                     }
                     self.shared.handed.keep(keys, &snapshot);

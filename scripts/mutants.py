@@ -714,6 +714,10 @@ MUTANTS = [
     ("etcd-look-always-serializable", "src/backend/etcd/wait.rs",
      "            let serializable = at_least.is_some();",
      "            let serializable = true;"),
+    # Redis: a first queueing sent twice still counts as the call's entry
+    ("redis-wait-first-entry-sent-twice-not-counted", "src/backend/redis/wait.rs",
+     "                    entries = (entries + u32::from(queued_anew)).max(1);",
+     "                    entries += u32::from(queued_anew);"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

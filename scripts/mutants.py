@@ -718,6 +718,9 @@ MUTANTS = [
     ("redis-wait-first-entry-sent-twice-not-counted", "src/backend/redis/wait.rs",
      "                    entries = (entries + u32::from(queued_anew)).max(1);",
      "                    entries += u32::from(queued_anew);"),
+    ("postgres-wait-first-entry-sent-twice-not-counted", "src/backend/postgres/wait.rs",
+     "                        entries = entries.max(1);",
+     "                        let _ = entries;"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -72,6 +72,7 @@ impl PostgresBackend {
                 )
             });
             guard.queued |= queue.is_some();
+            let queuing = queue.is_some();
             let retry_after = match self.attempt(req, queue, end).await? {
                 Attempt::Acquired(lease) => {
                     // The function took us out of the queue.
@@ -83,6 +84,16 @@ impl PostgresBackend {
                     queued_anew,
                 } => {
                     entries += u32::from(queued_anew);
+                    if queuing {
+                        // A first queueing call re-sent after its reply was
+                        // lost finds the entry its first run made ("not
+                        // anew"): a busy answer to a queueing call means
+                        // this call has had an entry, so the first counts
+                        // whatever the function says (an entry made later,
+                        // after a hand-off, is then the second, and its
+                        // grants are checked).
+                        entries = entries.max(1);
+                    }
                     if queued_anew {
                         // Our place in the queue dates from here (the same
                         // event as the in-memory backend's; the chaos

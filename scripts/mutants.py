@@ -721,6 +721,9 @@ MUTANTS = [
     ("postgres-wait-first-entry-sent-twice-not-counted", "src/backend/postgres/wait.rs",
      "                        entries = entries.max(1);",
      "                        let _ = entries;"),
+    ("postgres-sweep-waits-for-held-entries", "src/backend/postgres/functions.sql",
+     "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE SKIP LOCKED));",
+     "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE));"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -654,6 +654,80 @@ async fn a_sweep_during_a_release_never_lets_a_newcomer_barge() {
     waiter.await.unwrap().unwrap();
 }
 
+/// Two long-dead entries of one key, the one ahead in the queue stored
+/// after the other (so the sweep, in physical order, meets them the other
+/// way round), while a release hands the key over: the hand-off deletes
+/// dead entries in queue order, the sweep in physical order. The sweep
+/// skips what another session holds instead of waiting for it, so neither
+/// waits for the other in a cycle (PostgreSQL would abort one of them
+/// after its deadlock timeout: a failed release, the lock left to its TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_and_a_hand_off_never_deadlock() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let held = b
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    for place in [1000, 999] {
+        server.psql(&format!(
+            "INSERT INTO tower_lock.locks_waiters \
+             (key, place, channel, ticket, owner, attempt, ttl_ms, deadline) \
+             VALUES ('g:k', {place}, 'tower_lock_nobody', {place}, 'ghost', 1, 60000, \
+             now() - interval '2 min')"
+        ));
+    }
+    server.psql("UPDATE tower_lock.locks SET queued = true");
+    // Another session holds the entry stored first (queue place 1000).
+    let gate = session(&server).await;
+    gate.batch_execute(
+        "BEGIN; SELECT 1 FROM tower_lock.locks_waiters WHERE place = 1000 FOR UPDATE",
+    )
+    .await
+    .unwrap();
+    // The sweep, in a transaction left open: before the fix it waited for
+    // that entry here, holding none; now it skips it and holds the other.
+    let sweep = tokio::spawn({
+        let client = session(&server).await;
+        async move {
+            let swept = client
+                .batch_execute("BEGIN; SELECT * FROM tower_lock.locks_sweep(0, 1000)")
+                .await;
+            (client, swept)
+        }
+    });
+    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + 10 * SEC;
+    while !sweep.is_finished() && count(&server, blocked) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the sweep neither ran nor waited"
+        );
+        tokio::time::sleep(ms(2)).await;
+    }
+    let waiting_sweep = i64::from(!sweep.is_finished());
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.release(&key("k"), Holder::new("holder", held.fence))
+                .await
+        }
+    });
+    // The release's hand-off waits for an entry (the sweep's, or the
+    // gate's once it got past the sweep's).
+    blocked_on_a_row(&server, 1 + waiting_sweep).await;
+    gate.batch_execute("COMMIT").await.unwrap();
+    let (client, swept) = sweep.await.unwrap();
+    let committed = client.batch_execute("COMMIT").await;
+    assert!(
+        swept.is_ok() && committed.is_ok(),
+        "the sweep failed: {swept:?} {committed:?}"
+    );
+    release.await.unwrap().expect("the release");
+    assert_eq!(b.status(&key("k")).await.unwrap(), None);
+}
+
 // -------------------------------------------- 5. session settings
 
 /// What each statement on the lock table ran under, recorded by a trigger.

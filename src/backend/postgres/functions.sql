@@ -884,16 +884,31 @@ BEGIN
       removed := removed + 1;
     END IF;
   END LOOP;
+  -- Entries, results and watchers another session holds (a hand-off
+  -- deleting dead entries in queue order, a flight's publish storing its
+  -- result and deleting its watchers) are skipped, never waited for (the
+  -- next pass takes them): deleting in physical order while that
+  -- session deletes in its own order, each waiting for a row the other
+  -- holds, was a deadlock (PostgreSQL then aborts one of the two).
   DELETE FROM "{schema}"."{table}_waiters" AS w
-    WHERE w.ctid >= v_lo AND w.ctid < v_hi AND w.deadline < v_now - interval '1 minute';
+    WHERE w.ctid = ANY (ARRAY(
+      SELECT d.ctid FROM "{schema}"."{table}_waiters" AS d
+        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'
+        FOR UPDATE SKIP LOCKED));
   GET DIAGNOSTICS n = ROW_COUNT;
   removed := removed + n;
   DELETE FROM "{schema}"."{table}_flights" AS f
-    WHERE f.ctid >= v_lo AND f.ctid < v_hi AND f.keep_until <= v_now;
+    WHERE f.ctid = ANY (ARRAY(
+      SELECT d.ctid FROM "{schema}"."{table}_flights" AS d
+        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.keep_until <= v_now
+        FOR UPDATE SKIP LOCKED));
   GET DIAGNOSTICS n = ROW_COUNT;
   removed := removed + n;
   DELETE FROM "{schema}"."{table}_flight_watchers" AS x
-    WHERE x.ctid >= v_lo AND x.ctid < v_hi AND x.expires_at <= v_now;
+    WHERE x.ctid = ANY (ARRAY(
+      SELECT d.ctid FROM "{schema}"."{table}_flight_watchers" AS d
+        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.expires_at <= v_now
+        FOR UPDATE SKIP LOCKED));
   GET DIAGNOSTICS n = ROW_COUNT;
   removed := removed + n;
   v_pages := greatest(

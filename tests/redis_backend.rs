@@ -895,6 +895,21 @@ async fn a_waiters_leave_never_overtakes_its_queueing() {
 /// newer fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
+    stale_grant(false).await;
+}
+
+/// The same, when the waiter's first queueing call was sent twice (its
+/// reply lost, the call sent again on a fresh connection: the second run
+/// finds the entry the first made). That entry still counts as the call's
+/// first: the old grant, read after a second entry, is not believed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_read_late_is_not_believed_when_the_first_queueing_was_sent_twice() {
+    stale_grant(true).await;
+}
+
+/// The scenario of the two tests above; `sent_twice`: the reply to the
+/// waiter's first queueing call is lost (the proxy resets it).
+async fn stale_grant(sent_twice: bool) {
     let server = RedisServer::start();
     let direct = backend(&server);
     let proxy = Proxy::start(server.port()).await;
@@ -904,7 +919,16 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
         .acquire(&req("k", "h", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();
+    let before = scripts(&server);
+    if sent_twice {
+        proxy.reset_next_reply();
+    }
     let waiter = spawn_acquire(&slow, req("k", "w", ms(100), 10 * SEC));
+    if sent_twice {
+        proxy.resets(1).await;
+        // Its first run, and the same call again.
+        scripts_run(&server, before, 2).await;
+    }
     queued(&server, "k", 1).await;
 
     // The grant to w, and w's own re-checks, are held back...
@@ -925,63 +949,6 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
     proxy.hold_commands(false);
     // w's re-check finds z holding and queues w again; then w reads the
     // old grant, and z releases.
-    queued(&server, "k", 1).await;
-    proxy.hold_pubsub(false);
-    direct
-        .release(&key("k"), Holder::owner_only("z"))
-        .await
-        .unwrap();
-
-    let lease = granted(waiter).await;
-    assert!(
-        lease.fence > z.fence,
-        "w believed the old grant (fence {} <= z's {})",
-        lease.fence,
-        z.fence
-    );
-    let st = direct.status(&key("k")).await.unwrap().unwrap();
-    assert_eq!(
-        (st.owner.as_str(), st.fence, st.waiters),
-        ("w", lease.fence, 0)
-    );
-}
-
-/// The same, when the waiter's first queueing call was sent twice (its
-/// reply lost, the call sent again on a fresh connection: the second run
-/// finds the entry the first made). That entry still counts as the call's
-/// first: the old grant, read after a second entry, is not believed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_read_late_is_not_believed_when_the_first_queueing_was_sent_twice() {
-    let server = RedisServer::start();
-    let direct = backend(&server);
-    let proxy = Proxy::start(server.port()).await;
-    let slow = RedisBackend::from_url(&proxy.redis_url()).unwrap();
-    subscribe_first(&direct, &slow).await;
-    direct
-        .acquire(&req("k", "h", 30 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let before = scripts(&server);
-    proxy.reset_next_reply();
-    let waiter = spawn_acquire(&slow, req("k", "w", ms(100), 10 * SEC));
-    proxy.resets(1).await;
-    // Its first run, and the same call again.
-    scripts_run(&server, before, 2).await;
-    queued(&server, "k", 1).await;
-
-    proxy.hold_pubsub(true);
-    proxy.hold_commands(true);
-    direct
-        .release(&key("k"), Holder::owner_only("h"))
-        .await
-        .unwrap();
-    assert_eq!(direct.status(&key("k")).await.unwrap().unwrap().owner, "w");
-    until_free(&direct, "k").await;
-    let z = direct
-        .acquire(&req("k", "z", 30 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    proxy.hold_commands(false);
     queued(&server, "k", 1).await;
     proxy.hold_pubsub(false);
     direct

@@ -121,18 +121,7 @@ impl Expiries {
     /// Disarm every timer of the holder keys in `[start, end)` (one
     /// owner's keys of a lock, or one key).
     pub(super) fn disarm_range(&self, start: &[u8], end: &[u8]) {
-        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        let keys: Vec<Vec<u8>> = armed
-            .range(start.to_vec()..end.to_vec())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in keys {
-            if let Some(timers) = armed.remove(&key) {
-                for t in timers {
-                    t.abort.abort();
-                }
-            }
-        }
+        self.disarm_in(start, end, |_| true);
     }
 
     /// Disarm the timers of the holder keys in `[start, end)` whose write
@@ -142,6 +131,15 @@ impl Expiries {
     /// lost) or that landed after `at` stays: it is not this deletion's (a
     /// stale one, when it fires, finds its key gone and deletes nothing).
     pub(super) fn disarm_through(&self, start: &[u8], end: &[u8], at: i64) {
+        self.disarm_in(start, end, |t| {
+            t.fence
+                .is_some_and(|f| i64::try_from(f).is_ok_and(|f| f <= at))
+        });
+    }
+
+    /// Disarm the timers of the holder keys in `[start, end)` that `which`
+    /// picks.
+    fn disarm_in(&self, start: &[u8], end: &[u8], which: impl Fn(&Armed) -> bool) {
         let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<Vec<u8>> = armed
             .range(start.to_vec()..end.to_vec())
@@ -152,13 +150,11 @@ impl Expiries {
                 continue;
             };
             timers.retain(|t| {
-                let deleted = t
-                    .fence
-                    .is_some_and(|f| i64::try_from(f).is_ok_and(|f| f <= at));
-                if deleted {
+                let goes = which(t);
+                if goes {
                     t.abort.abort();
                 }
-                !deleted
+                !goes
             });
             if timers.is_empty() {
                 armed.remove(&key);

@@ -69,14 +69,16 @@ async fn blocked(server: &PgServer, event: &str, n: i64) {
 /// Either a transaction lock or a tuple lock: a statement waiting for a
 /// row another transaction holds waits for one or the other.
 async fn blocked_on_a_row(server: &PgServer, n: i64) {
-    let q = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
     let deadline = Instant::now() + 10 * SEC;
-    while count(server, q) < n {
+    while count(server, BLOCKED_ON_A_ROW) < n {
         assert!(Instant::now() < deadline, "never {n} blocked on a row");
         tokio::time::sleep(ms(2)).await;
     }
 }
+
+/// How many other sessions wait for a row (or the transaction holding it).
+const BLOCKED_ON_A_ROW: &str = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+     AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
 
 /// Wait until `n` waiters are queued on `name`.
 async fn queued(server: &PgServer, name: &str, n: i64) {
@@ -696,10 +698,8 @@ async fn a_sweep_and_a_hand_off_never_deadlock() {
             (client, swept)
         }
     });
-    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                   AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
     let deadline = Instant::now() + 10 * SEC;
-    while !sweep.is_finished() && count(&server, blocked) < 1 {
+    while !sweep.is_finished() && count(&server, BLOCKED_ON_A_ROW) < 1 {
         assert!(
             Instant::now() < deadline,
             "the sweep neither ran nor waited"

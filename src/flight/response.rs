@@ -64,28 +64,29 @@ pub(crate) fn stays_out(request: &HeaderMap) -> Option<&'static str> {
 /// HTTP/1.0 clients say it). It may still join a flight under way: that
 /// response is made after it came.
 pub(crate) fn refuses_stored(request: &HeaderMap) -> Option<&'static str> {
-    let mut directives = request
-        .get_all(CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim);
-    if directives.any(|d| {
-        let (name, value) = d.split_once('=').unwrap_or((d, ""));
-        let name = name.trim();
+    if directives(request, CACHE_CONTROL).any(|(name, value)| {
         name.eq_ignore_ascii_case("no-cache")
-            || (name.eq_ignore_ascii_case("max-age") && value.trim().trim_matches('"') == "0")
+            || (name.eq_ignore_ascii_case("max-age") && value.trim_matches('"') == "0")
     }) {
         return Some("the request says no-cache or max-age=0");
     }
     let pragma = !request.contains_key(CACHE_CONTROL)
-        && request
-            .get_all(PRAGMA)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|d| d.trim().eq_ignore_ascii_case("no-cache"));
+        && directives(request, PRAGMA).any(|(name, _)| name.eq_ignore_ascii_case("no-cache"));
     pragma.then_some("the request says Pragma: no-cache")
+}
+
+/// The directives of the (readable) `name` fields of `headers`, as
+/// trimmed `(name, value)` pairs (`value` empty when there is none).
+fn directives(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .get_all(name)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| {
+            let (name, value) = d.split_once('=').unwrap_or((d, ""));
+            (name.trim(), value.trim())
+        })
 }
 
 /// What the leader does with its response, judged by its head.
@@ -141,18 +142,18 @@ fn private(headers: &HeaderMap) -> Option<&'static str> {
     if headers.contains_key(LOCK_OWNER) {
         return Some("it carries a lock's owner token");
     }
-    for value in headers.get_all(CACHE_CONTROL) {
-        let Ok(value) = value.to_str() else {
-            return Some("an unreadable Cache-Control");
-        };
-        for directive in value.split(',') {
-            let name = directive.split('=').next().unwrap_or("").trim();
-            if name.eq_ignore_ascii_case("private") || name.eq_ignore_ascii_case("no-store") {
-                return Some("Cache-Control says private or no-store");
-            }
-        }
+    if headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .any(|v| v.to_str().is_err())
+    {
+        return Some("an unreadable Cache-Control");
     }
-    None
+    directives(headers, CACHE_CONTROL)
+        .any(|(name, _)| {
+            name.eq_ignore_ascii_case("private") || name.eq_ignore_ascii_case("no-store")
+        })
+        .then_some("Cache-Control says private or no-store")
 }
 
 /// The request headers a response's `Vary` names (lower case, as
@@ -197,17 +198,11 @@ pub(crate) fn keyed_by(response: &HeaderMap) -> Option<Vec<HeaderName>> {
 /// Whether `Cache-Control` lets a cache reuse the response for requests
 /// with credentials (RFC 9111 §3.5).
 fn answers_any_authorized(response: &HeaderMap) -> bool {
-    response
-        .get_all(CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|d| d.split('=').next().unwrap_or("").trim())
-        .any(|d| {
-            d.eq_ignore_ascii_case("public")
-                || d.eq_ignore_ascii_case("s-maxage")
-                || d.eq_ignore_ascii_case("must-revalidate")
-        })
+    directives(response, CACHE_CONTROL).any(|(d, _)| {
+        d.eq_ignore_ascii_case("public")
+            || d.eq_ignore_ascii_case("s-maxage")
+            || d.eq_ignore_ascii_case("must-revalidate")
+    })
 }
 
 /// The field lines of `request` named by `names` ([`keyed_by`]), as kept

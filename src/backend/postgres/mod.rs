@@ -303,10 +303,8 @@ impl PostgresBackend {
 
     /// Remove every expired lock nobody waits for (handing expired locks
     /// with live waiters to the first of them) and every waiter entry whose
-    /// max wait ended over a minute ago, in bounded steps over the whole
-    /// tables (an entry another session holds at that moment, as a
-    /// hand-off deleting it does, is left to that session or the next
-    /// sweep, never waited for). Returns the rows removed.
+    /// max wait ended over a minute ago (one another session holds is left
+    /// to the next sweep), in bounded steps over the tables. Returns the rows removed.
     ///
     /// Never needed for correctness (an expired lock is taken over by its
     /// next acquirer) nor, usually, for size (the backend sweeps a little

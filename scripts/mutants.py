@@ -724,6 +724,16 @@ MUTANTS = [
     ("postgres-sweep-waits-for-held-entries", "src/backend/postgres/functions.sql",
      "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE SKIP LOCKED));",
      "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE));"),
+    # PostgreSQL: a cleanup waits for the call that timed out before it
+    ("postgres-timed-out-connection-not-drained", "src/backend/postgres/conn.rs",
+     "                    self.drain(index, generation, live.clone(), 2 * op_timeout);",
+     "                    let _ = live.clone();"),
+    ("postgres-drain-not-waited-for", "src/backend/postgres/pins.rs",
+     "                    Some(pin) if map.draining(pin) => {}",
+     "                    Some(pin) if false && map.draining(pin) => {}"),
+    ("postgres-drain-pins-dropped-by-next-connection", "src/backend/postgres/pins.rs",
+     "                || draining.contains(&(p.slot, p.generation))",
+     "                || false"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -513,6 +513,71 @@ async fn a_cleanup_never_overtakes_the_call_it_cleans_up() {
         .expect("the lock is held for the caller that gave up");
 }
 
+/// An acquire that timed out on the client may still run on the server:
+/// here its commit waits for a synchronous standby that never answers,
+/// past the op timeout. The cleanup release that follows (as the crate
+/// sends it after a timed-out acquisition) waits for that call on the
+/// connection it went out on, instead of running first on a fresh one and
+/// finding nothing, and so releases the lock the call then took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_waits_for_the_call_that_timed_out() {
+    let server = PgServer::start();
+    let b = PostgresBackend::builder()
+        .op_timeout(3 * SEC)
+        .build(&server.url())
+        .unwrap();
+    b.migrate().await.unwrap();
+    // Connections set up, statements prepared.
+    let warm = req("warm", "w", 30 * SEC, SEC);
+    b.acquire(&warm).await.unwrap();
+    b.release(&key("warm"), Holder::owner_only("w"))
+        .await
+        .unwrap();
+
+    // From now on every commit that wrote waits for a standby.
+    server.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
+    server.psql("SELECT pg_reload_conf()");
+    while server.psql("SHOW synchronous_standby_names") != "nobody" {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let acquired = b
+        .acquire(&req("stalled", "gone", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(acquired, Err(LockError::BackendUnavailable(_))),
+        "{acquired:?}"
+    );
+    const SYNC_REP: &str = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
+    assert_eq!(
+        count(&server, SYNC_REP),
+        1,
+        "the acquire is still committing"
+    );
+
+    let cleanup = tokio::spawn({
+        let b = b.clone();
+        async move { b.release(&key("stalled"), Holder::owner_only("gone")).await }
+    });
+    // Time for a cleanup that does not wait to run first (it would finish,
+    // or be stalled by the standby beside the acquire). One that waits
+    // does neither before the standby setting goes.
+    let deadline = Instant::now() + SEC;
+    while !cleanup.is_finished() && count(&server, SYNC_REP) < 2 && Instant::now() < deadline {
+        tokio::time::sleep(ms(5)).await;
+    }
+    server.psql("ALTER SYSTEM RESET synchronous_standby_names");
+    server.psql("SELECT pg_reload_conf()");
+    cleanup
+        .await
+        .unwrap()
+        .expect("the cleanup ran before the acquire it cleans up after");
+
+    let probe = req("stalled", "probe", 30 * SEC, Duration::ZERO);
+    b.acquire(&probe)
+        .await
+        .expect("the lock is held for the caller whose acquire timed out");
+}
+
 /// A grant that reaches this backend for a waiter it no longer has (its
 /// entry outlived it) goes on to the next waiter at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

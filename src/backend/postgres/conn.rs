@@ -16,7 +16,9 @@
 //! call's connection until it was answered (`pins.rs`): the cleanup after a
 //! dropped call (the release of what a cancelled acquire may have taken,
 //! the leave of a waiter that went away) never overtakes the call it cleans
-//! up.
+//! up. A connection given up on after a timeout drains first: its pinned
+//! callers wait until it answered what was sent behind the timed-out call
+//! (at most their op timeout).
 //!
 //! **Settings.** The SQL relies on `READ COMMITTED` (a statement that waited
 //! for a row sees what committed meanwhile; under `REPEATABLE READ` it fails
@@ -74,7 +76,8 @@ pub(super) struct Conns {
     names: Names,
     slots: Box<[Slot]>,
     generation: AtomicU64,
-    pins: Pins,
+    /// Shared with the drains of connections given up on.
+    pins: Arc<Pins>,
 }
 
 /// Who makes a call: its stored key and owner token (see `pins.rs`).
@@ -97,7 +100,7 @@ impl Conns {
                 })
                 .collect(),
             generation: AtomicU64::new(0),
-            pins: Pins::default(),
+            pins: Arc::default(),
         }
     }
 
@@ -206,9 +209,15 @@ impl Conns {
         op_timeout: Duration,
     ) -> Result<Row, LockError> {
         let caller = caller.map(|c| pins::caller(c.key, c.owner));
-        let index = match caller.and_then(|c| self.pins.get(c)) {
-            Some(pin) => pin.slot,
-            None => self.pick(),
+        let index = match caller {
+            Some(c) if self.pins.get(c).is_some() => match self.pins.settled(c, end).await {
+                Ok(Some(pin)) => pin.slot,
+                Ok(None) => self.pick(),
+                Err(()) => {
+                    return Err(timed_out("waiting for an earlier call of this lock to end"));
+                }
+            },
+            _ => self.pick(),
         };
         let slot = &self.slots[index];
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -263,11 +272,27 @@ impl Conns {
                     // statement still running would hold up every query
                     // pipelined behind it. The next call starts afresh; the
                     // server stops the statement at its statement_timeout.
+                    // It drains meanwhile: what it carries may still run,
+                    // and its caller's cleanup must come after that.
                     invalidate(slot, generation);
+                    drop(sending);
+                    self.drain(index, generation, live.clone(), 2 * op_timeout);
                     return Err(timed_out("waiting for PostgreSQL to answer"));
                 }
             }
         }
+    }
+
+    /// Connection `generation` of `slot`, given up on, drains (see
+    /// `pins.rs`): an empty query goes behind what it carries, and its
+    /// pins hold until that is answered or `bound` has passed.
+    fn drain(&self, slot: usize, generation: u64, live: Arc<Live>, bound: Duration) {
+        let pins = self.pins.clone();
+        pins.draining(slot, generation);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(bound, live.client.simple_query("")).await;
+            pins.drained(slot, generation);
+        });
     }
 
     /// A connection checked out of the pool (not one of ours), by `end`:

@@ -13,10 +13,22 @@
 //! answered (then the dropped one was answered before it), or with the
 //! connection. Calls of callers without a pin go to the least busy
 //! connection, so a lone caller stays on one warm server process.
+//!
+//! A connection given up on because a call on it timed out is not used
+//! again (a statement still running would hold up everything behind it),
+//! but what was sent on it may still run: the server stops a statement at
+//! its `statement_timeout`, and a commit waiting for the disk or a
+//! synchronous standby not even then. So it *drains*: an empty query is
+//! sent behind what it carries, and until that is answered (or the drain
+//! gives up, after twice the op timeout) a caller pinned to it waits
+//! before its next call, within that call's own op timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::{Instant, timeout_at};
 
 /// A caller: the hash of a stored key and an owner token.
 pub(super) fn caller(key: &str, owner: &str) -> u64 {
@@ -38,16 +50,31 @@ pub(super) struct Pin {
 }
 
 #[derive(Default)]
+struct Map {
+    pins: HashMap<u64, Pin>,
+    /// Connections (slot, generation) given up on that still drain.
+    draining: Vec<(usize, u64)>,
+}
+
+impl Map {
+    fn draining(&self, pin: &Pin) -> bool {
+        self.draining.contains(&(pin.slot, pin.generation))
+    }
+}
+
+#[derive(Default)]
 pub(super) struct Pins {
-    map: Mutex<HashMap<u64, Pin>>,
-    /// `map.len()`, read without the lock: no pin is the common case.
+    map: Mutex<Map>,
+    /// `map.pins.len()`, read without the lock: no pin is the common case.
     len: AtomicUsize,
     /// A clock that ticks when a pin is made.
     clock: AtomicU64,
+    /// Woken when a connection has drained.
+    drained: Notify,
 }
 
 impl Pins {
-    fn map(&self) -> MutexGuard<'_, HashMap<u64, Pin>> {
+    fn map(&self) -> MutexGuard<'_, Map> {
         // Every critical section leaves the map whole.
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -57,7 +84,45 @@ impl Pins {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.map().get(&caller).copied()
+        self.map().pins.get(&caller).copied()
+    }
+
+    /// The pin of `caller` once its connection is not draining: the caller
+    /// waits for a call given up on to finish before its next goes out.
+    /// `Err` when `end` came first.
+    pub(super) async fn settled(&self, caller: u64, end: Instant) -> Result<Option<Pin>, ()> {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            // Registered before the look, so that no drain is missed.
+            drained.as_mut().enable();
+            {
+                let map = self.map();
+                match map.pins.get(&caller) {
+                    Some(pin) if map.draining(pin) => {}
+                    pin => return Ok(pin.copied()),
+                }
+            }
+            timeout_at(end, drained).await.map_err(|_| ())?;
+        }
+    }
+
+    /// Connection `generation` of `slot` was given up on while a call on
+    /// it was under way: it drains (see the module docs).
+    pub(super) fn draining(&self, slot: usize, generation: u64) {
+        self.map().draining.push((slot, generation));
+    }
+
+    /// That connection answered what was sent behind the call given up on
+    /// (or the drain gave up): its pins go.
+    pub(super) fn drained(&self, slot: usize, generation: u64) {
+        let mut map = self.map();
+        map.draining.retain(|d| *d != (slot, generation));
+        map.pins
+            .retain(|_, p| (p.slot, p.generation) != (slot, generation));
+        self.len.store(map.pins.len(), Ordering::Release);
+        drop(map);
+        self.drained.notify_waiters();
     }
 
     /// The time a call takes just before it is sent: a call sent at or
@@ -71,7 +136,7 @@ impl Pins {
     pub(super) fn pin(&self, caller: u64, slot: usize, generation: u64) {
         let mut map = self.map();
         let made = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
-        map.insert(
+        map.pins.insert(
             caller,
             Pin {
                 slot,
@@ -79,23 +144,26 @@ impl Pins {
                 made,
             },
         );
-        self.len.store(map.len(), Ordering::Release);
+        self.len.store(map.pins.len(), Ordering::Release);
     }
 
     /// A call sent at `sent` on connection `generation` of `slot` was
     /// answered: so was everything sent there before it, and the pins made
-    /// before it there (or on a connection of the slot it replaced) go.
+    /// before it there (or on a connection of the slot it replaced, unless
+    /// that one still drains) go.
     pub(super) fn answered(&self, slot: usize, generation: u64, sent: u64) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut map = self.map();
-        map.retain(|_, p| {
+        let Map { pins, draining } = &mut *map;
+        pins.retain(|_, p| {
             p.slot != slot
                 || p.generation > generation
                 || (p.generation == generation && p.made > sent)
+                || draining.contains(&(p.slot, p.generation))
         });
-        self.len.store(map.len(), Ordering::Release);
+        self.len.store(pins.len(), Ordering::Release);
     }
 }
 
@@ -127,5 +195,36 @@ mod tests {
         assert!(pins.get(a).is_some());
         pins.answered(1, 8, 0);
         assert_eq!(pins.get(a), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_pinned_to_a_draining_connection_waits_for_its_drain() {
+        let pins = std::sync::Arc::new(Pins::default());
+        let (a, b) = (caller("g:k", "o1"), caller("g:k", "o2"));
+        pins.pin(a, 1, 7);
+        pins.pin(b, 0, 7);
+        pins.draining(1, 7);
+        // A call answered on the slot's next connection says nothing of
+        // what the draining one still carries.
+        pins.answered(1, 8, pins.now());
+        assert!(pins.get(a).is_some());
+        // A caller pinned elsewhere goes on; one pinned to it waits, up to
+        // its own end.
+        let end = Instant::now() + std::time::Duration::from_secs(1);
+        assert_eq!(pins.settled(b, end).await.unwrap().unwrap().slot, 0);
+        assert!(pins.settled(a, end).await.is_err());
+        let waiting = tokio::spawn({
+            let pins = pins.clone();
+            async move {
+                pins.settled(a, Instant::now() + std::time::Duration::from_secs(1))
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        pins.drained(1, 7);
+        assert_eq!(waiting.await.unwrap(), Ok(None));
+        assert_eq!(pins.get(a), None);
+        assert!(pins.get(b).is_some());
     }
 }

@@ -724,6 +724,13 @@ MUTANTS = [
     ("postgres-sweep-waits-for-held-entries", "src/backend/postgres/functions.sql",
      "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE SKIP LOCKED));",
      "        WHERE d.ctid >= v_lo AND d.ctid < v_hi AND d.deadline < v_now - interval '1 minute'\n        FOR UPDATE));"),
+    # Redis: a dropped waiter's leave also goes on the current connection
+    ("redis-dropped-leave-only-behind-stalled-attempt", "src/backend/redis/wait.rs",
+     "                let outcome = if backend.shared.trails.of(&owner).is_some() {",
+     "                let outcome = if false && backend.shared.trails.of(&owner).is_some() {"),
+    ("redis-leave-now-goes-behind-too", "src/backend/redis/ops.rs",
+     "            LeaveMode::DropNow => self.shared.conn.eval(&inv, end).await?,",
+     "            LeaveMode::DropNow => self.cleanup(&inv, owner, end).await?,"),
     # PostgreSQL: a cleanup waits for the call that timed out before it
     ("postgres-timed-out-connection-not-drained", "src/backend/postgres/conn.rs",
      "                    self.drain(index, generation, live.clone(), 2 * op_timeout);",

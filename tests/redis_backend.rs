@@ -879,12 +879,59 @@ async fn a_waiters_leave_never_overtakes_its_queueing() {
         () = scripts_run(&server, before, 1) => {}
     }
     proxy.hold_open_commands(false);
-    // The attempt and a leave have run.
-    scripts_run(&server, before, 2).await;
+    // The attempt and the leave behind it have run (and a leave on the
+    // fresh connection, sent beside it, before them).
+    scripts_run(&server, before, 3).await;
     assert_eq!(
         server.cmd(&["HLEN", &stored("k", ":w")]),
         "0",
         "the waiter's entry stayed queued: its leave ran before it queued"
+    );
+}
+
+/// A queued waiter is dropped while its re-check is in flight on a
+/// connection that stalls (and stays stalled). Its leave goes behind that
+/// re-check, and stalls too; meanwhile the holder's release hands the lock
+/// to the dropped entry. The leave also goes on the current connection (a
+/// fresh one once the stalled one timed out), so the lock moves on to the
+/// next waiter long before the dropped entry's deadline or the hand-off's
+/// TTL (60 s each) would free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(SEC);
+    subscribe_first(&direct, &b).await;
+    let held = direct
+        .acquire(&req("k", "holder", 60 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("k", "waiter", 60 * SEC, 60 * SEC));
+    queued(&server, "k", 1).await;
+    // Its safety-net re-check (within 250 ms) is sent and stalls.
+    proxy.hold_open_commands(true);
+    proxy.held_writes(1).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+
+    let next = spawn_acquire(&direct, req("k", "next", 60 * SEC, 20 * SEC));
+    queued(&server, "k", 2).await;
+    direct
+        .release(&key("k"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(30 * SEC, next)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the lock stayed with the dropped waiter");
+    proxy.hold_open_commands(false);
+    assert_eq!(
+        direct.status(&key("k")).await.unwrap().map(|s| s.fence),
+        Some(lease.fence)
     );
 }
 

@@ -37,6 +37,9 @@ pub(super) enum LeaveMode {
     Claim,
     /// Release a lock handed over meanwhile.
     Drop,
+    /// `Drop`, sent on the current connection rather than behind a call of
+    /// the waiter that may still be in flight (see `WaitGuard`).
+    DropNow,
 }
 
 pub(super) enum Left {
@@ -172,9 +175,13 @@ impl RedisBackend {
             .arg(self.shared.wake.channel(slot).as_ref());
         inv.arg(match mode {
             LeaveMode::Claim => "claim",
-            LeaveMode::Drop => "drop",
+            LeaveMode::Drop | LeaveMode::DropNow => "drop",
         });
-        let reply = array(self.cleanup(&inv, owner, end).await?, WHAT)?;
+        let reply = match mode {
+            LeaveMode::DropNow => self.shared.conn.eval(&inv, end).await?,
+            _ => self.cleanup(&inv, owner, end).await?,
+        };
+        let reply = array(reply, WHAT)?;
         match int_at(&reply, 0, WHAT)? {
             1 => {
                 let at = server_time(uint_at(&reply, 2, WHAT)?);

@@ -222,6 +222,14 @@ impl RedisBackend {
 /// (`backend/retry.rs`): once the app's own calls get through again, the
 /// entry goes with them. A process that sends nothing else waits out the
 /// pause (at most 1 s); on a cluster an answer from any shard counts.
+///
+/// A leave goes behind the waiter's last attempt when that one is still in
+/// flight (`trail.rs`). Should that connection stall, the leave stalls with
+/// it, and the entry an earlier attempt made stays queued meanwhile: a
+/// hand-off to it would idle the lock. So in that case each try also sends
+/// a leave on the current connection (a fresh one once the stalled one
+/// timed out); what the attempt does when it lands, the leave behind it
+/// undoes.
 struct WaitGuard<'a> {
     backend: &'a RedisBackend,
     key: &'a LockKey,
@@ -251,9 +259,13 @@ impl Drop for WaitGuard<'_> {
             let mut retry = Retry::new(backend.shared.conn.answers());
             loop {
                 let end = backend.deadline();
-                let outcome = backend
-                    .leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end)
-                    .await;
+                let behind = backend.leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end);
+                let outcome = if backend.shared.trails.of(&owner).is_some() {
+                    let now = backend.leave(&key, &owner, id, LeaveMode::DropNow, Duration::ZERO, end);
+                    tokio::join!(behind, now).0
+                } else {
+                    behind.await
+                };
                 match outcome {
                     Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {
                         tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");

@@ -214,6 +214,7 @@ for_each_backend! {
             with_lock_releases_on_ok_err_and_panic,
             release_all_frees_every_lock_of_a_request_and_a_job,
             lookups_by_owner_are_checked_against_the_locks,
+            a_lookup_while_the_owner_waits_keeps_the_lock_findable,
             lookup_errors_never_name_the_owner,
             lookups_jobs_and_client_locks_never_log_keys_or_owners,
             job_layer_releases_when_the_job_is_processed_fails_or_panics,

@@ -359,6 +359,45 @@ pub async fn lookups_by_owner_are_checked_against_the_locks(h: Harness) {
     other.release().await.unwrap();
 }
 
+pub async fn a_lookup_while_the_owner_waits_keeps_the_lock_findable(h: Harness) {
+    // A lookup made while the owner's acquisition waits finds nothing (the
+    // lock is not held by it yet) and must not forget the acquisition: once
+    // it is granted, lookups list it (on Redis, the index entry of an
+    // acquisition under way is not a stale one).
+    let b = h.indexed();
+    let owner = "worker-waiting";
+    let k = gkey("look:wait");
+    let ttl = Duration::from_secs(30);
+    let first = b
+        .acquire(&areq(&k, "first", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let (b, k) = (b.clone(), k.clone());
+        async move {
+            b.acquire(&areq(&k, owner, ttl, Duration::from_secs(10)))
+                .await
+        }
+    });
+    h.until_queued(&k, 1).await;
+    assert!(b.held_by(owner, 10).await.unwrap().is_empty());
+    assert!(!b.owns(&k, owner).await.unwrap());
+    b.release(&k, Holder::new("first", first.fence))
+        .await
+        .unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    let found = b.held_by(owner, 10).await.unwrap();
+    assert_eq!(
+        found.iter().map(|f| f.key.key()).collect::<Vec<_>>(),
+        ["look:wait"],
+        "the lookup made while it waited lost the lock"
+    );
+    assert!(b.owns(&k, owner).await.unwrap());
+    b.release(&k, Holder::new(owner, lease.fence))
+        .await
+        .unwrap();
+}
+
 pub async fn lookups_never_list_an_expired_lock(h: Harness) {
     // An expired lock is not held, even while nothing has cleaned it up yet
     // (a row still in PostgreSQL's table, an entry in memory's, an index

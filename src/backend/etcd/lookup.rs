@@ -8,7 +8,7 @@ use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use super::EtcdBackend;
 use super::conn::bad_reply;
 use super::handoff::{Giving, Passed};
-use super::keys::{HeldKey, index_range};
+use super::keys::{HeldKey, Waiter, index_range};
 use super::kinds::held_as;
 use super::ops::{after, kvs_at};
 use crate::backend::{HeldBy, Hold, LockStatus};
@@ -119,6 +119,9 @@ impl EtcdBackend {
                 Some(lock) if !mine.is_empty() => {
                     found.extend(mine.into_iter().map(|s| HeldBy::new(lock.clone(), s)));
                 }
+                // Not held by the owner yet: it may be waiting for it,
+                // and the entry must outlive the wait.
+                Some(lock) if self.wanted_by(&lock, owner, end).await? => {}
                 _ => stale.push(kv),
             }
         }
@@ -136,6 +139,33 @@ impl EtcdBackend {
         found.sort_by(|a, b| a.key.cmp(&b.key));
         found.truncate(limit);
         Ok(found)
+    }
+}
+
+impl EtcdBackend {
+    /// Whether `owner` holds `lock` or waits for it, read at one revision
+    /// (a waiter granted between two reads would be in neither).
+    async fn wanted_by(
+        &self,
+        lock: &LockKey,
+        owner: &str,
+        end: tokio::time::Instant,
+    ) -> Result<bool, LockError> {
+        const WHAT: &str = "lookup by owner";
+        let keys = self.keys(lock);
+        let (start, stop) = keys.queue();
+        let queue = TxnOp::get(start, Some(GetOptions::new().with_range(stop)));
+        let txn = Txn::new().and_then([keys.get_holders(), queue]);
+        let reply = self.shared.conn.txn(WHAT, txn, end).await?;
+        let holds = kvs_at(&reply, 0, WHAT)?
+            .iter()
+            .filter_map(|kv| HeldKey::from_kv(&keys, kv))
+            .any(|h| owners_match(&h.owner, owner));
+        let waits = kvs_at(&reply, 1, WHAT)?
+            .iter()
+            .filter_map(Waiter::from_kv)
+            .any(|w| !w.value.is_past() && owners_match(&w.value.owner, owner));
+        Ok(holds || waits)
     }
 }
 

@@ -7,7 +7,7 @@ use deadpool_redis::redis::Value;
 
 use super::RedisBackend;
 use super::keys::Keys;
-use super::scripts::{array, ceil_ms, int, string_at};
+use super::scripts::{array, ceil_ms, int, string_at, uint_at};
 use crate::backend::{HeldBy, Holder, Lease, LockStatus, join_all};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -17,8 +17,8 @@ use crate::spec::{AcquireRequest, owners_match};
 /// An owner index operation (see `owners.lua`).
 enum Index<'a> {
     /// One more acquisition of the lock by the owner (granted, or under
-    /// way).
-    Add(&'a LockKey, u64),
+    /// way): the index's TTL, and how long it may wait to be granted.
+    Add(&'a LockKey, u64, u64),
     /// One fewer: released, or refused.
     Drop(&'a LockKey),
     Keep(u64),
@@ -31,9 +31,14 @@ impl RedisBackend {
         let lease = if self.index_owners {
             // A waiter's lock may be handed over up to its max wait later.
             let ttl = ceil_ms(req.ttl()).saturating_add(ceil_ms(req.max_wait()));
+            // Granted by the end of its max wait plus a call's time, by the
+            // lock's server clock; a second more for another server's.
+            let wait = ceil_ms(req.max_wait())
+                .saturating_add(ceil_ms(self.op_timeout))
+                .saturating_add(1000);
             let (lease, _) = tokio::join!(
                 self.acquire_inner(req),
-                self.index(req.owner(), Index::Add(req.key(), ttl))
+                self.index(req.owner(), Index::Add(req.key(), ttl, wait))
             );
             match lease {
                 Ok(lease) => lease,
@@ -117,7 +122,11 @@ impl RedisBackend {
         let mut inv = self.scripts().owners.prepare_invoke();
         inv.key(self.owner_key(owner));
         match op {
-            Index::Add(key, ttl) => inv.arg("add").arg(key.encoded(usize::MAX)).arg(ttl),
+            Index::Add(key, ttl, wait) => inv
+                .arg("add")
+                .arg(key.encoded(usize::MAX))
+                .arg(ttl)
+                .arg(wait),
             Index::Drop(key) => inv.arg("drop").arg(key.encoded(usize::MAX)),
             Index::Keep(ttl) => inv.arg("keep").arg(ttl),
         };
@@ -148,9 +157,11 @@ impl RedisBackend {
             self.shared.conn.eval(&inv, self.deadline()).await?,
             "owners",
         )?;
+        // The index server's time when it was listed, then the entries.
+        let listed = uint_at(&fields, 0, "owners")?;
         let mut keys = Vec::with_capacity(fields.len());
         let mut stale = Vec::new();
-        for i in 0..fields.len() {
+        for i in 1..fields.len() {
             let field = string_at(&fields, i, "owners")?;
             match LockKey::from_encoded(&field) {
                 Some(key) => keys.push(key),
@@ -184,7 +195,8 @@ impl RedisBackend {
                 let mut inv = self.scripts().owners.prepare_invoke();
                 inv.key(self.owner_key(owner))
                     .arg("del")
-                    .arg(field.as_str());
+                    .arg(field.as_str())
+                    .arg(listed);
                 inv
             });
             let drops: Vec<_> = drops.collect();

@@ -731,6 +731,10 @@ MUTANTS = [
     ("redis-leave-now-goes-behind-too", "src/backend/redis/ops.rs",
      "            LeaveMode::DropNow => self.shared.conn.eval(&inv, end).await?,",
      "            LeaveMode::DropNow => self.cleanup(&inv, owner, end).await?,"),
+    # A release within the minimum hold waits for a renewal under way
+    ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
+     "                        let gate = signal.extending().await;",
+     "                        let gate = ();\n                        let _ = &signal;"),
     # Owner index: a lookup during a wait keeps the waiter's entry
     ("redis-owner-index-drops-waiting-entry", "src/backend/redis/owners.lua",
      "  if untl >= tonumber(ARGV[3]) then",

@@ -123,11 +123,29 @@ pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Res
     let result = match release_now(backend, lock) {
         Some(result) => result,
         None => {
-            let hold = lock.hold_left();
             let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
             let fence = lock.fence();
+            // Within the minimum hold, the lock is shortened, not freed: a
+            // renewal under way (the watchdog's, or an extend by hand)
+            // landing after that would keep it for a whole TTL, so the
+            // shortening waits for it (the extension gate).
+            let hold = lock
+                .hold_left()
+                .and_then(|_| Some((lock.hold_until()?, lock.lost_signal().clone())));
             Finish::new(Box::pin(async move {
-                give_back(&backend, &key, Holder::new(&owner, fence), hold).await
+                let (left, _gate) = match hold {
+                    Some((until, signal)) => {
+                        let gate = signal.extending().await;
+                        let left = until.saturating_duration_since(tokio::time::Instant::now());
+                        // Less than a millisecond is no hold.
+                        (
+                            (left >= Duration::from_millis(1)).then_some(left),
+                            Some(gate),
+                        )
+                    }
+                    None => (None, None),
+                };
+                give_back(&backend, &key, Holder::new(&owner, fence), left).await
             }))
             .await
         }

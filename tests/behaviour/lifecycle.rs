@@ -18,7 +18,7 @@ use tower_lock::{
 };
 
 use super::harness::Harness;
-use super::support::Probe;
+use super::support::{Probe, gkey, status_of};
 
 /// Let `d` pass inside a handler (see [`Harness::advance`]).
 async fn pass(paused: bool, d: Duration) {
@@ -571,6 +571,40 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
         lock.is_lost()
     );
     lock.release().await.unwrap();
+}
+
+/// A release within the minimum hold shortens the lock to end with the
+/// hold. A watchdog renewal already on its way (by the whole TTL) must not
+/// undo that by landing after it: the release waits for it, as an extend
+/// by hand does.
+pub async fn a_renewal_in_flight_never_outlives_a_release_within_the_min_hold(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let u = h.unit();
+    let spec = JobSpec::new("job", u * 30).min_hold(u * 12).watchdog(true);
+    let lock = OwnedLock::acquire(probe.backend(), &spec).await.unwrap();
+    probe.hold_renewals();
+    // The renewal (by 30 units) falls due after 10.
+    h.advance(u * 11).await;
+    probe.renewals_held(1).await;
+    let release = tokio::spawn(lock.release());
+    // Let the release run as far as it can (to the backend, if nothing
+    // stops it) before the renewal lands.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    if !h.is_paused() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    probe.let_renewals_go();
+    probe.renewals_done(1).await;
+    release.await.unwrap().unwrap();
+    // The hold ended at 12 units.
+    h.advance(u * 3).await;
+    assert_eq!(
+        status_of(&h.backend, &gkey("job")).await,
+        None,
+        "the renewal landed after the release and kept the lock for its whole TTL"
+    );
 }
 
 /// (16.14) Once the response has released a request's locks, calls on its

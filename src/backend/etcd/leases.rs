@@ -117,7 +117,10 @@ impl Leases {
                 }
             };
             if grant {
+                // Should this call be dropped mid-grant, the next one grants.
+                let mut abandoned = Abandoned(Some(&bucket));
                 let granted = grant_lease(shared, secs, end).await;
+                abandoned.0 = None;
                 let mut state = bucket.state.lock().unwrap_or_else(|e| e.into_inner());
                 state.granting = false;
                 if let Ok(live) = granted {
@@ -275,6 +278,25 @@ async fn refresh(
     }
 }
 
+/// A grant under way: dropped with its bucket still set (its call was
+/// cancelled mid-grant), the bucket is no longer `granting` and its waiters
+/// wake, so that one of them grants. (Left set, every later call of that
+/// TTL would wait for a grant nobody makes.)
+struct Abandoned<'a>(Option<&'a Bucket>);
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(bucket) = self.0 {
+            bucket
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .granting = false;
+            bucket.changed.notify_waiters();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,3 +320,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "lease_test.rs"]
+mod lease_test;

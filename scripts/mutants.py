@@ -735,6 +735,10 @@ MUTANTS = [
     ("etcd-abandoned-grant-blocks-its-bucket", "src/backend/etcd/leases.rs",
      "                let mut abandoned = Abandoned(Some(&bucket));",
      "                let mut abandoned = Abandoned(None::<&Bucket>);"),
+    # etcd: an extension disarms only the timers of writes that landed before it
+    ("etcd-extend-disarms-unlanded-timers", "src/backend/etcd/expiry.rs",
+     "                let goes = t.landed.is_some_and(|l| l < at);",
+     "                let goes = t.landed.is_none_or(|l| l < at);"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "                        let gate = signal.extending().await;",

@@ -241,6 +241,7 @@ for_each_backend! {
             timeout_after_max_wait,
             ttl_expiry_frees_without_cleanup,
             extend_replaces_ttl,
+            two_extends_at_once_still_end_at_a_ttl,
             extend_never_revives_and_checks_owner,
             fencing_tokens_strictly_increase,
             watchdog_keeps_a_short_ttl_lock_through_a_long_handler,

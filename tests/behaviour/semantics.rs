@@ -66,6 +66,33 @@ pub async fn ttl_expiry_frees_without_cleanup(h: Harness) {
 
 /// (15a) `extend` replaces the remaining TTL: acquired for 10, extended by 10
 /// at 8, still held at 17, free after 18.
+pub async fn two_extends_at_once_still_end_at_a_ttl(h: Harness) {
+    // Two extensions of one lock sent together (the watchdog's and one by
+    // hand, say): whichever lands last, the lock ends at its TTL. (etcd
+    // keeps TTLs with a timer per write, and each extension that landed
+    // disarmed the other's: nothing was left to end the lock.)
+    let key = gkey("k");
+    let lease = h
+        .backend
+        .acquire(&areq(&key, "holder", h.units(2), Duration::ZERO))
+        .await
+        .unwrap();
+    let holder = Holder::new("holder", lease.fence);
+    let (a, b) = tokio::join!(
+        h.backend.extend(&key, holder, h.units(3)),
+        h.backend
+            .extend(&key, holder, h.units(3) - Duration::from_millis(1)),
+    );
+    a.unwrap();
+    b.unwrap();
+    h.advance(h.units(5)).await;
+    assert_eq!(
+        status_of(&h.backend, &key).await,
+        None,
+        "the lock outlived both extensions"
+    );
+}
+
 pub async fn extend_replaces_ttl(h: Harness) {
     let key = gkey("k");
     let ten = h.units(10);

@@ -42,6 +42,8 @@ pub(super) struct Expiries {
 struct Armed {
     value: Arc<[u8]>,
     fence: Option<u64>,
+    /// The revision its write landed at, once known.
+    landed: Option<i64>,
     deadline: Instant,
     abort: AbortHandle,
 }
@@ -86,17 +88,20 @@ impl Expiries {
         armed.entry(holder_key).or_default().push(Armed {
             value,
             fence,
+            landed: None,
             deadline,
             abort: task.abort_handle(),
         });
     }
 
-    /// The write `value` of `key` landed under `fence`.
+    /// The write `value` of `key` landed under `fence` (a grant: it made
+    /// the key, at revision `fence`).
     pub(super) fn landed(&self, key: &[u8], value: &[u8], fence: u64) {
         let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
         for t in armed.get_mut(key).into_iter().flatten() {
             if *t.value == *value {
                 t.fence = Some(fence);
+                t.landed = i64::try_from(fence).ok();
             }
         }
     }
@@ -162,16 +167,25 @@ impl Expiries {
         }
     }
 
-    /// Disarm the timers of `key` except the one for `keep`.
-    pub(super) fn disarm_others(&self, key: &[u8], keep: &[u8]) {
+    /// The write `keep` of `key` (an extension, a refresh) landed at
+    /// revision `at`: the timers of writes that landed before it go. One
+    /// not known to have landed stays: it may land later still (two
+    /// extensions at once, or one whose reply was lost and that lands
+    /// after this), and then its value is the one stored; if it never
+    /// lands, it finds another value when it fires and changes nothing.
+    pub(super) fn disarm_others(&self, key: &[u8], keep: &[u8], at: i64) {
         let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(timers) = armed.get_mut(key) {
-            timers.retain(|t| {
-                let stays = *t.value == *keep;
-                if !stays {
+            timers.retain_mut(|t| {
+                if *t.value == *keep {
+                    t.landed = Some(at);
+                    return true;
+                }
+                let goes = t.landed.is_some_and(|l| l < at);
+                if goes {
                     t.abort.abort();
                 }
-                stays
+                !goes
             });
         }
     }

@@ -299,7 +299,7 @@ impl EtcdBackend {
             );
             let reply = self.shared.conn.txn(WHAT, txn, end).await?;
             if reply.succeeded() {
-                expiries.disarm_others(&holder_key, &value);
+                expiries.disarm_others(&holder_key, &value, revision(&reply, WHAT)?);
                 return Ok(Lease::new(fence, old.acquired_at(), now, ttl));
             }
             expiries.disarm_value(&holder_key, &value);

@@ -206,7 +206,7 @@ impl EtcdBackend {
             expiries.disarm_value(&h.key, &value);
             return Ok(None);
         }
-        expiries.disarm_others(&h.key, &value);
+        expiries.disarm_others(&h.key, &value, revision(&reply, "acquire (retry)")?);
         Ok(Some(Lease::new(
             h.fence,
             h.value.acquired_at(),

@@ -8,7 +8,7 @@ use smallvec::smallvec;
 
 use super::acquire::acquire_guarded;
 use super::held::HeldExtras;
-use super::release::{release_detached, release_one};
+use super::release::{Finish, release_detached, release_one};
 use super::{HeldLock, LockToken};
 use crate::backend::{AsSharedBackend, Holder, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
@@ -44,6 +44,29 @@ pub struct OwnedLock {
     lock: HeldLock,
     released: bool,
     watch: Option<WatchHandle>,
+}
+
+/// A lock claimed by [`OwnedLock::restore`] that has no handle yet: dropped
+/// before it is `kept`, it is released (under the claim's fence, so never
+/// another acquisition).
+struct Claimed<'a> {
+    backend: &'a SharedBackend,
+    key: &'a crate::LockKey,
+    owner: &'a str,
+    fence: u64,
+    kept: bool,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            let (backend, key) = (self.backend.clone(), self.key.clone());
+            let (owner, fence) = (self.owner.to_owned(), self.fence);
+            drop(Finish::start(Box::pin(async move {
+                let _ = backend.release(&key, Holder::new(&owner, fence)).await;
+            })));
+        }
+    }
 }
 
 impl fmt::Debug for OwnedLock {
@@ -169,12 +192,24 @@ impl OwnedLock {
         let sent = tokio::time::Instant::now();
         let holder = Holder::new(token.owner(), token.fence());
         let claimed = backend.claim(&key, holder, new_attempt_id()).await?;
+        // Until the handle exists, a drop (the caller went away while the
+        // metadata is read) gives the claimed lock back: nobody else can,
+        // and the token is spent.
+        let mut claim = Claimed {
+            backend: &backend,
+            key: &key,
+            owner: token.owner(),
+            fence: claimed.fence,
+            kept: false,
+        };
         // The metadata of the lock, not the token's copy (read after the
         // claim: it follows the lock's new fence).
         let metadata = match backend.status(&key).await {
             Ok(Some(status)) if status.fence == claimed.fence => status.metadata,
             _ => token.metadata().cloned(),
         };
+        claim.kept = true;
+        drop(claim);
         let left = claimed.ttl;
         let ttl = token
             .ttl_ms()

@@ -18,7 +18,7 @@ use tower_lock::{
 };
 
 use super::harness::Harness;
-use super::support::{Probe, gkey, status_of};
+use super::support::{Probe, assert_comes_free, gkey, status_of};
 
 /// Let `d` pass inside a handler (see [`Harness::advance`]).
 async fn pass(paused: bool, d: Duration) {
@@ -571,6 +571,29 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
         lock.is_lost()
     );
     lock.release().await.unwrap();
+}
+
+/// A restore whose caller goes away after its claim landed (while it reads
+/// the lock's metadata) gives the claimed lock back: the token is spent
+/// and nobody holds a handle, so it would otherwise stay taken for its TTL.
+pub async fn a_restore_dropped_after_its_claim_gives_the_lock_back(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    // (Far longer than the probe's 5-s wait.)
+    let spec = JobSpec::new("job", Duration::from_secs(60));
+    let token = OwnedLock::acquire(h.backend.clone(), &spec)
+        .await
+        .unwrap()
+        .into_token();
+    probe.hold_statuses();
+    let restoring = tokio::spawn({
+        let backend = probe.backend();
+        async move { OwnedLock::restore(backend, &token).await.map(drop) }
+    });
+    probe.statuses_held(1).await;
+    restoring.abort();
+    assert!(restoring.await.unwrap_err().is_cancelled());
+    probe.let_statuses_go();
+    assert_comes_free(&h, &gkey("job")).await;
 }
 
 /// A release within the minimum hold shortens the lock to end with the

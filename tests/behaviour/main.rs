@@ -252,6 +252,7 @@ for_each_backend! {
             stale_tokens_are_refused,
             a_token_restores_only_its_own_acquisition,
             a_renewal_and_an_extend_never_disagree_with_the_backend,
+            a_restore_dropped_after_its_claim_gives_the_lock_back,
             a_renewal_in_flight_never_outlives_a_release_within_the_min_hold,
             an_expired_lock_goes_to_the_queue_not_to_a_newcomer,
             a_lock_never_runs_out_while_the_request_waits_for_another,

@@ -58,6 +58,7 @@ pub struct Probe {
     /// The same for renewal batches (`extend_many`) and for acquire replies.
     renewals: Hold,
     acquire_replies: Hold,
+    statuses: Hold,
 }
 
 /// Calls held in flight until the test lets them go.
@@ -123,6 +124,7 @@ impl Probe {
             batched: AtomicUsize::new(0),
             renewals: Hold::default(),
             acquire_replies: Hold::default(),
+            statuses: Hold::default(),
         })
     }
 
@@ -159,6 +161,21 @@ impl Probe {
     /// Wait until `n` acquire replies are (or were) held.
     pub async fn acquire_replies_held(&self, n: usize) {
         self.acquire_replies.held(n).await;
+    }
+
+    /// From now on, status reads stay in flight, before reaching the
+    /// backend, until [`Probe::let_statuses_go`].
+    pub fn hold_statuses(&self) {
+        self.statuses.on.store(true, SeqCst);
+    }
+
+    pub fn let_statuses_go(&self) {
+        self.statuses.let_go();
+    }
+
+    /// Wait until `n` status reads are (or were) held.
+    pub async fn statuses_held(&self, n: usize) {
+        self.statuses.held(n).await;
     }
 
     /// This probe as a backend for layers and handles. Each call is a
@@ -293,6 +310,7 @@ impl LockBackend for Probe {
     ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
         Box::pin(async move {
             self.enter()?;
+            self.statuses.pass().await;
             self.inner.status(key).await
         })
     }

@@ -739,6 +739,14 @@ MUTANTS = [
     ("etcd-extend-disarms-unlanded-timers", "src/backend/etcd/expiry.rs",
      "                let goes = t.landed.is_some_and(|l| l < at);",
      "                let goes = t.landed.is_none_or(|l| l < at);"),
+    # A restore dropped after its claim gives the lock back
+    ("restore-claim-not-given-back", "src/lock/owned.rs",
+     "            kept: false,",
+     "            kept: true,"),
+    # One key names one lock of a request, in any Unicode form
+    ("locks-duplicate-key-not-normalised", "src/lock/registry.rs",
+     "            if state.slots.iter().any(|s| s.lock.key() == &*key) {",
+     "            if state.slots.iter().any(|s| s.lock.key() == spec.get_key()) {"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "                        let gate = signal.extending().await;",

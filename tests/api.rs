@@ -115,6 +115,36 @@ async fn the_extractors_tell_a_missing_layer_from_a_request_without_locks() {
     assert_eq!(body["error"]["code"], "LOCK_LAYER_MISSING");
 }
 
+/// A handler's second lock with the key of one it holds is refused at once
+/// (one key names one lock of a request), also when the two spell the key
+/// in different Unicode forms that name the same lock (`café` composed
+/// and decomposed): it must not queue behind its own lock until its max
+/// wait ends.
+#[tokio::test(start_paused = true)]
+async fn a_second_lock_on_the_same_key_in_another_unicode_form_is_refused() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let layer = LockLayer::from_fn(backend, |_| LockSpec::global("caf\u{e9}", TTL));
+    let app = Router::new().route(
+        "/twice",
+        post(|locks: Locks| async move {
+            let started = tokio::time::Instant::now();
+            let spec = LockSpec::global("cafe\u{301}", TTL).max_wait(Duration::from_secs(30));
+            let code = match locks.acquire(spec).await {
+                Ok(_) => "acquired",
+                Err(e) => e.code(),
+            };
+            format!("{code} after {:?}", started.elapsed())
+        })
+        .layer(layer),
+    );
+    let reply = app
+        .oneshot(Request::post("/twice").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let body = reply.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "LOCK_INVALID_KEY after 0ns");
+}
+
 #[tokio::test]
 async fn the_rejection_hook_shapes_both_layers_answers() {
     let backend = SharedBackend::new(MemoryBackend::new());

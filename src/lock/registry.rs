@@ -214,7 +214,9 @@ impl Locks {
             }
             // `get`, `release`, `extend` and `cancel_auto_release` name a
             // lock by its key: one key must name one lock of the request.
-            if state.slots.iter().any(|s| s.lock.key() == spec.get_key()) {
+            // (Compared as stored: NFC, as every other method compares.)
+            let key = nfc(spec.get_key());
+            if state.slots.iter().any(|s| s.lock.key() == &*key) {
                 return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
             }
         }

@@ -1,4 +1,5 @@
-//! A release disarms only the expiries of what it deleted.
+//! A release or an extension disarms only the expiries of the writes it
+//! supersedes.
 
 use std::time::Duration;
 
@@ -55,5 +56,43 @@ async fn a_release_keeps_the_expiry_of_the_same_owners_acquisition_under_way() {
             .known(&start, &end, Some(lease.fence), |_| true)
             .is_none(),
         "the released acquisition's expiry is still armed"
+    );
+}
+
+/// Two extensions of one hold under way at once: the first to land must
+/// leave the other's expiry armed (it may land after it, and then its
+/// value is the one stored); the second disarms the first's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_keeps_the_expiry_of_another_under_way() {
+    let backend = EtcdBackend::from_endpoints(EtcdCluster::shared().endpoints())
+        .unwrap()
+        .prefix(format!("extend-{}/", new_attempt_id()));
+    let key = LockKey::global("k").unwrap();
+    let keys = backend.keys(&key);
+    let holder = keys.holder(LockKind::Exclusive, "job-8", new_attempt_id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (a, b) = (b"extension a".to_vec(), b"extension b".to_vec());
+    let expiries = &backend.shared.expiries;
+    for value in [&a, &b] {
+        expiries.arm(
+            &backend,
+            &key,
+            holder.clone(),
+            value.clone(),
+            Some(7),
+            deadline,
+        );
+    }
+    expiries.disarm_others(&holder, &a, 100);
+    assert!(expiries.tracks(&holder, &a));
+    assert!(
+        expiries.tracks(&holder, &b),
+        "the first extension to land disarmed one not yet landed"
+    );
+    expiries.disarm_others(&holder, &b, 101);
+    assert!(expiries.tracks(&holder, &b));
+    assert!(
+        !expiries.tracks(&holder, &a),
+        "an extension that landed before the last one is still armed"
     );
 }

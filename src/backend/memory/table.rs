@@ -230,7 +230,6 @@ impl Inner {
     pub(super) fn shard(&self, key: &LockKey, now: Instant) -> (u64, MutexGuard<'_, Shard>) {
         let hash = key.hash_code();
         let mut shard = lock(&self.shards[(hash >> 32) as usize % SHARDS]);
-        shard.ops_since_sweep += 1;
         shard.maybe_sweep(now, &self.fence);
         (hash, shard)
     }

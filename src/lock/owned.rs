@@ -8,7 +8,7 @@ use smallvec::smallvec;
 
 use super::acquire::acquire_guarded;
 use super::held::HeldExtras;
-use super::release::{Finish, release_detached, release_one};
+use super::release::{Finish, MinHold, give_back, release_detached, release_one};
 use super::{HeldLock, LockToken};
 use crate::backend::{AsSharedBackend, Holder, Lease, LockStatus, SharedBackend};
 use crate::error::LockError;
@@ -47,13 +47,16 @@ pub struct OwnedLock {
 }
 
 /// A lock claimed by [`OwnedLock::restore`] that has no handle yet: dropped
-/// before it is `kept`, it is released (under the claim's fence, so never
-/// another acquisition).
+/// before it is `kept`, it is given back (under the claim's fence, so never
+/// another acquisition; within the token's minimum hold, kept until its
+/// end).
 struct Claimed<'a> {
     backend: &'a SharedBackend,
     key: &'a crate::LockKey,
     owner: &'a str,
     fence: u64,
+    /// The end of the token's minimum hold, if any: kept even so.
+    hold_until: Option<tokio::time::Instant>,
     kept: bool,
 }
 
@@ -62,8 +65,9 @@ impl Drop for Claimed<'_> {
         if !self.kept {
             let (backend, key) = (self.backend.clone(), self.key.clone());
             let (owner, fence) = (self.owner.to_owned(), self.fence);
+            let hold = self.hold_until.map(MinHold::until);
             drop(Finish::start(Box::pin(async move {
-                let _ = backend.release(&key, Holder::new(&owner, fence)).await;
+                let _ = give_back(&backend, &key, Holder::new(&owner, fence), hold).await;
             })));
         }
     }
@@ -200,6 +204,7 @@ impl OwnedLock {
             key: &key,
             owner: token.owner(),
             fence: claimed.fence,
+            hold_until: token.hold_left().map(|left| sent + left),
             kept: false,
         };
         // The metadata of the lock, not the token's copy (read after the

@@ -21,6 +21,7 @@ use crate::key::LockKey;
 use crate::layer::retry::RetryPolicy;
 use crate::lock::HeldLock;
 use crate::lock::registry::Locks;
+use crate::watchdog::LostSignal;
 
 /// Started work that finishes even if it is dropped: see the module docs.
 #[must_use = "dropping a Finish runs the rest of its work in a task"]
@@ -103,7 +104,7 @@ pub(crate) fn release(backend: &SharedBackend, mut locks: HeldLocks) -> Option<F
     let backend = backend.clone();
     Finish::start(Box::pin(async move {
         for lock in locks {
-            let hold = lock.hold_left();
+            let hold = MinHold::of(&lock);
             let result = give_back(&backend, lock.lock_key(), lock.holder(), hold).await;
             traced(&lock, result);
         }
@@ -124,28 +125,9 @@ pub(crate) async fn release_one(backend: &SharedBackend, lock: &HeldLock) -> Res
         Some(result) => result,
         None => {
             let (backend, key, owner) = (backend.clone(), lock.key.clone(), lock.owner.clone());
-            let fence = lock.fence();
-            // Within the minimum hold, the lock is shortened, not freed: a
-            // renewal under way (the watchdog's, or an extend by hand)
-            // landing after that would keep it for a whole TTL, so the
-            // shortening waits for it (the extension gate).
-            let hold = lock
-                .hold_left()
-                .and_then(|_| Some((lock.hold_until()?, lock.lost_signal().clone())));
+            let (fence, hold) = (lock.fence(), MinHold::of(lock));
             Finish::new(Box::pin(async move {
-                let (left, _gate) = match hold {
-                    Some((until, signal)) => {
-                        let gate = signal.extending().await;
-                        let left = until.saturating_duration_since(tokio::time::Instant::now());
-                        // Less than a millisecond is no hold.
-                        (
-                            (left >= Duration::from_millis(1)).then_some(left),
-                            Some(gate),
-                        )
-                    }
-                    None => (None, None),
-                };
-                give_back(&backend, &key, Holder::new(&owner, fence), left).await
+                give_back(&backend, &key, Holder::new(&owner, fence), hold).await
             }))
             .await
         }
@@ -166,19 +148,59 @@ fn release_now(backend: &SharedBackend, lock: &HeldLock) -> Option<Result<(), Lo
     }
 }
 
-/// Give a lock back: free it, or, within its minimum hold (`hold` left),
-/// shorten it to end with the hold (checked against the acquisition; never
-/// revives it).
-async fn give_back(
+/// What is left of a lock's minimum hold when it is given back.
+pub(crate) struct MinHold {
+    until: tokio::time::Instant,
+    /// The lock's extension gate, when its signal exists (see below).
+    signal: Option<LostSignal>,
+}
+
+impl MinHold {
+    /// `lock`'s, if a release now must keep it held longer.
+    pub(crate) fn of(lock: &HeldLock) -> Option<MinHold> {
+        lock.hold_left()?;
+        Some(MinHold {
+            until: lock.hold_until()?,
+            signal: Some(lock.lost_signal().clone()),
+        })
+    }
+
+    /// Until `until`, for a lock nothing renews or extends yet (a restore
+    /// that never made its handle).
+    pub(crate) fn until(until: tokio::time::Instant) -> MinHold {
+        MinHold {
+            until,
+            signal: None,
+        }
+    }
+}
+
+/// Give a lock back: free it, or, within its minimum hold, shorten it to end
+/// with the hold (checked against the acquisition; never revives it). The
+/// shortening waits for a renewal or extension of the lock under way (the
+/// extension gate): landing after it, that would keep the lock for a whole
+/// TTL.
+pub(crate) async fn give_back(
     backend: &SharedBackend,
     key: &LockKey,
     holder: Holder<'_>,
-    hold: Option<Duration>,
+    hold: Option<MinHold>,
 ) -> Result<(), LockError> {
-    match hold {
-        None => backend.release(key, holder).await,
-        Some(left) => backend.extend(key, holder, left).await.map(drop),
+    let Some(hold) = hold else {
+        return backend.release(key, holder).await;
+    };
+    let _gate = match &hold.signal {
+        Some(signal) => Some(signal.extending().await),
+        None => None,
+    };
+    let left = hold
+        .until
+        .saturating_duration_since(tokio::time::Instant::now());
+    // Less than a millisecond is no hold (backends count whole ms).
+    if left < Duration::from_millis(1) {
+        return backend.release(key, holder).await;
     }
+    backend.extend(key, holder, left).await.map(drop)
 }
 
 /// Count and trace the outcome of a release nobody waits for.

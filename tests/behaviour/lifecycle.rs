@@ -601,6 +601,22 @@ pub async fn a_restore_dropped_after_its_claim_gives_the_lock_back(h: Harness) {
 /// undo that by landing after it: the release waits for it, as an extend
 /// by hand does.
 pub async fn a_renewal_in_flight_never_outlives_a_release_within_the_min_hold(h: Harness) {
+    renewal_in_flight_beside_min_hold(h, |lock| {
+        Box::pin(async move { lock.release().await.unwrap() })
+    })
+    .await;
+}
+
+/// The same when the handle is dropped (as a response's end releases its
+/// locks), not released by hand.
+pub async fn a_renewal_in_flight_never_outlives_a_dropped_handle_within_the_min_hold(h: Harness) {
+    renewal_in_flight_beside_min_hold(h, |lock| Box::pin(async move { drop(lock) })).await;
+}
+
+async fn renewal_in_flight_beside_min_hold(
+    h: Harness,
+    give_back: impl FnOnce(OwnedLock) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) {
     let probe = Probe::new(&h.backend);
     let u = h.unit();
     let spec = JobSpec::new("job", u * 30).min_hold(u * 12).watchdog(true);
@@ -609,7 +625,7 @@ pub async fn a_renewal_in_flight_never_outlives_a_release_within_the_min_hold(h:
     // The renewal (by 30 units) falls due after 10.
     h.advance(u * 11).await;
     probe.renewals_held(1).await;
-    let release = tokio::spawn(lock.release());
+    let release = tokio::spawn(give_back(lock));
     // Let the release run as far as it can (to the backend, if nothing
     // stops it) before the renewal lands.
     for _ in 0..50 {
@@ -620,7 +636,7 @@ pub async fn a_renewal_in_flight_never_outlives_a_release_within_the_min_hold(h:
     }
     probe.let_renewals_go();
     probe.renewals_done(1).await;
-    release.await.unwrap().unwrap();
+    release.await.unwrap();
     // The hold ended at 12 units.
     h.advance(u * 3).await;
     assert_eq!(
@@ -628,6 +644,40 @@ pub async fn a_renewal_in_flight_never_outlives_a_release_within_the_min_hold(h:
         None,
         "the renewal landed after the release and kept the lock for its whole TTL"
     );
+}
+
+/// A restore dropped after its claim, within the token's minimum hold,
+/// gives the lock back as a release would then: kept until the hold ends,
+/// not freed for another node to run the job again.
+pub async fn a_restore_dropped_within_the_min_hold_keeps_the_hold(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let u = h.unit();
+    let spec = JobSpec::new("job", u * 60).min_hold(u * 20);
+    let token = OwnedLock::acquire(h.backend.clone(), &spec)
+        .await
+        .unwrap()
+        .into_token();
+    probe.hold_statuses();
+    let restoring = tokio::spawn({
+        let backend = probe.backend();
+        async move { OwnedLock::restore(backend, &token).await.map(drop) }
+    });
+    probe.statuses_held(1).await;
+    restoring.abort();
+    assert!(restoring.await.unwrap_err().is_cancelled());
+    probe.let_statuses_go();
+    // Given back: shortened to the hold's end (20 units), still held.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = status_of(&h.backend, &gkey("job"))
+            .await
+            .expect("the lock was freed within its minimum hold");
+        if status.ttl_remaining <= u * 20 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// (16.14) Once the response has released a request's locks, calls on its

@@ -578,6 +578,43 @@ async fn a_cleanup_waits_for_the_call_that_timed_out() {
         .expect("the lock is held for the caller whose acquire timed out");
 }
 
+/// An acquire runs on the server, but its connection turns half-open: its
+/// reply never comes, nor does the drain's. The cleanup release waits for
+/// the drain to give up (the op timeout), then runs on a fresh connection
+/// with an op timeout of its own and frees the lock, long before its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_behind_a_half_open_connection_still_runs() {
+    let server = PgServer::start();
+    let direct = backend(&server.url()).await;
+    let proxy = Proxy::start(server.port()).await;
+    let b = PostgresBackend::builder()
+        .op_timeout(SEC)
+        .build(&proxy.postgres_url())
+        .unwrap();
+    // One connection, set up (the table exists already).
+    let warm = req("warm", "w", 30 * SEC, Duration::ZERO);
+    b.acquire(&warm).await.unwrap();
+    b.release(&key("warm"), Holder::owner_only("w"))
+        .await
+        .unwrap();
+
+    proxy.blackhole_open_replies();
+    let shared = SharedBackend::new(b.clone());
+    let acquired = OwnedLock::acquire(&shared, &JobSpec::new("half-open", 60 * SEC)).await;
+    assert!(
+        matches!(acquired, Err(LockError::BackendUnavailable(_))),
+        "{acquired:?}"
+    );
+    assert!(
+        direct.status(&key("half-open")).await.unwrap().is_some(),
+        "the acquire ran on the server"
+    );
+    direct
+        .acquire(&req("half-open", "probe", 30 * SEC, 5 * SEC))
+        .await
+        .expect("the lock stayed with the caller whose acquire timed out");
+}
+
 /// A grant that reaches this backend for a waiter it no longer has (its
 /// entry outlived it) goes on to the next waiter at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,9 @@ struct Ctl {
     /// Command connections numbered below this hold their client→server
     /// data (those open when [`Proxy::hold_open_commands`] was called).
     hold_below: watch::Sender<usize>,
+    /// Command connections numbered below this lose what the server sends
+    /// them (see [`Proxy::blackhole_open_replies`]).
+    blackhole_below: std::sync::atomic::AtomicUsize,
     /// Connections accepted so far (each is numbered in that order).
     accepted: std::sync::atomic::AtomicUsize,
     /// Client writes that arrived on a command connection while it was held.
@@ -70,6 +73,7 @@ impl Proxy {
             hold_commands: watch::Sender::new(false),
             hold_below: watch::Sender::new(0),
             accepted: std::sync::atomic::AtomicUsize::new(0),
+            blackhole_below: std::sync::atomic::AtomicUsize::new(0),
             held_writes: watch::Sender::new(0),
             resets: watch::Sender::new(0),
             epoch: watch::Sender::new(0),
@@ -140,6 +144,15 @@ impl Proxy {
 }
 
 impl Proxy {
+    /// From now on, what the server sends on the command connections open
+    /// now is lost, silently (a half-open socket: the server ran what it
+    /// got, the client never hears); connections opened later pass.
+    pub fn blackhole_open_replies(&self) {
+        self.ctl
+            .blackhole_below
+            .store(self.ctl.accepted.load(SeqCst), SeqCst);
+    }
+
     /// `postgres://postgres@127.0.0.1:<proxy port>/postgres`.
     pub fn postgres_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
@@ -226,7 +239,7 @@ async fn connection(ctl: Arc<Ctl>, client: TcpStream) {
             spoke.notify_one();
         }
     });
-    downstream(ctl, pubsub, server_rx, client_tx, (epoch, spoke)).await;
+    downstream(ctl, number, pubsub, server_rx, client_tx, (epoch, spoke)).await;
     up.abort();
 }
 
@@ -349,6 +362,7 @@ async fn free(ctl: &Ctl, number: usize, held: Option<usize>, pubsub: &AtomicBool
 /// Server → client.
 async fn downstream(
     ctl: Arc<Ctl>,
+    number: usize,
     pubsub: Arc<AtomicBool>,
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
@@ -380,6 +394,9 @@ async fn downstream(
         }
         if is_pubsub && hold.wait_for(|h| !*h).await.is_err() {
             return;
+        }
+        if !is_pubsub && number < ctl.blackhole_below.load(SeqCst) {
+            continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

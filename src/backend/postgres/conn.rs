@@ -209,14 +209,27 @@ impl Conns {
         op_timeout: Duration,
     ) -> Result<Row, LockError> {
         let caller = caller.map(|c| pins::caller(c.key, c.owner));
+        let mut end = end;
         let index = match caller {
-            Some(c) if self.pins.get(c).is_some() => match self.pins.settled(c, end).await {
-                Ok(Some(pin)) => pin.slot,
-                Ok(None) => self.pick(),
-                Err(()) => {
-                    return Err(timed_out("waiting for an earlier call of this lock to end"));
+            Some(c) if self.pins.get(c).is_some() => {
+                // Behind a call given up on that may still run: wait for its
+                // connection to drain (at most the op timeout), then this
+                // call has its own op timeout. (Bounded by the drain, not by
+                // `end`: the cleanup that waits must not fail for it, or a
+                // half-open connection would leave the lock to its TTL.)
+                let drained_by = Instant::now() + 2 * op_timeout;
+                match self.pins.settled(c, drained_by).await {
+                    Ok((pin, waited)) => {
+                        if waited {
+                            end = end.max(Instant::now() + op_timeout);
+                        }
+                        pin.map_or_else(|| self.pick(), |pin| pin.slot)
+                    }
+                    Err(()) => {
+                        return Err(timed_out("waiting for an earlier call of this lock to end"));
+                    }
                 }
-            },
+            }
             _ => self.pick(),
         };
         let slot = &self.slots[index];
@@ -275,23 +288,33 @@ impl Conns {
                     // It drains meanwhile: what it carries may still run,
                     // and its caller's cleanup must come after that.
                     invalidate(slot, generation);
-                    drop(sending);
-                    self.drain(index, generation, live.clone(), 2 * op_timeout);
+                    // Pinned here, with the drain (not by the drop).
+                    let caller = sending.caller.take();
+                    self.drain(caller, index, generation, live.clone(), op_timeout);
                     return Err(timed_out("waiting for PostgreSQL to answer"));
                 }
             }
         }
     }
 
-    /// Connection `generation` of `slot`, given up on, drains (see
-    /// `pins.rs`): an empty query goes behind what it carries, and its
-    /// pins hold until that is answered or `bound` has passed.
-    fn drain(&self, slot: usize, generation: u64, live: Arc<Live>, bound: Duration) {
+    /// Connection `generation` of `slot`, given up on while `caller`'s call
+    /// was under way, drains (see `pins.rs`): an empty query goes behind
+    /// what it carries, and the pins made on it hold until that is
+    /// answered or `bound` has passed (a half-open connection: nothing on
+    /// it runs any more).
+    fn drain(
+        &self,
+        caller: Option<u64>,
+        slot: usize,
+        generation: u64,
+        live: Arc<Live>,
+        bound: Duration,
+    ) {
         let pins = self.pins.clone();
-        pins.draining(slot, generation);
+        let since = pins.draining(caller, slot, generation);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(bound, live.client.simple_query("")).await;
-            pins.drained(slot, generation);
+            pins.drained(slot, generation, since);
         });
     }
 

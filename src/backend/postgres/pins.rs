@@ -52,13 +52,16 @@ pub(super) struct Pin {
 #[derive(Default)]
 struct Map {
     pins: HashMap<u64, Pin>,
-    /// Connections (slot, generation) given up on that still drain.
-    draining: Vec<(usize, u64)>,
+    /// Connections (slot, generation) given up on that still drain, each
+    /// with the clock when its drain began.
+    draining: Vec<(usize, u64, u64)>,
 }
 
 impl Map {
-    fn draining(&self, pin: &Pin) -> bool {
-        self.draining.contains(&(pin.slot, pin.generation))
+    fn draining(&self, slot: usize, generation: u64) -> bool {
+        self.draining
+            .iter()
+            .any(|&(s, g, _)| (s, g) == (slot, generation))
     }
 }
 
@@ -87,10 +90,15 @@ impl Pins {
         self.map().pins.get(&caller).copied()
     }
 
-    /// The pin of `caller` once its connection is not draining: the caller
-    /// waits for a call given up on to finish before its next goes out.
-    /// `Err` when `end` came first.
-    pub(super) async fn settled(&self, caller: u64, end: Instant) -> Result<Option<Pin>, ()> {
+    /// The pin of `caller` once its connection is not draining (the caller
+    /// waits for a call given up on to finish before its next goes out),
+    /// and whether it waited. `Err` when `end` came first.
+    pub(super) async fn settled(
+        &self,
+        caller: u64,
+        end: Instant,
+    ) -> Result<(Option<Pin>, bool), ()> {
+        let mut waited = false;
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
@@ -99,27 +107,52 @@ impl Pins {
             {
                 let map = self.map();
                 match map.pins.get(&caller) {
-                    Some(pin) if map.draining(pin) => {}
-                    pin => return Ok(pin.copied()),
+                    Some(pin) if map.draining(pin.slot, pin.generation) => {}
+                    pin => return Ok((pin.copied(), waited)),
                 }
             }
+            waited = true;
             timeout_at(end, drained).await.map_err(|_| ())?;
         }
     }
 
     /// Connection `generation` of `slot` was given up on while a call on
-    /// it was under way: it drains (see the module docs).
-    pub(super) fn draining(&self, slot: usize, generation: u64) {
-        self.map().draining.push((slot, generation));
+    /// it was under way: it drains (see the module docs), and the call's
+    /// `caller` (if any) is pinned to it, both at once. Returns when the
+    /// drain began, for [`Pins::drained`].
+    pub(super) fn draining(&self, caller: Option<u64>, slot: usize, generation: u64) -> u64 {
+        let mut map = self.map();
+        let made = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(caller) = caller {
+            map.pins.insert(
+                caller,
+                Pin {
+                    slot,
+                    generation,
+                    made,
+                },
+            );
+            self.len.store(map.pins.len(), Ordering::Release);
+        }
+        map.draining.push((slot, generation, made));
+        made
     }
 
-    /// That connection answered what was sent behind the call given up on
-    /// (or the drain gave up): its pins go.
-    pub(super) fn drained(&self, slot: usize, generation: u64) {
+    /// The drain begun at `since` ended: the connection answered what was
+    /// sent behind the calls given up on (or the drain gave up). Pins made
+    /// on it by then go; one made later (a call sent after the drain's
+    /// query) waits for another drain, or goes with the connection.
+    pub(super) fn drained(&self, slot: usize, generation: u64, since: u64) {
         let mut map = self.map();
-        map.draining.retain(|d| *d != (slot, generation));
+        if let Some(i) = map
+            .draining
+            .iter()
+            .position(|d| *d == (slot, generation, since))
+        {
+            map.draining.swap_remove(i);
+        }
         map.pins
-            .retain(|_, p| (p.slot, p.generation) != (slot, generation));
+            .retain(|_, p| (p.slot, p.generation) != (slot, generation) || p.made > since);
         self.len.store(map.pins.len(), Ordering::Release);
         drop(map);
         self.drained.notify_waiters();
@@ -161,7 +194,9 @@ impl Pins {
             p.slot != slot
                 || p.generation > generation
                 || (p.generation == generation && p.made > sent)
-                || draining.contains(&(p.slot, p.generation))
+                || draining
+                    .iter()
+                    .any(|&(s, g, _)| (s, g) == (p.slot, p.generation))
         });
         self.len.store(pins.len(), Ordering::Release);
     }
@@ -200,10 +235,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_caller_pinned_to_a_draining_connection_waits_for_its_drain() {
         let pins = std::sync::Arc::new(Pins::default());
-        let (a, b) = (caller("g:k", "o1"), caller("g:k", "o2"));
-        pins.pin(a, 1, 7);
+        let (a, b, c) = (
+            caller("g:k", "o1"),
+            caller("g:k", "o2"),
+            caller("g:k", "o3"),
+        );
         pins.pin(b, 0, 7);
-        pins.draining(1, 7);
+        let since = pins.draining(Some(a), 1, 7);
         // A call answered on the slot's next connection says nothing of
         // what the draining one still carries.
         pins.answered(1, 8, pins.now());
@@ -211,7 +249,7 @@ mod tests {
         // A caller pinned elsewhere goes on; one pinned to it waits, up to
         // its own end.
         let end = Instant::now() + std::time::Duration::from_secs(1);
-        assert_eq!(pins.settled(b, end).await.unwrap().unwrap().slot, 0);
+        assert_eq!(pins.settled(b, end).await.unwrap().0.unwrap().slot, 0);
         assert!(pins.settled(a, end).await.is_err());
         let waiting = tokio::spawn({
             let pins = pins.clone();
@@ -222,9 +260,16 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
-        pins.drained(1, 7);
-        assert_eq!(waiting.await.unwrap(), Ok(None));
+        // A call of another caller given up on later on the same connection
+        // (sent after the first drain's query): its pin outlives the first
+        // drain and waits for its own.
+        let later = pins.draining(Some(c), 1, 7);
+        pins.drained(1, 7, since);
+        assert_eq!(waiting.await.unwrap(), Ok((None, true)));
         assert_eq!(pins.get(a), None);
         assert!(pins.get(b).is_some());
+        assert!(pins.settled(c, end).await.is_err(), "still draining");
+        pins.drained(1, 7, later);
+        assert_eq!(pins.get(c), None);
     }
 }

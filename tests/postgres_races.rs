@@ -615,6 +615,66 @@ async fn a_cleanup_behind_a_half_open_connection_still_runs() {
         .expect("the lock stayed with the caller whose acquire timed out");
 }
 
+/// A waiter whose max wait ended leaves, claiming the lock a release
+/// handed it meanwhile; the reply is lost and the call sent again (as the
+/// backend does after a broken connection). The repeat answers the same
+/// claim, for every kind: answering "not held" would leave the lock with a
+/// waiter that gave up, and its queue asleep, until its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claiming_leave_sent_twice_answers_the_claim_twice() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let s = session(&server).await;
+    for (key, kind, permits) in [
+        ("g:x", 0i16, None),
+        ("g:s", 1, None),
+        ("g:p", 2, Some(1i32)),
+    ] {
+        let acquire = "SELECT code, fence FROM tower_lock.locks_acquire($1, $2, $3, 30000, $4, 'ch', $5, $6, $7)";
+        let holder = s
+            .query_one(
+                acquire,
+                &[&key, &"holder", &1i64, &0i64, &0i64, &kind, &permits],
+            )
+            .await
+            .unwrap();
+        assert_eq!(holder.get::<_, i32>(0), 1, "{key}: held");
+        let fence: i64 = holder.get(1);
+        // A writer queues behind the holder (behind a reader, or the one
+        // permit).
+        let (w_kind, w_permits) = if kind == 1 {
+            (0i16, None)
+        } else {
+            (kind, permits)
+        };
+        let queued = s
+            .query_one(
+                acquire,
+                &[
+                    &key, &"waiter", &2i64, &10_000i64, &7i64, &w_kind, &w_permits,
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(queued.get::<_, i32>(0), 0, "{key}: queued");
+        s.query_one(
+            "SELECT tower_lock.locks_release($1, 'holder', $2)",
+            &[&key, &fence],
+        )
+        .await
+        .unwrap();
+        let leave = "SELECT code, fence FROM tower_lock.locks_leave($1, 'waiter', 'ch', 7, true)";
+        let first = s.query_one(leave, &[&key]).await.unwrap();
+        let again = s.query_one(leave, &[&key]).await.unwrap();
+        assert_eq!(first.get::<_, i32>(0), 1, "{key}: claimed");
+        assert_eq!(
+            (again.get::<_, i32>(0), again.get::<_, Option<i64>>(1)),
+            (1, first.get::<_, Option<i64>>(1)),
+            "{key}: the repeated leave forgot the claim"
+        );
+    }
+}
+
 /// A grant that reaches this backend for a waiter it no longer has (its
 /// entry outlived it) goes on to the next waiter at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1044,6 +1104,43 @@ async fn nudged(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, ticket: i
             return us.parse().unwrap();
         }
     }
+}
+
+/// The waiter at the head leaves (its wait ended, or it went away) while
+/// the lock is held: the waiter now at the head is told when the lock comes
+/// free. It may be sleeping on an older holder's expiry (a hand-off tells
+/// only the head of its time, and that head has now left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_head_is_told_when_the_head_leaves() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let s = session(&server).await;
+    let acquire = "SELECT code FROM tower_lock.locks_acquire('g:k', $1, $2, 30000, $3, $4, $5)";
+    for (owner, attempt, wait, channel, ticket, code) in [
+        ("holder", 1i64, 0i64, "tl_h", 0i64, 1i32),
+        ("head", 2, 10_000, "tl_head", 1, 0),
+        ("next", 3, 10_000, "tl_next", 2, 0),
+    ] {
+        let row = s
+            .query_one(acquire, &[&owner, &attempt, &wait, &channel, &ticket])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0), code, "{owner}");
+    }
+    let (_listening, mut rx) = listen(&server, "tl_next").await;
+    let left = s
+        .query_one(
+            "SELECT code FROM tower_lock.locks_leave('g:k', 'head', 'tl_head', 1, false)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(left.get::<_, i32>(0), 0);
+    let free_in = nudged(&mut rx, 2).await;
+    assert!(
+        (20_000_000..=30_000_000).contains(&free_in),
+        "told the lock is free in {free_in} µs, not the holder's 30-s TTL"
+    );
 }
 
 /// Seed 1096 of the fault-schedule checker: a release handed the lock to

@@ -752,7 +752,11 @@ $$;
 -- leave: a waiter gives up. Leaves the queue; if the lock was handed to
 -- this very call meanwhile, `p_claim` keeps it (code 1: fence, acquired_us)
 -- and otherwise it goes to the next waiter (code 2). Else code 0 with the
--- holder's remaining_us.
+-- holder's remaining_us, and the waiter now at the head is told when the
+-- lock comes free (it may have slept on an older holder's expiry). A claim
+-- marks the grant `c <channel> <ticket>`: never passed on, and a leave
+-- repeated after its reply was lost answers code 1 again (not 0, which
+-- would leave the lock with nobody until its TTL).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_leave"(
   p_key text, p_owner text, p_channel text, p_ticket bigint, p_claim boolean,
   OUT code int, OUT fence bigint, OUT acquired_us bigint, OUT remaining_us bigint)
@@ -762,21 +766,26 @@ DECLARE
   r "{schema}"."{table}"%ROWTYPE;
   x "{schema}"."{table}_holds"%ROWTYPE;
   h record;
+  -- Whether this call took an entry out of the queue.
+  v_left boolean;
 BEGIN
   remaining_us := 0;
   -- (No lock row leaves every field of r null.)
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   DELETE FROM "{schema}"."{table}_waiters" AS w
     WHERE w.channel = p_channel AND w.ticket = p_ticket;
+  v_left := FOUND;
   IF r.kind <> 0 THEN
     -- A shared/permit key: the hold handed to this call, if any, else what
     -- its leaving lets through (readers queued behind a writer that gave
     -- up join the readers holding).
     SELECT * INTO x FROM "{schema}"."{table}_holds" AS y
       WHERE y.key = p_key AND y.owner = p_owner AND y.expires_at > v_now
-        AND y.granted_to = p_channel || ' ' || p_ticket;
+        AND (y.granted_to = p_channel || ' ' || p_ticket
+             OR (p_claim AND y.granted_to = 'c ' || p_channel || ' ' || p_ticket));
     IF FOUND AND p_claim THEN
-      UPDATE "{schema}"."{table}_holds" AS y SET granted_to = NULL WHERE y.key = p_key AND y.fence = x.fence;
+      UPDATE "{schema}"."{table}_holds" AS y SET granted_to = 'c ' || p_channel || ' ' || p_ticket
+        WHERE y.key = p_key AND y.fence = x.fence;
       code := 1;
       fence := x.fence;
       acquired_us := "{schema}"."{table}_us"(x.acquired_at);
@@ -789,16 +798,21 @@ BEGIN
       code := 0;
     END IF;
     PERFORM "{schema}"."{table}_settle"(p_key);
+    IF code = 0 AND v_left THEN
+      PERFORM "{schema}"."{table}_nudge"(p_key, p_channel, p_ticket);
+    END IF;
     remaining_us := greatest(0, "{schema}"."{table}_us"(coalesce(
       (SELECT min(y.expires_at) FROM "{schema}"."{table}_holds" AS y WHERE y.key = p_key AND y.expires_at > v_now),
       v_now)) - "{schema}"."{table}_us"(v_now));
     RETURN;
   END IF;
   IF r.key IS NOT NULL AND r.expires_at > v_now AND r.owner = p_owner
-     AND r.granted_to = p_channel || ' ' || p_ticket THEN
+     AND (r.granted_to = p_channel || ' ' || p_ticket
+          OR (p_claim AND r.granted_to = 'c ' || p_channel || ' ' || p_ticket)) THEN
     IF p_claim THEN
       -- Claimed (as in _acquire): never passed on after this.
-      UPDATE "{schema}"."{table}" AS l SET granted_to = NULL WHERE l.key = p_key;
+      UPDATE "{schema}"."{table}" AS l SET granted_to = 'c ' || p_channel || ' ' || p_ticket
+        WHERE l.key = p_key;
       code := 1;
       fence := r.fence;
       acquired_us := "{schema}"."{table}_us"(r.acquired_at);
@@ -814,6 +828,9 @@ BEGIN
   code := 0;
   IF r.key IS NOT NULL THEN
     remaining_us := greatest(0, "{schema}"."{table}_us"(r.expires_at) - "{schema}"."{table}_us"(v_now));
+  END IF;
+  IF v_left THEN
+    PERFORM "{schema}"."{table}_nudge"(p_key, p_channel, p_ticket);
   END IF;
 END
 $$;

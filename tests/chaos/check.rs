@@ -287,6 +287,9 @@ fn leases(ops: &[&Op], faults: &[Fault]) -> Vec<Lease> {
                 lease.why = "an extension's TTL";
             }
             (Kind::Extend, Outcome::Cancelled | Outcome::Unavailable) => {
+                // It may have landed (an extension replaces the TTL, so it
+                // can shorten it) or not.
+                lease.end = lease.end.min(op.inv + op.ttl_ms * MS);
                 lease.held_until = lease.held_until.max(op.ret + op.ttl_ms * MS);
             }
             (Kind::Extend, Outcome::NotFound | Outcome::Mismatch) => {
@@ -1431,6 +1434,35 @@ mod tests {
             release(2, 1, 50, 51, 6),
         ]);
         assert!(!kinds(&h).contains(&"fence-order"), "{:?}", kinds(&h));
+    }
+
+    #[test]
+    fn an_extension_of_unknown_outcome_may_have_shortened_the_lease() {
+        // Granted at 0-1 for 100 ms; an extension to 20 ms at 10 is
+        // cancelled (its holder killed): had it landed, the lock ended at
+        // 30, so a grant to another at 40 is no overlap. One answered with
+        // nothing known of it, or one that lengthened, leaves the lease.
+        let extend = |outcome: Outcome| {
+            let mut e = op(1, 2, Kind::Extend, 10, 11, outcome);
+            e.fence_in = Some(5);
+            e.ttl_ms = 20;
+            e
+        };
+        let next = || grant(2, 0, 39, 40, 6, 100);
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            extend(Outcome::Cancelled),
+            next(),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        let h = history(vec![
+            grant(1, 0, 0, 1, 5, 100),
+            extend(Outcome::Unavailable),
+            next(),
+        ]);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+        let h = history(vec![grant(1, 0, 0, 1, 5, 100), next()]);
+        assert!(kinds(&h).contains(&"two-holders"), "{:?}", kinds(&h));
     }
 
     #[test]

@@ -745,8 +745,11 @@ MUTANTS = [
      "            kept: true,"),
     # One key names one lock of a request, in any Unicode form
     ("locks-duplicate-key-not-normalised", "src/lock/registry.rs",
-     "            if state.slots.iter().any(|s| s.lock.key() == &*key) {",
-     "            if state.slots.iter().any(|s| s.lock.key() == spec.get_key()) {"),
+     "        let key = nfc(spec.get_key()).into_owned();",
+     "        let key = spec.get_key().to_owned();"),
+    ("locks-concurrent-same-key-not-reserved", "src/lock/registry.rs",
+     "            let taken = state.acquiring.contains(&key);",
+     "            let taken = false;"),
     # PostgreSQL: a claiming leave sent twice answers the claim twice
     ("postgres-claiming-leave-forgets-its-claim", "src/backend/postgres/functions.sql",
      "      UPDATE \"{schema}\".\"{table}\" AS l SET granted_to = 'c ' || p_channel || ' ' || p_ticket",

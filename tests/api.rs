@@ -145,6 +145,40 @@ async fn a_second_lock_on_the_same_key_in_another_unicode_form_is_refused() {
     assert_eq!(body, "LOCK_INVALID_KEY after 0ns");
 }
 
+/// Two locks on one key taken at once by one request (a handler joining
+/// two calls, while another process holds the key for a second): the
+/// second is refused at once, as it is one after the other; it must not
+/// queue behind the first for its whole max wait.
+#[tokio::test(start_paused = true)]
+async fn two_locks_on_one_key_taken_at_once_are_one_too_many() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let other = tower_lock::OwnedLock::acquire(&backend, &JobSpec::new("inner", TTL))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        other.release().await.unwrap();
+    });
+    let layer = LockLayer::from_fn(backend, |_| LockSpec::global("outer", TTL));
+    let app = Router::new().route(
+        "/both",
+        post(|locks: Locks| async move {
+            let started = tokio::time::Instant::now();
+            let spec = || LockSpec::global("inner", TTL).max_wait(Duration::from_secs(30));
+            let (a, b) = tokio::join!(locks.acquire(spec()), locks.acquire(spec()));
+            let code = |r: Result<HeldLock, LockError>| r.map_or_else(|e| e.code(), |_| "ok");
+            format!("{} {} after {:?}", code(a), code(b), started.elapsed())
+        })
+        .layer(layer),
+    );
+    let reply = app
+        .oneshot(Request::post("/both").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let body = reply.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ok LOCK_INVALID_KEY after 1s");
+}
+
 #[tokio::test]
 async fn the_rejection_hook_shapes_both_layers_answers() {
     let backend = SharedBackend::new(MemoryBackend::new());

@@ -59,6 +59,9 @@ struct RegistryState {
     // so (`LOCK_ALREADY_RELEASED`). Once the registry is closed (its response
     // released the locks) every call says so, without a list.
     released: SmallVec<[LockKey; 1]>,
+    // Keys of `Locks::acquire` calls under way (NFC), so that two at once
+    // on one key are refused as one after the other is.
+    acquiring: Vec<String>,
     closed: bool,
 }
 
@@ -207,19 +210,24 @@ impl Locks {
     /// off. Fails with [`LockError::AlreadyReleased`] once the response has
     /// ended and the request's locks were released.
     pub async fn acquire(&self, spec: LockSpec) -> Result<HeldLock, LockError> {
+        // (Compared as stored: NFC, as every other method compares.)
+        let key = nfc(spec.get_key()).into_owned();
         {
-            let state = self.state();
+            let mut state = self.state();
             if state.closed {
                 return Err(LockError::AlreadyReleased);
             }
             // `get`, `release`, `extend` and `cancel_auto_release` name a
-            // lock by its key: one key must name one lock of the request.
-            // (Compared as stored: NFC, as every other method compares.)
-            let key = nfc(spec.get_key());
-            if state.slots.iter().any(|s| s.lock.key() == &*key) {
+            // lock by its key: one key must name one lock of the request,
+            // also while it is being acquired.
+            let taken = state.acquiring.contains(&key);
+            if taken || state.slots.iter().any(|s| s.lock.key() == key) {
                 return Err(LockError::InvalidKey(ONE_LOCK_PER_KEY));
             }
+            state.acquiring.push(key.clone());
         }
+        // Until registered (or failed, or dropped), the key is taken.
+        let _acquiring = Acquiring(self, key);
         let meter = &self.inner.meter;
         let req = spec
             .to_request(&self.inner.route)
@@ -426,6 +434,19 @@ impl Drop for Registry {
         }
         let locks: HeldLocks = state.slots.drain(..).map(Slot::retire).collect();
         release_detached(&self.backend, locks);
+    }
+}
+
+/// A `Locks::acquire` call under way on its key: dropped, the key is free
+/// for another.
+struct Acquiring<'a>(&'a Locks, String);
+
+impl Drop for Acquiring<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        if let Some(i) = state.acquiring.iter().position(|k| *k == self.1) {
+            state.acquiring.swap_remove(i);
+        }
     }
 }
 

@@ -18,7 +18,7 @@
 //! the leave of a waiter that went away) never overtakes the call it cleans
 //! up. A connection given up on after a timeout drains first: its pinned
 //! callers wait until it answered what was sent behind the timed-out call
-//! (at most their op timeout).
+//! (at most the op timeout), then have an op timeout of their own.
 //!
 //! **Settings.** The SQL relies on `READ COMMITTED` (a statement that waited
 //! for a row sees what committed meanwhile; under `REPEATABLE READ` it fails

@@ -20,8 +20,9 @@
 //! its `statement_timeout`, and a commit waiting for the disk or a
 //! synchronous standby not even then. So it *drains*: an empty query is
 //! sent behind what it carries, and until that is answered (or the drain
-//! gives up, after twice the op timeout) a caller pinned to it waits
-//! before its next call, within that call's own op timeout.
+//! gives up after the op timeout: a half-open connection answers nothing)
+//! a caller pinned to it waits before its next call, which then has an op
+//! timeout of its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -758,6 +758,10 @@ MUTANTS = [
     ("postgres-leave-tells-no-new-head", "src/backend/postgres/functions.sql",
      "  IF v_left THEN\n    PERFORM \"{schema}\".\"{table}_nudge\"(p_key, p_channel, p_ticket);\n  END IF;\nEND",
      "END"),
+    # An undecodable path parameter never runs the handler unlocked
+    ("layer-undecodable-param-runs-unlocked", "src/layer/service.rs",
+     "            if read.undecodable {",
+     "            if false && read.undecodable {"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -17,6 +17,11 @@ use smallvec::SmallVec;
 /// request runs unlocked: the layer logs a warning (once per layer) when its
 /// `LockRequest` reads the parameters of a request that was not routed.
 ///
+/// Also empty, as axum's `Path` has none, when a parameter is not UTF-8 once
+/// percent-decoded (`/orders/%FF`): a layer whose `LockRequest` read them and
+/// named no lock refuses that request (`400 LOCK_INVALID_KEY`), as axum's
+/// `Path` extractor would, rather than run it unlocked.
+///
 /// Borrows from the request where it can: reading the parameters of a
 /// simple route (`/orders/{id}`) allocates nothing unless a value is
 /// percent-encoded. [`into_owned`](PathParams::into_owned) detaches it.
@@ -63,24 +68,48 @@ impl PathParams<'_> {
 }
 
 thread_local! {
-    // Set when `path_params` reads a request that was not routed; the layer
-    // looks at it around its `LockRequest` call (which is synchronous).
-    static UNROUTED_READ: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    // What `path_params` met while the layer's `LockRequest` ran (it is
+    // synchronous): bit 0 a request that was not routed, bit 1 a parameter
+    // that is not UTF-8 once percent-decoded.
+    static READ: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
-/// Run `f`, and tell whether it read the path parameters of a request that
-/// was not routed (no `MatchedPath`).
-pub(crate) fn reading_unrouted<T>(f: impl FnOnce() -> T) -> (T, bool) {
-    UNROUTED_READ.with(|flag| flag.set(false));
+const UNROUTED: u8 = 1;
+const UNDECODABLE: u8 = 2;
+
+fn met(what: u8) {
+    READ.with(|r| r.set(r.get() | what));
+}
+
+/// What `path_params` found empty while `f` ran.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ParamsRead {
+    /// The parameters of a request that was not routed (no `MatchedPath`).
+    pub(crate) unrouted: bool,
+    /// Parameters of which one is not UTF-8 once percent-decoded (axum's
+    /// `Path` refuses such a request with 400).
+    pub(crate) undecodable: bool,
+}
+
+/// Run `f`, and tell what it found when it read path parameters.
+pub(crate) fn reading_params<T>(f: impl FnOnce() -> T) -> (T, ParamsRead) {
+    READ.with(|r| r.set(0));
     let out = f();
-    (out, UNROUTED_READ.with(|flag| flag.replace(false)))
+    let read = READ.with(|r| r.replace(0));
+    (
+        out,
+        ParamsRead {
+            unrouted: read & UNROUTED != 0,
+            undecodable: read & UNDECODABLE != 0,
+        },
+    )
 }
 
 /// Read axum's path parameters from a request (see [`PathParams`]).
 pub fn path_params<B>(request: &Request<B>) -> PathParams<'_> {
     let extensions = request.extensions();
     let Some(route) = extensions.get::<MatchedPath>() else {
-        UNROUTED_READ.with(|flag| flag.set(true));
+        met(UNROUTED);
         return PathParams::default();
     };
     let path = request.uri().path();
@@ -146,6 +175,7 @@ fn match_route<'a>(route: &'a str, path: &'a str) -> Option<PathParams<'a>> {
                 // As axum: percent-decoded, and no parameters at all if one is
                 // not UTF-8 once decoded.
                 let Some(value) = crate::percent::decode_lenient(value) else {
+                    met(UNDECODABLE);
                     return Some(PathParams::default());
                 };
                 params.push((Cow::Borrowed(name), value));
@@ -199,7 +229,11 @@ fn extracted_path_params<'a, B>(request: &Request<B>) -> PathParams<'a> {
                 .map(|(k, v)| (Cow::Owned(k.to_owned()), Cow::Owned(v.to_owned())))
                 .collect(),
         ),
-        _ => PathParams::default(),
+        Poll::Ready(Err(_)) => {
+            met(UNDECODABLE);
+            PathParams::default()
+        }
+        Poll::Pending => PathParams::default(),
     }
 }
 

@@ -299,3 +299,29 @@ fn hostile_json() -> impl Strategy<Value = String> {
             format!("{{{}}}", fields.join(","))
         })
 }
+
+/// A path parameter that is not UTF-8 once percent-decoded (`%FF`): the
+/// `LockRequest` reads no parameters and names no lock, and the request
+/// must not then run unlocked. It is refused (400 `LOCK_INVALID_KEY`), as
+/// axum's own `Path` extractor refuses it; other routes pass as before.
+#[tokio::test]
+async fn an_undecodable_path_parameter_never_runs_the_handler_unlocked() {
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let app = app(&backend);
+    for (uri, status, body) in [
+        ("/p/%FF/x", StatusCode::BAD_REQUEST, "LOCK_INVALID_KEY"),
+        ("/p/ok/x", StatusCode::OK, ""),
+    ] {
+        let res = app
+            .clone()
+            .oneshot(Request::post(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status, "{uri}");
+        let text = res.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&text).contains(body),
+            "{uri}: {text:?}"
+        );
+    }
+}

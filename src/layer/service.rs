@@ -88,7 +88,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let ((first, rest), unrouted) = crate::path::reading_unrouted(|| {
+        let ((first, rest), read) = crate::path::reading_params(|| {
             let mut specs = self.layer.locker.lock_request(&req).into_iter();
             let first = specs.next();
             // Empty for the common single lock: no allocation. Collected
@@ -103,10 +103,17 @@ where
             };
             (first, rest)
         });
-        if unrouted {
+        if read.unrouted {
             self.layer.warn_unrouted();
         }
         let Some(first) = first else {
+            if read.undecodable {
+                // The `LockRequest` read a parameter that does not decode
+                // and named no lock: refused, as axum's `Path` refuses it,
+                // rather than run unlocked.
+                let e = crate::LockError::InvalidKey(UNDECODABLE_PARAM);
+                return ResponseFuture::rejected(&self.layer.rejection, &e);
+            }
             // The extractors, run as the future is polled, then say the
             // layer named no lock, not that it is missing (`future.rs`).
             return ResponseFuture::passthrough(self.inner.call(req));
@@ -154,3 +161,5 @@ where
         ResponseFuture::acquiring(acquire, req, inner, self.layer.rejection.clone())
     }
 }
+
+const UNDECODABLE_PARAM: &str = "a path parameter is not UTF-8 once percent-decoded";

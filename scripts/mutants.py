@@ -762,6 +762,13 @@ MUTANTS = [
     ("layer-undecodable-param-runs-unlocked", "src/layer/service.rs",
      "            if read.undecodable {",
      "            if false && read.undecodable {"),
+    # Single-flight: a dropped begin, or a dropped waiter holding the lock, gives it back
+    ("flight-dropped-begin-keeps-the-lock", "src/flight/engine.rs",
+     "        req: &req,\n        done: false,\n    };",
+     "        req: &req,\n        done: true,\n    };"),
+    ("flight-dropped-waiter-keeps-the-lock", "src/flight/engine.rs",
+     "            release_detached(self.0, smallvec::smallvec![lock]);",
+     "            std::mem::forget(lock);"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -10,6 +10,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::OwnedLock;
 use crate::lock::acquire::{acquire_guarded, acquired};
+use crate::lock::release::{Finish, release_detached};
 use crate::observe::{self, Meter};
 use crate::spec::AcquireRequest;
 
@@ -111,7 +112,16 @@ async fn begin(
 ) -> Result<(&'static str, Role), LockError> {
     let req = AcquireRequest::fresh(key, settings.lock_ttl, settings.max_wait)?;
     let sent = tokio::time::Instant::now();
-    match backend.flight_begin(&req).await {
+    // Dropped mid-call (the client went away), the step may still have
+    // taken the lock: given back with the owner token made for this call.
+    let mut beginning = Beginning {
+        backend,
+        req: &req,
+        done: false,
+    };
+    let started = backend.flight_begin(&req).await;
+    beginning.done = true;
+    match started {
         Ok(FlightStart::Fresh(result)) => Ok((
             "fresh",
             Role::Shared {
@@ -189,10 +199,14 @@ async fn follow(
                 }
             }
             held = &mut acquire => {
-                let lock = held?;
                 // The lock is ours: the leader failed or died, or it
-                // published and we got the lock before its wake-up.
-                return match backend.flight_result(req.key()).await {
+                // published and we got the lock before its wake-up. Until
+                // it leads, a drop (the caller went away during the read)
+                // gives the lock back.
+                let lock = Unled(backend, Some(held?));
+                let read = backend.flight_result(req.key()).await;
+                let lock = lock.into_inner();
+                return match read {
                     Ok(Some(shared)) if shared.seq > seen => {
                         let _ = OwnedLock::from_parts(backend.clone(), lock, None).release().await;
                         Ok(Role::Shared {
@@ -207,6 +221,44 @@ async fn follow(
                     }
                 };
             }
+        }
+    }
+}
+
+/// A flight's begin under way: dropped before `done`, it gives back what
+/// the step may have taken, with the owner token made for this call.
+struct Beginning<'a> {
+    backend: &'a SharedBackend,
+    req: &'a AcquireRequest,
+    done: bool,
+}
+
+impl Drop for Beginning<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let (backend, key) = (self.backend.clone(), self.req.key().clone());
+            let owner = self.req.owner_arc().clone();
+            drop(Finish::start(Box::pin(async move {
+                let _ = backend.release(&key, Holder::owner_only(&owner)).await;
+            })));
+        }
+    }
+}
+
+/// A flight's lock handed to a follower that does not lead yet: dropped
+/// with it, the lock is given back.
+struct Unled<'a>(&'a SharedBackend, Option<crate::HeldLock>);
+
+impl Unled<'_> {
+    fn into_inner(mut self) -> crate::HeldLock {
+        self.1.take().expect("taken once")
+    }
+}
+
+impl Drop for Unled<'_> {
+    fn drop(&mut self) {
+        if let Some(lock) = self.1.take() {
+            release_detached(self.0, smallvec::smallvec![lock]);
         }
     }
 }

@@ -303,6 +303,70 @@ pub async fn a_failed_leader_hands_over_to_exactly_one_waiter(h: Harness) {
     assert_eq!(values[0], 10, "the oldest waiter computed");
 }
 
+/// A flight's first step is dropped after it took the flight's lock (the
+/// caller went away; the reply was still on its way): the lock is given
+/// back, and the next caller leads at once, not after the lock's TTL.
+pub async fn a_flight_begin_dropped_after_taking_the_lock_gives_it_back(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    probe.hang_flight_replies(true, false);
+    let hanging = SingleFlight::new(probe.backend()).lock_ttl(Duration::from_secs(60));
+    let run = tokio::spawn(async move {
+        hanging
+            .run("dropped", Duration::ZERO, || async { Ok::<u32, String>(1) })
+            .await
+    });
+    probe.flight_replies_hung(1).await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    let next = SingleFlight::new(&h.backend).max_wait(Duration::from_secs(5));
+    let value = next
+        .run("dropped", Duration::ZERO, || async { Ok::<u32, String>(2) })
+        .await
+        .expect("the flight's lock stayed with a caller that went away");
+    assert_eq!(value, 2);
+}
+
+/// A waiter is handed the flight's lock by a leader that failed, and goes
+/// away while it reads whether a result came meanwhile: the lock is given
+/// back, and the next caller leads at once, not after the lock's TTL.
+pub async fn a_waiter_dropped_while_it_reads_the_result_gives_the_lock_back(h: Harness) {
+    let flights = flights(&h).lock_ttl(Duration::from_secs(60));
+    let work = Work::default();
+    let mut leader = JoinSet::new();
+    spawn_run(
+        &mut leader,
+        &flights,
+        "handed",
+        Duration::ZERO,
+        &work,
+        0,
+        true,
+    );
+    until_waiting(&h, &flights, "handed", 0).await;
+    let probe = Probe::new(&h.backend);
+    probe.hang_flight_replies(false, true);
+    let follower = tokio::spawn({
+        let flights = SingleFlight::new(probe.backend()).lock_ttl(Duration::from_secs(60));
+        async move {
+            flights
+                .run("handed", Duration::ZERO, || async { Ok::<u32, String>(1) })
+                .await
+        }
+    });
+    until_waiting(&h, &flights, "handed", 1).await;
+    work.open(1);
+    assert!(leader.join_next().await.unwrap().unwrap().is_err());
+    probe.flight_replies_hung(1).await;
+    follower.abort();
+    assert!(follower.await.unwrap_err().is_cancelled());
+    let next = SingleFlight::new(&h.backend).max_wait(Duration::from_secs(5));
+    let value = next
+        .run("handed", Duration::ZERO, || async { Ok::<u32, String>(2) })
+        .await
+        .expect("the flight's lock stayed with a waiter that went away");
+    assert_eq!(value, 2);
+}
+
 /// A leader that stops renewing its lock (a dead process) is replaced when
 /// the lock's TTL runs out: a waiter computes.
 pub async fn a_dead_leader_is_replaced_when_its_lock_runs_out(h: Harness) {

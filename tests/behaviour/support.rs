@@ -23,7 +23,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
-use tower_lock::backend::{AcquireRequest, BoxFuture, ExtendRequest, Lease};
+use tower_lock::backend::{
+    AcquireRequest, BoxFuture, ExtendRequest, FlightPublish, FlightResult, FlightStart, Lease,
+};
 use tower_lock::{
     LockBackend, LockError, LockKey, LockLayer, LockSpec, LockStatus, Scope, SharedBackend,
     path_params,
@@ -59,6 +61,11 @@ pub struct Probe {
     renewals: Hold,
     acquire_replies: Hold,
     statuses: Hold,
+    // Flight steps that reach the backend and then never answer (a lost
+    // reply), and how many did.
+    hang_flight_begins: AtomicBool,
+    hang_flight_results: AtomicBool,
+    flights_hung: watch::Sender<usize>,
 }
 
 /// Calls held in flight until the test lets them go.
@@ -125,6 +132,9 @@ impl Probe {
             renewals: Hold::default(),
             acquire_replies: Hold::default(),
             statuses: Hold::default(),
+            hang_flight_begins: AtomicBool::new(false),
+            hang_flight_results: AtomicBool::new(false),
+            flights_hung: watch::Sender::new(0),
         })
     }
 
@@ -176,6 +186,29 @@ impl Probe {
     /// Wait until `n` status reads are (or were) held.
     pub async fn statuses_held(&self, n: usize) {
         self.statuses.held(n).await;
+    }
+
+    /// From now on, `flight_begin` (`begins`) and `flight_result`
+    /// (`results`) calls reach the backend, which acts on them, and then
+    /// never answer.
+    pub fn hang_flight_replies(&self, begins: bool, results: bool) {
+        self.hang_flight_begins.store(begins, SeqCst);
+        self.hang_flight_results.store(results, SeqCst);
+    }
+
+    /// Wait until `n` flight steps hang (see [`Probe::hang_flight_replies`]).
+    pub async fn flight_replies_hung(&self, n: usize) {
+        let mut rx = self.flights_hung.subscribe();
+        rx.wait_for(|hung| *hung >= n)
+            .await
+            .expect("the probe outlives its receivers");
+    }
+
+    async fn maybe_hang(&self, hang: &AtomicBool) {
+        if hang.load(SeqCst) {
+            self.flights_hung.send_modify(|n| *n += 1);
+            std::future::pending::<()>().await;
+        }
     }
 
     /// This probe as a backend for layers and handles. Each call is a
@@ -312,6 +345,42 @@ impl LockBackend for Probe {
             self.enter()?;
             self.statuses.pass().await;
             self.inner.status(key).await
+        })
+    }
+
+    fn flight_begin<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<FlightStart, LockError>> {
+        Box::pin(async move {
+            self.enter()?;
+            let started = self.inner.flight_begin(req).await;
+            self.maybe_hang(&self.hang_flight_begins).await;
+            started
+        })
+    }
+
+    fn flight_result<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<FlightResult>, LockError>> {
+        Box::pin(async move {
+            self.enter()?;
+            let result = self.inner.flight_result(key).await;
+            self.maybe_hang(&self.hang_flight_results).await;
+            result
+        })
+    }
+
+    fn flight_publish<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a str,
+        publish: &'a FlightPublish,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            self.enter()?;
+            self.inner.flight_publish(key, owner, publish).await
         })
     }
 

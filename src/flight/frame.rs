@@ -102,8 +102,9 @@ fn header_list(buf: &mut Bytes) -> Option<HeaderMap> {
         return None;
     }
     let count = buf.get_u32() as usize;
-    // Every header takes at least 8 bytes: a garbled count cannot allocate.
-    let mut headers = HeaderMap::with_capacity(count.min(buf.len() / 8));
+    // Every header takes at least 8 bytes: a garbled count cannot allocate
+    // much, nor more than a map holds (`with_capacity` would panic).
+    let mut headers = HeaderMap::try_with_capacity(count.min(buf.len() / 8)).ok()?;
     for _ in 0..count {
         let name = take(buf)?;
         let value = take(buf)?;
@@ -153,6 +154,15 @@ mod tests {
         assert_eq!(varied["accept-encoding"], "gzip");
         assert_eq!(response.body(), &b"{\"ok\":true}"[..]);
         assert!(matches!(decode(Bytes::from(alone())), Some(Shared::Alone)));
+    }
+
+    #[test]
+    fn a_garbled_header_count_in_a_large_frame_is_no_frame() {
+        // A count of 2^32-1 headers before 256 KiB of bytes: room for more
+        // headers than a map holds, and none of them whole.
+        let mut frame = b"TLF2R\x00\xc8\xff\xff\xff\xff".to_vec();
+        frame.extend(std::iter::repeat_n(0xffu8, 256 * 1024));
+        assert!(decode(Bytes::from(frame)).is_none());
     }
 
     #[test]

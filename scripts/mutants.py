@@ -773,6 +773,10 @@ MUTANTS = [
     ("flight-frame-capacity-panics", "src/flight/frame.rs",
      "    let mut headers = HeaderMap::try_with_capacity(count.min(buf.len() / 8)).ok()?;",
      "    let mut headers = HeaderMap::with_capacity(count.min(buf.len() / 8));"),
+    # PostgreSQL single-flight: a result published while the begin waited answers it
+    ("postgres-flight-begin-misses-a-publish-it-waited-for", "src/backend/postgres/flight.sql",
+     "  IF FOUND THEN\n    IF a.code = 1 THEN",
+     "  IF FOUND AND false THEN\n    IF a.code = 1 THEN"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -675,6 +675,47 @@ async fn a_claiming_leave_sent_twice_answers_the_claim_twice() {
     }
 }
 
+/// A caller begins a flight while its leader's publish is under way (the
+/// result stored, not yet committed, the lock row held): the caller's look
+/// for a fresh result cannot see it, and its acquire waits for the row.
+/// Once the publish commits, the caller gets that result, not the lock:
+/// one handler run per burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_begun_during_a_publish_gets_its_result() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let begin = "SELECT code, fence FROM tower_lock.locks_flight_begin('g:f', $1, 1, 30000, 'tl_f', $2, 60000)";
+    let leader = session(&server).await;
+    let row = leader.query_one(begin, &[&"leader", &1i64]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1, "the leader takes the lock");
+    let fence: i64 = row.get(1);
+    leader
+        .batch_execute(&format!(
+            "BEGIN; SELECT tower_lock.locks_flight_publish('g:f', 'leader', {fence}, '\\x01', 60000, 60000)"
+        ))
+        .await
+        .unwrap();
+    let caller = session(&server).await;
+    let begun = tokio::spawn(async move {
+        caller
+            .query_one(begin, &[&"caller", &2i64])
+            .await
+            .map(|row| row.get::<_, i32>(0))
+    });
+    blocked_on_a_row(&server, 1).await;
+    leader.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        begun.await.unwrap().unwrap(),
+        2,
+        "the caller led a second run of the burst"
+    );
+    assert_eq!(
+        count(&server, "SELECT count(*) FROM tower_lock.locks"),
+        0,
+        "no lock left"
+    );
+}
+
 /// A grant that reaches this backend for a waiter it no longer has (its
 /// entry outlived it) goes on to the next waiter at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

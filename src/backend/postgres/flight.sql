@@ -2,7 +2,8 @@
 -- functions.sql (they call its _acquire and _hand_off). `{schema}` and
 -- `{table}` as in schema.sql.
 
--- flight begin: a fresh result (code 2: seq, value; nothing taken), else
+-- flight begin: a fresh result (code 2: seq, value; nothing taken; also
+-- when one committed while the acquire waited for the row), else
 -- acquire without queueing: taken (code 1, as acquire) or busy (code 0:
 -- remaining_us; the caller joins the flight's watchers, seq = the newest
 -- kept result's, or 0).
@@ -23,6 +24,19 @@ BEGIN
   END IF;
   SELECT * INTO a FROM "{schema}"."{table}_acquire"(
     p_key, p_owner, p_attempt, p_ttl_ms, 0, NULL, NULL) AS x;
+  -- A leader's publish may have committed while the acquire waited for its
+  -- row (the look above could not see it yet): this statement sees it. A
+  -- fresh result then answers this caller, and a lock taken meanwhile goes
+  -- back, as if it had never been taken.
+  SELECT f.seq, f.value INTO seq, value FROM "{schema}"."{table}_flights" AS f
+    WHERE f.key = p_key AND f.fresh_until > now();
+  IF FOUND THEN
+    IF a.code = 1 THEN
+      PERFORM "{schema}"."{table}_release"(p_key, p_owner, a.fence);
+    END IF;
+    code := 2;
+    RETURN;
+  END IF;
   code := a.code;
   fence := a.fence;
   acquired_us := a.acquired_us;

@@ -777,6 +777,13 @@ MUTANTS = [
     ("postgres-flight-begin-misses-a-publish-it-waited-for", "src/backend/postgres/flight.sql",
      "  IF FOUND THEN\n    IF a.code = 1 THEN",
      "  IF FOUND AND false THEN\n    IF a.code = 1 THEN"),
+    # A token's hold never outlasts its lock; an endless wait's index expires
+    ("restore-hold-past-the-locks-end", "src/lock/owned.rs",
+     "                token.hold_left().map(|left| sent + left.min(claimed.ttl)),",
+     "                token.hold_left().map(|left| sent + left),"),
+    ("redis-index-endless-wait-unbounded", "src/backend/redis/extras.rs",
+     "            let max_wait = ceil_ms(req.max_wait().min(crate::spec::MAX_TTL));",
+     "            let max_wait = ceil_ms(req.max_wait());"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

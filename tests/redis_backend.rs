@@ -521,6 +521,22 @@ async fn fences_never_repeat_beside_the_previous_version() {
     assert!(held < holder.fence && holder.fence < handed && handed < after);
 }
 
+/// With the owner index on, an acquisition that may wait forever
+/// (`Duration::MAX`) still leaves an index that expires: Redis refuses
+/// expiry times past its range, and the index was then left without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_wait_still_leaves_an_index_that_expires() {
+    let server = RedisServer::start();
+    let b = backend(&server).index_owners(true);
+    let r = req("endless", "patient", 30 * SEC, Duration::MAX);
+    let lease = b.acquire(&r).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", "lock:o:{patient}"]).parse().unwrap();
+    assert!(pttl > 0, "the owner index has no expiry ({pttl})");
+    b.release(&key("endless"), Holder::new("patient", lease.fence))
+        .await
+        .unwrap();
+}
+
 /// (Issue 27.6) With the owner index on, refused acquisitions (a busy lock
 /// answered at once, or a waiter whose max wait ran out) leave no index
 /// behind: only what was granted is indexed.

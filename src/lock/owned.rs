@@ -204,7 +204,7 @@ impl OwnedLock {
             key: &key,
             owner: token.owner(),
             fence: claimed.fence,
-            hold_until: token.hold_left().map(|left| sent + left),
+            hold_until: token.hold_left().map(|left| sent + left.min(claimed.ttl)),
             kept: false,
         };
         // The metadata of the lock, not the token's copy (read after the
@@ -230,7 +230,10 @@ impl OwnedLock {
             sent + left,
             HeldExtras::new(
                 metadata,
-                token.hold_left().map(|left| sent + left),
+                // Never past the lock's own end: a release within the hold
+                // shortens the lock, and must not lengthen it (a token's
+                // wall-clock hold from another clock, or edited).
+                token.hold_left().map(|left| sent + left.min(claimed.ttl)),
                 token.kind(),
             ),
             Meter::new(&backend, ""),

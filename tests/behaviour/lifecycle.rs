@@ -596,6 +596,34 @@ pub async fn a_restore_dropped_after_its_claim_gives_the_lock_back(h: Harness) {
     assert_comes_free(&h, &gkey("job")).await;
 }
 
+/// A token's minimum hold is a wall-clock time: from a host whose clock
+/// runs ahead, or edited, it may lie past the lock's own end. Restored and
+/// released, the lock still ends no later than it would have: the release
+/// never lengthens it.
+pub async fn a_tokens_hold_never_outlasts_its_lock(h: Harness) {
+    let u = h.unit();
+    let token = OwnedLock::acquire(h.backend.clone(), &JobSpec::new("job", u * 4))
+        .await
+        .unwrap()
+        .into_token();
+    let mut json = serde_json::to_value(&token).unwrap();
+    let in_an_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 3_600_000;
+    json["hold_until_ms"] = serde_json::json!(in_an_hour);
+    let token: LockToken = serde_json::from_value(json).unwrap();
+    let restored = OwnedLock::restore(h.backend.clone(), &token).await.unwrap();
+    restored.release().await.unwrap();
+    h.advance(u * 6).await;
+    assert_eq!(
+        status_of(&h.backend, &gkey("job")).await,
+        None,
+        "the release lengthened the lock to the token's hold"
+    );
+}
+
 /// A release within the minimum hold shortens the lock to end with the
 /// hold. A watchdog renewal already on its way (by the whole TTL) must not
 /// undo that by landing after it: the release waits for it, as an extend

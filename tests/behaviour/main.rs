@@ -258,6 +258,7 @@ for_each_backend! {
             a_renewal_in_flight_never_outlives_a_release_within_the_min_hold,
             a_renewal_in_flight_never_outlives_a_dropped_handle_within_the_min_hold,
             a_restore_dropped_within_the_min_hold_keeps_the_hold,
+            a_tokens_hold_never_outlasts_its_lock,
             an_expired_lock_goes_to_the_queue_not_to_a_newcomer,
             a_lock_never_runs_out_while_the_request_waits_for_another,
             a_lock_that_ran_out_before_the_handler_is_refused,

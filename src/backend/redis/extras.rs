@@ -30,10 +30,13 @@ impl RedisBackend {
     pub(super) async fn acquire_full(&self, req: &AcquireRequest) -> Result<Lease, LockError> {
         let lease = if self.index_owners {
             // A waiter's lock may be handed over up to its max wait later.
-            let ttl = ceil_ms(req.ttl()).saturating_add(ceil_ms(req.max_wait()));
+            // (A wait longer than a year is as good as forever, and Redis
+            // refuses expiry times past its range.)
+            let max_wait = ceil_ms(req.max_wait().min(crate::spec::MAX_TTL));
+            let ttl = ceil_ms(req.ttl()).saturating_add(max_wait);
             // Granted by the end of its max wait plus a call's time, by the
             // lock's server clock; a second more for another server's.
-            let wait = ceil_ms(req.max_wait())
+            let wait = max_wait
                 .saturating_add(ceil_ms(self.op_timeout))
                 .saturating_add(1000);
             let (lease, _) = tokio::join!(

@@ -784,6 +784,13 @@ MUTANTS = [
     ("redis-index-endless-wait-unbounded", "src/backend/redis/extras.rs",
      "            let max_wait = ceil_ms(req.max_wait().min(crate::spec::MAX_TTL));",
      "            let max_wait = ceil_ms(req.max_wait());"),
+    # Owner tokens stay out of Debug output
+    ("token-debug-shows-owner", "src/lock/token.rs",
+     "            .field(\"owner\", &\"<redacted>\")",
+     "            .field(\"owner\", &self.owner)"),
+    ("request-debug-shows-owner", "src/spec/request.rs",
+     "            .field(\"owner\", &\"<redacted>\")",
+     "            .field(\"owner\", &self.owner)"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -363,3 +363,29 @@ async fn not_requested_survives_a_pending_middleware_and_does_not_leak() {
     let (_, _, body) = send(&app, "GET", "/bare").await;
     assert_eq!(body["error"]["code"], "LOCK_LAYER_MISSING");
 }
+
+/// Owner tokens are credentials (whoever has one can release the lock):
+/// `Debug` output (logs, panics, `dbg!`) never shows them.
+#[tokio::test]
+async fn owner_tokens_stay_out_of_debug_output() {
+    let secret = "s3cret-owner-token";
+    let spec = LockSpec::global("k", TTL).owner(secret);
+    assert!(!format!("{spec:?}").contains(secret), "{spec:?}");
+    let backend = SharedBackend::new(MemoryBackend::new());
+    let job = JobSpec::new("k", TTL).owner(secret);
+    assert!(!format!("{job:?}").contains(secret), "{job:?}");
+    let lock = tower_lock::OwnedLock::acquire(&backend, &job)
+        .await
+        .unwrap();
+    assert!(!format!("{lock:?}").contains(secret), "{lock:?}");
+    let token = lock.into_token();
+    assert!(!format!("{token:?}").contains(secret), "{token:?}");
+    let req = tower_lock::backend::AcquireRequest::new(
+        LockKey::global("k").unwrap(),
+        secret,
+        TTL,
+        Duration::ZERO,
+    )
+    .unwrap();
+    assert!(!format!("{req:?}").contains(secret), "{req:?}");
+}

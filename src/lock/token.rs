@@ -58,7 +58,7 @@ use crate::time::unix_ms;
 /// [`OwnedLock::into_token`]: crate::OwnedLock::into_token
 /// [`OwnedLock::restore`]: crate::OwnedLock::restore
 /// [`Locks::release`]: crate::Locks::release
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockToken {
     // The user's key.
     key: String,
@@ -90,6 +90,23 @@ pub struct LockToken {
     // (and in tokens from before kinds existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<String>,
+}
+
+// The owner token is a credential: kept out of logs (as `HeldLock` does).
+impl std::fmt::Debug for LockToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockToken")
+            .field("key", &self.key)
+            .field("route", &self.route)
+            .field("owner", &"<redacted>")
+            .field("fence", &self.fence)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("ttl_ms", &self.ttl_ms)
+            .field("metadata", &self.metadata)
+            .field("hold_until_ms", &self.hold_until_ms)
+            .field("mode", &self.mode)
+            .finish()
+    }
 }
 
 impl LockToken {

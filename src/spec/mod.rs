@@ -102,7 +102,11 @@ impl fmt::Debug for LockSpec {
             .field("ttl", &self.ttl)
             .field("max_wait", &self.max_wait)
             .field("scope", &self.scope)
-            .field("owner", &extras.and_then(|e| e.owner.as_ref()))
+            // A credential: only whether one was set.
+            .field(
+                "owner",
+                &extras.and_then(|e| e.owner.as_ref()).map(|_| "<redacted>"),
+            )
             .field("auto_release", &self.auto_release)
             .field("watchdog", &self.watchdog)
             .field("kind", &self.kind)

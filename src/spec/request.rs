@@ -53,7 +53,8 @@ impl fmt::Debug for AcquireRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AcquireRequest")
             .field("key", &self.key)
-            .field("owner", &self.owner)
+            // A credential: kept out of logs.
+            .field("owner", &"<redacted>")
             .field("ttl", &self.ttl)
             .field("max_wait", &self.max_wait)
             .field("attempt", &self.attempt)

@@ -791,6 +791,10 @@ MUTANTS = [
     ("request-debug-shows-owner", "src/spec/request.rs",
      "            .field(\"owner\", &\"<redacted>\")",
      "            .field(\"owner\", &self.owner)"),
+    # The admin API decodes the key in its path strictly
+    ("admin-path-key-decoded-leniently", "src/admin.rs",
+     "    crate::percent::decode_strict(raw).ok_or(LockError::InvalidKey(",
+     "    crate::percent::decode_lenient(raw).map(|k| k.into_owned()).ok_or(LockError::InvalidKey("),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
 use http::{HeaderMap, StatusCode, Uri, header};
@@ -171,8 +171,21 @@ fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, LockError> {
     }
 }
 
-async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: Uri) -> Response {
-    let key = match lock_key(&raw, &uri) {
+/// The key in the path (`/locks/{*key}`), decoded as strictly as `route`:
+/// a malformed escape or a key that is not UTF-8 is `400
+/// LOCK_INVALID_KEY`, never a guess at which lock was named (nor axum's
+/// plain-text rejection).
+fn path_key(uri: &Uri) -> Result<String, LockError> {
+    // This router's own path (a nesting prefix is stripped): `/locks/…`,
+    // still percent-encoded.
+    let raw = uri.path().strip_prefix("/locks/").unwrap_or_default();
+    crate::percent::decode_strict(raw).ok_or(LockError::InvalidKey(
+        "the key in the path is not valid percent-encoded UTF-8",
+    ))
+}
+
+async fn status(State(admin): State<Arc<Admin>>, uri: Uri) -> Response {
+    let key = match path_key(&uri).and_then(|raw| lock_key(&raw, &uri)) {
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };
@@ -226,13 +239,8 @@ async fn status(State(admin): State<Arc<Admin>>, Path(raw): Path<String>, uri: U
     }
 }
 
-async fn release(
-    State(admin): State<Arc<Admin>>,
-    Path(raw): Path<String>,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Response {
-    let key = match lock_key(&raw, &uri) {
+async fn release(State(admin): State<Arc<Admin>>, uri: Uri, headers: HeaderMap) -> Response {
+    let key = match path_key(&uri).and_then(|raw| lock_key(&raw, &uri)) {
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };

@@ -461,6 +461,10 @@ pub async fn admin_force_release_and_bad_keys(h: Harness) {
         ("GET", "/admin/locks/account:7?route=%ZZ"),
         ("DELETE", "/admin/locks/account:7?route=%E9&force=true"),
         ("DELETE", "/admin/locks/account:7?route=%4"),
+        // And a key in the path that does not decode: the same JSON 400,
+        // never axum's plain-text one, nor a key taken as written.
+        ("GET", "/admin/locks/%FF"),
+        ("DELETE", "/admin/locks/account%ZZ?force=true"),
     ] {
         let (status, _, bad) = call(&app, method, path, None).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path}");

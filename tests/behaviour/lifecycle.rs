@@ -581,22 +581,8 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
 /// the lock's metadata) gives the claimed lock back: the token is spent
 /// and nobody holds a handle, so it would otherwise stay taken for its TTL.
 pub async fn a_restore_dropped_after_its_claim_gives_the_lock_back(h: Harness) {
-    let probe = Probe::new(&h.backend);
     // (Far longer than the probe's 5-s wait.)
-    let spec = JobSpec::new("job", Duration::from_secs(60));
-    let token = OwnedLock::acquire(h.backend.clone(), &spec)
-        .await
-        .unwrap()
-        .into_token();
-    probe.hold_statuses();
-    let restoring = tokio::spawn({
-        let backend = probe.backend();
-        async move { OwnedLock::restore(backend, &token).await.map(drop) }
-    });
-    probe.statuses_held(1).await;
-    restoring.abort();
-    assert!(restoring.await.unwrap_err().is_cancelled());
-    probe.let_statuses_go();
+    restore_dropped_after_its_claim(&h, JobSpec::new("job", Duration::from_secs(60))).await;
     assert_comes_free(&h, &gkey("job")).await;
 }
 
@@ -678,13 +664,11 @@ async fn renewal_in_flight_beside_min_hold(
     );
 }
 
-/// A restore dropped after its claim, within the token's minimum hold,
-/// gives the lock back as a release would then: kept until the hold ends,
-/// not freed for another node to run the job again.
-pub async fn a_restore_dropped_within_the_min_hold_keeps_the_hold(h: Harness) {
+/// A lock of `spec` turned into a token, restored through a probe that
+/// holds the restore's status read (after its claim landed), and the
+/// restore dropped there.
+async fn restore_dropped_after_its_claim(h: &Harness, spec: JobSpec) {
     let probe = Probe::new(&h.backend);
-    let u = h.unit();
-    let spec = JobSpec::new("job", u * 60).min_hold(u * 20);
     let token = OwnedLock::acquire(h.backend.clone(), &spec)
         .await
         .unwrap()
@@ -698,6 +682,14 @@ pub async fn a_restore_dropped_within_the_min_hold_keeps_the_hold(h: Harness) {
     restoring.abort();
     assert!(restoring.await.unwrap_err().is_cancelled());
     probe.let_statuses_go();
+}
+
+/// A restore dropped after its claim, within the token's minimum hold,
+/// gives the lock back as a release would then: kept until the hold ends,
+/// not freed for another node to run the job again.
+pub async fn a_restore_dropped_within_the_min_hold_keeps_the_hold(h: Harness) {
+    let u = h.unit();
+    restore_dropped_after_its_claim(&h, JobSpec::new("job", u * 60).min_hold(u * 20)).await;
     // Given back: shortened to the hold's end (20 units), still held.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {

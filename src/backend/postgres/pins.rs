@@ -123,19 +123,24 @@ impl Pins {
     /// drain began, for [`Pins::drained`].
     pub(super) fn draining(&self, caller: Option<u64>, slot: usize, generation: u64) -> u64 {
         let mut map = self.map();
+        let made = self.pin_in(&mut map, caller, slot, generation);
+        map.draining.push((slot, generation, made));
+        made
+    }
+
+    /// Pin `caller` (if any) to connection `generation` of `slot` in `map`;
+    /// the clock's tick for it.
+    fn pin_in(&self, map: &mut Map, caller: Option<u64>, slot: usize, generation: u64) -> u64 {
         let made = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
         if let Some(caller) = caller {
-            map.pins.insert(
-                caller,
-                Pin {
-                    slot,
-                    generation,
-                    made,
-                },
-            );
+            let pin = Pin {
+                slot,
+                generation,
+                made,
+            };
+            map.pins.insert(caller, pin);
             self.len.store(map.pins.len(), Ordering::Release);
         }
-        map.draining.push((slot, generation, made));
         made
     }
 
@@ -169,16 +174,7 @@ impl Pins {
     /// dropped before its reply came.
     pub(super) fn pin(&self, caller: u64, slot: usize, generation: u64) {
         let mut map = self.map();
-        let made = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
-        map.pins.insert(
-            caller,
-            Pin {
-                slot,
-                generation,
-                made,
-            },
-        );
-        self.len.store(map.pins.len(), Ordering::Release);
+        self.pin_in(&mut map, Some(caller), slot, generation);
     }
 
     /// A call sent at `sent` on connection `generation` of `slot` was

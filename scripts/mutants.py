@@ -760,8 +760,8 @@ MUTANTS = [
      "END"),
     # An undecodable path parameter never runs the handler unlocked
     ("layer-undecodable-param-runs-unlocked", "src/layer/service.rs",
-     "            if read.undecodable {",
-     "            if false && read.undecodable {"),
+     "        if read.undecodable {",
+     "        if false && read.undecodable {"),
     # Single-flight: a dropped begin, or a dropped waiter holding the lock, gives it back
     ("flight-dropped-begin-keeps-the-lock", "src/flight/engine.rs",
      "        req: &req,\n        done: false,\n    };",
@@ -795,6 +795,12 @@ MUTANTS = [
     ("admin-path-key-decoded-leniently", "src/admin.rs",
      "    crate::percent::decode_strict(raw).ok_or(LockError::InvalidKey(",
      "    crate::percent::decode_lenient(raw).map(|k| k.into_owned()).ok_or(LockError::InvalidKey("),
+    ("status-debug-shows-owner", "src/backend/lease.rs",
+     "        f.debug_struct(\"LockStatus\")\n            .field(\"owner\", &\"<redacted>\")",
+     "        f.debug_struct(\"LockStatus\")\n            .field(\"owner\", &self.owner)"),
+    ("flight-unreachable-begin-not-given-back", "src/flight/engine.rs",
+     "    beginning.done = !matches!(started, Err(LockError::BackendUnavailable(_)));",
+     "    beginning.done = true;"),
     # A release within the minimum hold waits for a renewal under way
     ("min-hold-release-ignores-renewal-in-flight", "src/lock/release.rs",
      "        Some(signal) => Some(signal.extending().await),",

@@ -176,9 +176,15 @@ fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, LockError> {
 /// LOCK_INVALID_KEY`, never a guess at which lock was named (nor axum's
 /// plain-text rejection).
 fn path_key(uri: &Uri) -> Result<String, LockError> {
-    // This router's own path (a nesting prefix is stripped): `/locks/…`,
-    // still percent-encoded.
-    let raw = uri.path().strip_prefix("/locks/").unwrap_or_default();
+    // This router's own path, still percent-encoded: `/locks/…` once axum
+    // stripped a nesting prefix, or after a prefix it leaves (a segment
+    // with a parameter inside, `/t-{tenant}`): the key follows the first
+    // `/locks/`.
+    let path = uri.path();
+    let raw = match path.find("/locks/") {
+        Some(at) => &path[at + "/locks/".len()..],
+        None => "",
+    };
     crate::percent::decode_strict(raw).ok_or(LockError::InvalidKey(
         "the key in the path is not valid percent-encoded UTF-8",
     ))

@@ -18,9 +18,9 @@ use smallvec::SmallVec;
 /// `LockRequest` reads the parameters of a request that was not routed.
 ///
 /// Also empty, as axum's `Path` has none, when a parameter is not UTF-8 once
-/// percent-decoded (`/orders/%FF`): a layer whose `LockRequest` read them and
-/// named no lock refuses that request (`400 LOCK_INVALID_KEY`), as axum's
-/// `Path` extractor would, rather than run it unlocked.
+/// percent-decoded (`/orders/%FF`): a layer whose `LockRequest` read them
+/// refuses that request (`400 LOCK_INVALID_KEY`), as axum's `Path` extractor
+/// would, rather than run it with fewer locks than it names (or none).
 ///
 /// Borrows from the request where it can: reading the parameters of a
 /// simple route (`/orders/{id}`) allocates nothing unless a value is
@@ -229,11 +229,13 @@ fn extracted_path_params<'a, B>(request: &Request<B>) -> PathParams<'a> {
                 .map(|(k, v)| (Cow::Owned(k.to_owned()), Cow::Owned(v.to_owned())))
                 .collect(),
         ),
-        Poll::Ready(Err(_)) => {
+        Poll::Ready(Err(
+            axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
+        )) => {
             met(UNDECODABLE);
             PathParams::default()
         }
-        Poll::Pending => PathParams::default(),
+        _ => PathParams::default(),
     }
 }
 

@@ -388,4 +388,21 @@ async fn owner_tokens_stay_out_of_debug_output() {
     )
     .unwrap();
     assert!(!format!("{req:?}").contains(secret), "{req:?}");
+    // What a status read answers about a holder (its own, or another's).
+    let status = backend
+        .status(&LockKey::global("k").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.owner, secret);
+    assert!(!format!("{status:?}").contains(secret), "{status:?}");
+    let shared = JobSpec::new("s", TTL).owner(secret).shared();
+    let held = tower_lock::OwnedLock::acquire(&backend, &shared)
+        .await
+        .unwrap();
+    let status = held.status().await.unwrap().unwrap();
+    assert!(
+        !format!("{:?}", status.holders).contains(secret),
+        "{status:?}"
+    );
 }

@@ -301,16 +301,20 @@ fn hostile_json() -> impl Strategy<Value = String> {
 }
 
 /// A path parameter that is not UTF-8 once percent-decoded (`%FF`): the
-/// `LockRequest` reads no parameters and names no lock, and the request
-/// must not then run unlocked. It is refused (400 `LOCK_INVALID_KEY`), as
-/// axum's own `Path` extractor refuses it; other routes pass as before.
+/// `LockRequest` reads no parameters and names no lock (or not every lock
+/// it would), and the request must not then run unlocked. It is refused
+/// (400 `LOCK_INVALID_KEY`), as axum's own `Path` extractor refuses it,
+/// also under a nested router (read through axum's own extractor); other
+/// requests pass as before.
 #[tokio::test]
 async fn an_undecodable_path_parameter_never_runs_the_handler_unlocked() {
     let backend = SharedBackend::new(MemoryBackend::new());
-    let app = app(&backend);
+    let app = Router::new().merge(app(&backend)).nest("/n", app(&backend));
     for (uri, status, body) in [
         ("/p/%FF/x", StatusCode::BAD_REQUEST, "LOCK_INVALID_KEY"),
         ("/p/ok/x", StatusCode::OK, ""),
+        ("/n/p/%FF/x", StatusCode::BAD_REQUEST, "LOCK_INVALID_KEY"),
+        ("/n/p/ok/x", StatusCode::OK, ""),
     ] {
         let res = app
             .clone()

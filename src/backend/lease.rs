@@ -1,6 +1,7 @@
 //! What the operations answer and take beyond a key: leases, statuses,
 //! lookups by owner, renewals.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -70,7 +71,7 @@ impl Lease {
 /// `owner` to `ttl_remaining` and `metadata` describe the hold that expires
 /// first (the earliest a waiter can hope for), and
 /// [`holders`](LockStatus::holders) lists them all.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStatus {
     /// The holder's owner token.
@@ -99,7 +100,7 @@ pub struct LockStatus {
 
 /// One holder of a lock held shared or under permits
 /// ([`LockStatus::holders`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Hold {
     /// The holder's owner token.
@@ -216,7 +217,7 @@ impl HeldBy {
 }
 
 /// One extension in a [`LockBackend::extend_many`](super::LockBackend::extend_many) batch.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ExtendRequest {
     /// The lock's key.
     pub key: LockKey,
@@ -232,5 +233,47 @@ impl ExtendRequest {
     /// The acquisition to renew.
     pub fn holder(&self) -> Holder<'_> {
         Holder::new(&self.owner, self.fence)
+    }
+}
+
+// Owner tokens are credentials: `Debug` (logs, panics) leaves them out, as
+// `HeldLock`'s does. The fields are public for whoever needs them.
+impl fmt::Debug for LockStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockStatus")
+            .field("owner", &"<redacted>")
+            .field("fence", &self.fence)
+            .field("acquired_at", &self.acquired_at)
+            .field("expires_at", &self.expires_at)
+            .field("ttl_remaining", &self.ttl_remaining)
+            .field("waiters", &self.waiters)
+            .field("metadata", &self.metadata)
+            .field("kind", &self.kind)
+            .field("holders", &self.holders)
+            .finish()
+    }
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("owner", &"<redacted>")
+            .field("fence", &self.fence)
+            .field("acquired_at", &self.acquired_at)
+            .field("expires_at", &self.expires_at)
+            .field("ttl_remaining", &self.ttl_remaining)
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ExtendRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtendRequest")
+            .field("key", &self.key)
+            .field("owner", &"<redacted>")
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .finish()
     }
 }

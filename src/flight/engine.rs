@@ -120,7 +120,10 @@ async fn begin(
         done: false,
     };
     let started = backend.flight_begin(&req).await;
-    beginning.done = true;
+    // An unreachable backend may have taken the lock before its reply was
+    // lost: the guard gives it back (also if this caller goes away then).
+    beginning.done = !matches!(started, Err(LockError::BackendUnavailable(_)));
+    drop(beginning);
     match started {
         Ok(FlightStart::Fresh(result)) => Ok((
             "fresh",
@@ -150,17 +153,9 @@ async fn begin(
             };
             Ok((outcome, role))
         }
-        Err(e) => {
-            // The step may have taken the lock before its reply was lost.
-            if matches!(e, LockError::BackendUnavailable(_)) {
-                // The owner token was made for this call alone (see
-                // `Holder::owner_only`).
-                let _ = backend
-                    .release(req.key(), Holder::owner_only(req.owner()))
-                    .await;
-            }
-            Err(e)
-        }
+        // (An unreachable backend's lock, if any, is given back by the
+        // guard above.)
+        Err(e) => Err(e),
     }
 }
 

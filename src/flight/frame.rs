@@ -108,10 +108,13 @@ fn header_list(buf: &mut Bytes) -> Option<HeaderMap> {
     for _ in 0..count {
         let name = take(buf)?;
         let value = take(buf)?;
-        headers.append(
-            HeaderName::from_bytes(&name).ok()?,
-            HeaderValue::from_maybe_shared(value).ok()?,
-        );
+        // (`append` panics past the map's maximum size.)
+        headers
+            .try_append(
+                HeaderName::from_bytes(&name).ok()?,
+                HeaderValue::from_maybe_shared(value).ok()?,
+            )
+            .ok()?;
     }
     Some(headers)
 }
@@ -162,6 +165,19 @@ mod tests {
         // headers than a map holds, and none of them whole.
         let mut frame = b"TLF2R\x00\xc8\xff\xff\xff\xff".to_vec();
         frame.extend(std::iter::repeat_n(0xffu8, 256 * 1024));
+        assert!(decode(Bytes::from(frame)).is_none());
+        // As many distinct headers as said, more than a map holds: refused
+        // as a whole, before any is read.
+        let count: u32 = 40_000;
+        let mut frame = b"TLF2R\x00\xc8".to_vec();
+        frame.extend(count.to_be_bytes());
+        for i in 0..count {
+            let name = format!("h{i}");
+            frame.extend((name.len() as u32).to_be_bytes());
+            frame.extend(name.as_bytes());
+            frame.extend(0u32.to_be_bytes());
+        }
+        frame.extend(0u32.to_be_bytes());
         assert!(decode(Bytes::from(frame)).is_none());
     }
 

@@ -106,14 +106,15 @@ where
         if read.unrouted {
             self.layer.warn_unrouted();
         }
+        if read.undecodable {
+            // The `LockRequest` read a parameter that does not decode: what
+            // it named (nothing, or not every lock it would name) cannot be
+            // trusted. Refused, as axum's `Path` refuses it, rather than run
+            // with fewer locks.
+            let e = crate::LockError::InvalidKey(UNDECODABLE_PARAM);
+            return ResponseFuture::rejected(&self.layer.rejection, &e);
+        }
         let Some(first) = first else {
-            if read.undecodable {
-                // The `LockRequest` read a parameter that does not decode
-                // and named no lock: refused, as axum's `Path` refuses it,
-                // rather than run unlocked.
-                let e = crate::LockError::InvalidKey(UNDECODABLE_PARAM);
-                return ResponseFuture::rejected(&self.layer.rejection, &e);
-            }
             // The extractors, run as the future is polled, then say the
             // layer named no lock, not that it is missing (`future.rs`).
             return ResponseFuture::passthrough(self.inner.call(req));

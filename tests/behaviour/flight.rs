@@ -326,6 +326,31 @@ pub async fn a_flight_begin_dropped_after_taking_the_lock_gives_it_back(h: Harne
     assert_eq!(value, 2);
 }
 
+/// A flight's first step takes the flight's lock, but its reply is lost
+/// (the backend answers after the op timeout): the caller gets the error,
+/// and the lock goes back; the next caller leads at once.
+pub async fn a_flight_begin_whose_reply_was_lost_gives_the_lock_back(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    probe.lose_flight_begins(true);
+    let losing = SingleFlight::new(probe.backend()).lock_ttl(Duration::from_secs(60));
+    let lost = losing
+        .run("lost", Duration::ZERO, || async { Ok::<u32, String>(1) })
+        .await;
+    assert!(
+        matches!(
+            lost,
+            Err(FlightError::Lock(LockError::BackendUnavailable(_)))
+        ),
+        "{lost:?}"
+    );
+    let next = SingleFlight::new(&h.backend).max_wait(Duration::from_secs(5));
+    let value = next
+        .run("lost", Duration::ZERO, || async { Ok::<u32, String>(2) })
+        .await
+        .expect("the flight's lock stayed with a caller whose reply was lost");
+    assert_eq!(value, 2);
+}
+
 /// A waiter is handed the flight's lock by a leader that failed, and goes
 /// away while it reads whether a result came meanwhile: the lock is given
 /// back, and the next caller leads at once, not after the lock's TTL.

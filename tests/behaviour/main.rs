@@ -190,6 +190,7 @@ for_each_backend! {
             a_zero_result_ttl_answers_only_the_waiting,
             a_failed_leader_hands_over_to_exactly_one_waiter,
             a_flight_begin_dropped_after_taking_the_lock_gives_it_back,
+            a_flight_begin_whose_reply_was_lost_gives_the_lock_back,
             a_waiter_dropped_while_it_reads_the_result_gives_the_lock_back,
             an_oversized_result_is_not_shared,
             a_flight_and_a_lock_of_one_name_never_meet,

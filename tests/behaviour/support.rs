@@ -65,6 +65,7 @@ pub struct Probe {
     // reply), and how many did.
     hang_flight_begins: AtomicBool,
     hang_flight_results: AtomicBool,
+    lose_flight_begins: AtomicBool,
     flights_hung: watch::Sender<usize>,
 }
 
@@ -134,6 +135,7 @@ impl Probe {
             statuses: Hold::default(),
             hang_flight_begins: AtomicBool::new(false),
             hang_flight_results: AtomicBool::new(false),
+            lose_flight_begins: AtomicBool::new(false),
             flights_hung: watch::Sender::new(0),
         })
     }
@@ -194,6 +196,12 @@ impl Probe {
     pub fn hang_flight_replies(&self, begins: bool, results: bool) {
         self.hang_flight_begins.store(begins, SeqCst);
         self.hang_flight_results.store(results, SeqCst);
+    }
+
+    /// Let `flight_begin` calls act on the backend but answer
+    /// `BackendUnavailable` (a reply lost after the op timeout).
+    pub fn lose_flight_begins(&self, lose: bool) {
+        self.lose_flight_begins.store(lose, SeqCst);
     }
 
     /// Wait until `n` flight steps hang (see [`Probe::hang_flight_replies`]).
@@ -356,6 +364,9 @@ impl LockBackend for Probe {
             self.enter()?;
             let started = self.inner.flight_begin(req).await;
             self.maybe_hang(&self.hang_flight_begins).await;
+            if self.lose_flight_begins.load(SeqCst) {
+                return Err(LockError::BackendUnavailable(OUTAGE_DETAIL.into()));
+            }
             started
         })
     }

@@ -6,7 +6,8 @@
 //! | `DELETE /locks/{key}` + header `lock-owner` (and optionally `lock-fence`) | release, checked against the owner token (and the fence: only that acquisition of a reused owner token): `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the owner header, `400 LOCK_INVALID_HEADER` for a fence that is not a number |
 //! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
 //!
-//! `{key}` is the user's key, percent-decoded and validated like any key
+//! `{key}` is the user's key, percent-decoded strictly (a malformed escape
+//! or a key that is not UTF-8 is refused) and validated like any key
 //! (`400 LOCK_INVALID_KEY`); it may contain `/`. Keys are global-scope keys
 //! unless the query names a route pattern: `?route=/orders/{id}`. The owner
 //! and fence headers are the ones a keep-after-response response carries

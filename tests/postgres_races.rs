@@ -47,6 +47,17 @@ async fn session(server: &PgServer) -> Client {
     client
 }
 
+/// One lock taken and released on `b`: its connection set up, its
+/// statements prepared, before a test stages its fault.
+async fn warm_up(b: &PostgresBackend) {
+    b.acquire(&req("warm", "w", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    b.release(&key("warm"), Holder::owner_only("w"))
+        .await
+        .unwrap();
+}
+
 /// One number from the server (psql, blocking).
 fn count(server: &PgServer, q: &str) -> i64 {
     server.psql(q).parse().unwrap()
@@ -527,12 +538,7 @@ async fn a_cleanup_waits_for_the_call_that_timed_out() {
         .build(&server.url())
         .unwrap();
     b.migrate().await.unwrap();
-    // Connections set up, statements prepared.
-    let warm = req("warm", "w", 30 * SEC, SEC);
-    b.acquire(&warm).await.unwrap();
-    b.release(&key("warm"), Holder::owner_only("w"))
-        .await
-        .unwrap();
+    warm_up(&b).await;
 
     // From now on every commit that wrote waits for a standby.
     server.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
@@ -591,12 +597,7 @@ async fn a_cleanup_behind_a_half_open_connection_still_runs() {
         .op_timeout(SEC)
         .build(&proxy.postgres_url())
         .unwrap();
-    // One connection, set up (the table exists already).
-    let warm = req("warm", "w", 30 * SEC, Duration::ZERO);
-    b.acquire(&warm).await.unwrap();
-    b.release(&key("warm"), Holder::owner_only("w"))
-        .await
-        .unwrap();
+    warm_up(&b).await;
 
     proxy.blackhole_open_replies();
     let shared = SharedBackend::new(b.clone());

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, Holder, SharedBackend};
+use crate::backend::{FlightPublish, FlightResult, FlightStart, FlightWait, SharedBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lock::OwnedLock;
-use crate::lock::acquire::{acquire_guarded, acquired};
-use crate::lock::release::{Finish, release_detached};
+use crate::lock::acquire::{InFlight, acquire_guarded, acquired};
+use crate::lock::release::release_detached;
 use crate::observe::{self, Meter};
 use crate::spec::AcquireRequest;
 
@@ -114,7 +114,7 @@ async fn begin(
     let sent = tokio::time::Instant::now();
     // Dropped mid-call (the client went away), the step may still have
     // taken the lock: given back with the owner token made for this call.
-    let mut beginning = Beginning {
+    let mut beginning = InFlight {
         backend,
         req: &req,
         done: false,
@@ -216,26 +216,6 @@ async fn follow(
                     }
                 };
             }
-        }
-    }
-}
-
-/// A flight's begin under way: dropped before `done`, it gives back what
-/// the step may have taken, with the owner token made for this call.
-struct Beginning<'a> {
-    backend: &'a SharedBackend,
-    req: &'a AcquireRequest,
-    done: bool,
-}
-
-impl Drop for Beginning<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            let (backend, key) = (self.backend.clone(), self.req.key().clone());
-            let owner = self.req.owner_arc().clone();
-            drop(Finish::start(Box::pin(async move {
-                let _ = backend.release(&key, Holder::owner_only(&owner)).await;
-            })));
         }
     }
 }

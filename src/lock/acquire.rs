@@ -76,6 +76,31 @@ pub(crate) fn acquired(
     })
 }
 
+/// A call that may take `req`'s lock, under way: until `done`, what it may
+/// have taken is released from `Drop` (a call dropped mid-way, or whose
+/// reply was lost). The fence was never learnt; the owner token, made for
+/// this call alone, names the acquisition by itself.
+pub(crate) struct InFlight<'a> {
+    pub(crate) backend: &'a SharedBackend,
+    pub(crate) req: &'a AcquireRequest,
+    pub(crate) done: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let (backend, key, owner) = (
+                self.backend.clone(),
+                self.req.key().clone(),
+                self.req.owner_arc().clone(),
+            );
+            drop(Finish::start(Box::pin(async move {
+                let _ = backend.release(&key, Holder::owner_only(&owner)).await;
+            })));
+        }
+    }
+}
+
 /// Acquire, and if this future is dropped while the backend call is in
 /// flight, or the call fails with [`LockError::BackendUnavailable`], release
 /// best-effort with the owner token: a request that was cancelled, or whose
@@ -88,28 +113,6 @@ pub(crate) async fn acquire_guarded(
 ) -> Result<HeldLock, LockError> {
     if let Some(result) = acquire_now(backend, req, meter) {
         return result;
-    }
-    /// Until `done`, releases what the call may have taken, from `Drop`.
-    struct InFlight<'a> {
-        backend: &'a SharedBackend,
-        req: &'a AcquireRequest,
-        done: bool,
-    }
-    impl Drop for InFlight<'_> {
-        fn drop(&mut self) {
-            if !self.done {
-                let (backend, key, owner) = (
-                    self.backend.clone(),
-                    self.req.key().clone(),
-                    self.req.owner_arc().clone(),
-                );
-                // The fence was never learnt; the owner token, made for
-                // this call alone, names the acquisition by itself.
-                drop(Finish::start(Box::pin(async move {
-                    let _ = backend.release(&key, Holder::owner_only(&owner)).await;
-                })));
-            }
-        }
     }
     // Only a token made for this call: a caller's own token may hold the
     // lock already (acquire is idempotent for it), or again by the time a

@@ -20,6 +20,18 @@ use tower_lock::{
 use super::harness::Harness;
 use super::support::{Probe, assert_comes_free, gkey, status_of};
 
+/// Let a spawned call run as far as it can before the test goes on: many
+/// polls, and on a real server some time for its round trip (a call held
+/// by the mechanism under test never gets further; without it, it lands).
+async fn let_it_run(h: &Harness) {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    if !h.is_paused() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Let `d` pass inside a handler (see [`Harness::advance`]).
 async fn pass(paused: bool, d: Duration) {
     if paused {
@@ -558,12 +570,7 @@ pub async fn a_renewal_and_an_extend_never_disagree_with_the_backend(h: Harness)
     });
     // Let the extension run as far as it can (to the backend, if nothing
     // stops it) before the renewal lands.
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-    if !h.is_paused() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let_it_run(&h).await;
     probe.let_renewals_go();
     probe.renewals_done(1).await;
     let lock = extend.await.unwrap();
@@ -646,12 +653,7 @@ async fn renewal_in_flight_beside_min_hold(
     let release = tokio::spawn(give_back(lock));
     // Let the release run as far as it can (to the backend, if nothing
     // stops it) before the renewal lands.
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-    if !h.is_paused() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let_it_run(&h).await;
     probe.let_renewals_go();
     probe.renewals_done(1).await;
     release.await.unwrap();

@@ -831,6 +831,12 @@ MUTANTS = [
     ("postgres-cleanup-after-drain-without-own-budget", "src/backend/postgres/conn.rs",
      "                        if waited {",
      "                        if false && waited {"),
+    ("postgres-drain-ended-only-by-its-task", "src/backend/postgres/conn.rs",
+     "        tokio::spawn(async move {\n            let _ended = ended;\n            let _ = tokio::time::timeout(bound, live.client.simple_query(\"\")).await;\n        });",
+     "        let ended = std::mem::ManuallyDrop::new(ended);\n        tokio::spawn(async move {\n            let _ = tokio::time::timeout(bound, live.client.simple_query(\"\")).await;\n            drop(std::mem::ManuallyDrop::into_inner(ended));\n        });"),
+    ("postgres-op-timeout-unbounded", "src/backend/postgres/build.rs",
+     "        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);",
+     "        self.op_timeout = op_timeout.max(Duration::from_millis(1)).max(MAX_TTL.min(Duration::ZERO));"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -616,6 +616,52 @@ async fn a_cleanup_behind_a_half_open_connection_still_runs() {
         .expect("the lock stayed with the caller whose acquire timed out");
 }
 
+/// A drain whose task is dropped with its runtime (a call made on a
+/// runtime the app then shuts down) still ends: the caller's later calls
+/// are not held up by it for the backend's life (each waited twice the op
+/// timeout, then failed: a fixed owner token could never again release or
+/// take its key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_dropped_with_its_runtime_holds_up_nothing() {
+    let server = PgServer::start();
+    let direct = backend(&server.url()).await;
+    let proxy = Proxy::start(server.port()).await;
+    // One connection: the cleanup below goes to a fresh one, not to another
+    // half-open one.
+    let b = PostgresBackend::builder()
+        .op_timeout(SEC)
+        .connections(1)
+        .build(&proxy.postgres_url())
+        .unwrap();
+    warm_up(&b).await;
+
+    proxy.blackhole_open_replies();
+    let on_its_own = b.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let acquired =
+            rt.block_on(on_its_own.acquire(&req("wedge", "worker-1", 60 * SEC, Duration::ZERO)));
+        assert!(
+            matches!(acquired, Err(LockError::BackendUnavailable(_))),
+            "{acquired:?}"
+        );
+        // The runtime goes here, and the drain's task with it.
+    })
+    .join()
+    .unwrap();
+    assert!(
+        direct.status(&key("wedge")).await.unwrap().is_some(),
+        "the acquire ran on the server"
+    );
+    b.release(&key("wedge"), Holder::owner_only("worker-1"))
+        .await
+        .expect("the release was held up by a drain that had ended");
+    assert_eq!(direct.status(&key("wedge")).await.unwrap(), None);
+}
+
 /// A waiter whose max wait ended leaves, claiming the lock a release
 /// handed it meanwhile; the reply is lost and the call sent again (as the
 /// backend does after a broken connection). The repeat answers the same

@@ -11,6 +11,7 @@ use super::error::config_error;
 use super::schema::{Names, check_name};
 use super::{PostgresBackend, Shared, Tls};
 use crate::error::LockError;
+use crate::spec::MAX_TTL;
 
 /// Connections of a pool made from a URL.
 const POOL_SIZE: usize = 16;
@@ -197,11 +198,12 @@ impl PostgresBuilder {
     }
 
     /// Bound every backend call by `op_timeout` (default 2 s), connecting
-    /// and preparing included, at least 1 ms; the server also stops a
-    /// statement after it (`statement_timeout`). `acquire` with a max wait
-    /// returns within max wait + `op_timeout`.
+    /// and preparing included, at least 1 ms, at most a year (longer is as
+    /// good as forever); the server also stops a statement after it
+    /// (`statement_timeout`, at most its own maximum of about 24 days).
+    /// `acquire` with a max wait returns within max wait + `op_timeout`.
     pub fn op_timeout(mut self, op_timeout: Duration) -> Self {
-        self.op_timeout = op_timeout.max(Duration::from_millis(1));
+        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);
         self
     }
 
@@ -352,6 +354,21 @@ fn default_tls() -> Result<Tls, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// "No timeout" spelled as the longest duration is a year, as on the
+    /// other backends: a deadline of `now + Duration::MAX` panicked on the
+    /// first call.
+    #[tokio::test]
+    async fn an_endless_op_timeout_is_a_year_and_calls_do_not_panic() {
+        let b = PostgresBackend::builder()
+            .op_timeout(Duration::MAX)
+            .build("postgres://u@127.0.0.1:1/db")
+            .unwrap();
+        assert_eq!(b.get_op_timeout(), MAX_TTL);
+        // Nothing listens on port 1: an error, not a panic.
+        let key = crate::LockKey::global("k").unwrap();
+        assert!(crate::LockBackend::status(&b, &key).await.is_err());
+    }
 
     #[tokio::test]
     async fn the_builder_keeps_settings_and_checks_names_when_it_builds() {

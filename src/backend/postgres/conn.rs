@@ -310,11 +310,18 @@ impl Conns {
         live: Arc<Live>,
         bound: Duration,
     ) {
-        let pins = self.pins.clone();
-        let since = pins.draining(caller, slot, generation);
+        let since = self.pins.draining(caller, slot, generation);
+        // Ended on every path: a drain left "under way" (its task dropped
+        // with its runtime) would hold its caller's calls up for good.
+        let ended = pins::DrainEnd {
+            pins: self.pins.clone(),
+            slot,
+            generation,
+            since,
+        };
         tokio::spawn(async move {
+            let _ended = ended;
             let _ = tokio::time::timeout(bound, live.client.simple_query("")).await;
-            pins.drained(slot, generation, since);
         });
     }
 

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
@@ -196,6 +196,21 @@ impl Pins {
                     .any(|&(s, g, _)| (s, g) == (p.slot, p.generation))
         });
         self.len.store(pins.len(), Ordering::Release);
+    }
+}
+
+/// A drain under way: when dropped (the drain ended, gave up, or its task
+/// was dropped with its runtime), [`Pins::drained`].
+pub(super) struct DrainEnd {
+    pub(super) pins: Arc<Pins>,
+    pub(super) slot: usize,
+    pub(super) generation: u64,
+    pub(super) since: u64,
+}
+
+impl Drop for DrainEnd {
+    fn drop(&mut self) {
+        self.pins.drained(self.slot, self.generation, self.since);
     }
 }
 

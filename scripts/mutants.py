@@ -837,6 +837,13 @@ MUTANTS = [
     ("postgres-op-timeout-unbounded", "src/backend/postgres/build.rs",
      "        self.op_timeout = op_timeout.clamp(Duration::from_millis(1), MAX_TTL);",
      "        self.op_timeout = op_timeout.max(Duration::from_millis(1)).max(MAX_TTL.min(Duration::ZERO));"),
+    # Redis: a dropped waiter's late attempt takes nothing
+    ("redis-late-attempt-ignores-the-mark", "src/backend/redis/acquire.lua",
+     "if ARGV[5] and ARGV[5] ~= '' and redis.call('ZSCORE'",
+     "if false and ARGV[5] and redis.call('ZSCORE'"),
+    ("redis-drop-leave-marks-nothing", "src/backend/redis/leave.lua",
+     "if ARGV[4] == 'drop' then\n  -- The waiter is gone for good.",
+     "if false then\n  -- The waiter is gone for good."),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -793,8 +793,15 @@ async fn a_publish_repeated_after_a_lost_reply_reports_its_success() {
 /// How many scripts `server` has run so far: `EVALSHA`s that found their
 /// script, and `EVAL`s (`INFO commandstats`).
 fn scripts(server: &RedisServer) -> u64 {
+    let calls = commands(server);
+    calls("evalsha", "calls") - calls("evalsha", "failed_calls") + calls("eval", "calls")
+}
+
+/// `INFO commandstats` read now: a command's figure by name ("calls", ...),
+/// scripts' own calls counted too.
+fn commands(server: &RedisServer) -> impl Fn(&str, &str) -> u64 {
     let stats = server.cmd(&["INFO", "commandstats"]);
-    let field = |command: &str, name: &str| -> u64 {
+    move |command: &str, name: &str| -> u64 {
         let prefix = format!("cmdstat_{command}:");
         stats
             .lines()
@@ -804,8 +811,7 @@ fn scripts(server: &RedisServer) -> u64 {
                     .find_map(|kv| kv.strip_prefix(&format!("{name}="))?.parse().ok())
             })
             .unwrap_or(0)
-    };
-    field("evalsha", "calls") - field("evalsha", "failed_calls") + field("eval", "calls")
+    }
 }
 
 /// Wait until `server` has run `n` more scripts than `before`.
@@ -948,6 +954,58 @@ async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
     assert_eq!(
         direct.status(&key("k")).await.unwrap().map(|s| s.fence),
         Some(lease.fence)
+    );
+}
+
+/// The same dropped waiter, when the leave sent beside its stalled re-check
+/// took its entry out before the holder released: the lock is then free
+/// with nobody queued when the re-check lands. It must take nothing (it
+/// took the lock for the gone waiter, until its TTL: 60 s); the leave
+/// marked the waiter's ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_late_attempt_takes_nothing() {
+    let server = RedisServer::start();
+    let direct = backend(&server);
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .op_timeout(SEC);
+    subscribe_first(&direct, &b).await;
+    let held = direct
+        .acquire(&req("k", "holder", 60 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = spawn_acquire(&b, req("k", "waiter", 60 * SEC, 60 * SEC));
+    queued(&server, "k", 1).await;
+    // Its safety-net re-check (within 250 ms) is sent and stalls.
+    proxy.hold_open_commands(true);
+    proxy.held_writes(1).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    // The leave on a fresh connection (once the stalled one timed out).
+    queued(&server, "k", 0).await;
+    direct
+        .release(&key("k"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+
+    // The re-check lands: it either took the lock (INCR, PSETEX) or found
+    // its ticket marked (ZSCORE); nothing else runs either command here.
+    let landed = |server: &RedisServer| {
+        let calls = commands(server);
+        calls("psetex", "calls") + calls("zscore", "calls")
+    };
+    let before = landed(&server);
+    proxy.hold_open_commands(false);
+    let deadline = Instant::now() + 10 * SEC;
+    while landed(&server) == before {
+        assert!(Instant::now() < deadline, "the held re-check never ran");
+        tokio::time::sleep(ms(2)).await;
+    }
+    assert_eq!(
+        direct.status(&key("k")).await.unwrap().map(|s| s.owner),
+        None,
+        "the dropped waiter's late re-check took the lock"
     );
 }
 

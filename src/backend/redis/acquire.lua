@@ -10,7 +10,17 @@
 -- Returns the fence (an integer) when taken on the fast path (free, nobody
 -- waiting), else {1, fence, acquired ms, now ms},
 -- {0, holder's remaining ms, 1 if this call created a queue entry else 0},
--- or {2, 0, 0}: held by a kind that cannot meet this one (never queued).
+-- {2, 0, 0}: held by a kind that cannot meet this one (never queued), or
+-- {3, 0, 0}: the waiter of this ticket left for good (below).
+
+-- A waiter's attempt (it carries a ticket) after that waiter left for good:
+-- a 'drop' leave marked its ticket (leave.lua). The attempt was in flight
+-- on a stalled connection while the leave went out on another, and lands
+-- late: it takes and queues nothing (it would take the lock for a waiter
+-- that is gone, until its TTL). {3, 0, 0}.
+if ARGV[5] and ARGV[5] ~= '' and redis.call('ZSCORE', KEYS[4] .. 'x', ARGV[4] .. '@' .. ARGV[5]) then
+  return {3, 0, 0}
+end
 
 if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5], KEYS[6]) == 0 then
   -- Free, nobody waiting and no legacy counter to migrate: the fast path.

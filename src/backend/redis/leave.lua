@@ -12,6 +12,16 @@ local owner, ticket = ARGV[1], ARGV[2] .. '@' .. ARGV[3]
 if redis.call('HDEL', waiters, ticket) == 1 then
   redis.call('LREM', queue, 1, ticket)
 end
+if ARGV[4] == 'drop' then
+  -- The waiter is gone for good. An attempt of it may still be in flight
+  -- on a stalled connection (this leave went out on another): marked for
+  -- a minute (the client's trail of such a call lasts as long), the
+  -- ticket makes that attempt take nothing when it lands (acquire.lua).
+  local marks, at = waiters .. 'x', now_ms()
+  redis.call('ZREMRANGEBYSCORE', marks, '-inf', at)
+  redis.call('ZADD', marks, at + 60000, ticket)
+  redis.call('PEXPIRE', marks, 60000)
+end
 
 local current = redis.call('GET', lock)
 if current then

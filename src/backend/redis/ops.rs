@@ -154,6 +154,11 @@ impl RedisBackend {
                 queued_anew: int_at(&reply, 2, WHAT)? == 1,
             }),
             2 => Ok(Attempt::Mismatch),
+            // This waiter left the queue for good (its drop guard's leave
+            // ran first): only a late attempt of a gone caller gets this.
+            3 => Err(LockError::BackendUnavailable(
+                "the waiter had left the queue".into(),
+            )),
             _ => Err(bad_reply(WHAT)),
         }
     }

@@ -844,6 +844,9 @@ MUTANTS = [
     ("redis-drop-leave-marks-nothing", "src/backend/redis/leave.lua",
      "if ARGV[4] == 'drop' then\n  -- The waiter is gone for good.",
      "if false then\n  -- The waiter is gone for good."),
+    ("redis-re-check-sent-twice-counts-no-entry", "src/backend/redis/wait.rs",
+     "entries = (entries + u32::from(queued_anew || sent_twice)).max(1);",
+     "entries = (entries + u32::from(queued_anew)).max(1);"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -1016,7 +1016,7 @@ async fn a_dropped_waiters_late_attempt_takes_nothing() {
 /// newer fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
-    stale_grant(false).await;
+    stale_grant(false, false).await;
 }
 
 /// The same, when the waiter's first queueing call was sent twice (its
@@ -1025,12 +1025,21 @@ async fn a_grant_read_after_the_lock_was_taken_back_is_not_believed() {
 /// first: the old grant, read after a second entry, is not believed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_read_late_is_not_believed_when_the_first_queueing_was_sent_twice() {
-    stale_grant(true).await;
+    stale_grant(true, false).await;
 }
 
-/// The scenario of the two tests above; `sent_twice`: the reply to the
-/// waiter's first queueing call is lost (the proxy resets it).
-async fn stale_grant(sent_twice: bool) {
+/// The same, when the re-check that queued the waiter again was sent twice:
+/// its second run finds the entry the first made ("not anew"), and that
+/// entry is still the call's second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_read_late_is_not_believed_when_the_re_check_was_sent_twice() {
+    stale_grant(false, true).await;
+}
+
+/// The scenario of the three tests above; `sent_twice`: the reply to the
+/// waiter's first queueing call is lost (the proxy resets it);
+/// `re_check_sent_twice`: the reply to the re-check that queues it again.
+async fn stale_grant(sent_twice: bool, re_check_sent_twice: bool) {
     let server = RedisServer::start();
     let direct = backend(&server);
     let proxy = Proxy::start(server.port()).await;
@@ -1067,7 +1076,16 @@ async fn stale_grant(sent_twice: bool) {
         .acquire(&req("k", "z", 30 * SEC, Duration::ZERO))
         .await
         .unwrap();
+    let ran = scripts(&server);
+    if re_check_sent_twice {
+        proxy.reset_next_reply();
+    }
     proxy.hold_commands(false);
+    if re_check_sent_twice {
+        proxy.resets(1).await;
+        // Its first run, and the same call again.
+        scripts_run(&server, ran, 2).await;
+    }
     // w's re-check finds z holding and queues w again; then w reads the
     // old grant, and z releases.
     queued(&server, "k", 1).await;

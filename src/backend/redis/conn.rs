@@ -318,19 +318,21 @@ impl Pinned {
         invocation: &Invocation<'_>,
         end: Instant,
     ) -> Result<Value, LockError> {
-        self.eval_traced(invocation, end, &mut None).await
+        Ok(self.eval_traced(invocation, end, &mut None).await?.0)
     }
 
     /// [`Pinned::eval`], keeping in `sent` the connection the script went
     /// out on until its reply comes back: after a timeout, a connection
     /// error or a cancellation, `sent` names where the call may still be
-    /// in flight (see `trail.rs`).
+    /// in flight (see `trail.rs`). With the reply, whether the script was
+    /// sent twice (the first run's reply lost: the reply is the second
+    /// run's, which may find what the first one did).
     pub(super) async fn eval_traced(
         &self,
         invocation: &Invocation<'_>,
         end: Instant,
         sent: &mut Option<Conn>,
-    ) -> Result<Value, LockError> {
+    ) -> Result<(Value, bool), LockError> {
         let mut retried = false;
         loop {
             let (generation, mut conn) =
@@ -340,7 +342,7 @@ impl Pinned {
                 Ok(Ok(value)) => {
                     *sent = None;
                     self.answers.answered();
-                    return Ok(value);
+                    return Ok((value, retried));
                 }
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);

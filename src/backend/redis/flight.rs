@@ -59,6 +59,7 @@ impl RedisBackend {
             .conn
             .eval_traced(&inv, end, &mut trail.sent)
             .await?
+            .0
         {
             // Acquire's fast path: free and nobody waiting.
             Value::Int(fence) => {

@@ -28,6 +28,9 @@ pub(super) enum Attempt {
         retry_after: Duration,
         /// This attempt created a queue entry (it was not queued before).
         queued_anew: bool,
+        /// The attempt was sent twice (its first run's reply lost): the
+        /// entry the second run found may be the first run's.
+        sent_twice: bool,
     },
 }
 
@@ -134,12 +137,12 @@ impl RedisBackend {
             inv.arg(kind.as_str());
         }
         let mut trail = Trail::new(&self.shared.trails, req.owner());
-        let reply = match self
+        let (reply, sent_twice) = self
             .shared
             .conn
             .eval_traced(&inv, end, &mut trail.sent)
-            .await?
-        {
+            .await?;
+        let reply = match reply {
             // The fast path: free and nobody waiting.
             Value::Int(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| bad_reply(WHAT))?;
@@ -152,6 +155,7 @@ impl RedisBackend {
             0 => Ok(Attempt::Busy {
                 retry_after: remaining(int_at(&reply, 1, WHAT)?),
                 queued_anew: int_at(&reply, 2, WHAT)? == 1,
+                sent_twice,
             }),
             2 => Ok(Attempt::Mismatch),
             // This waiter left the queue for good (its drop guard's leave

@@ -86,14 +86,17 @@ impl RedisBackend {
                 Attempt::Busy {
                     retry_after,
                     queued_anew,
+                    sent_twice,
                 } => {
                     // A first attempt re-sent after its reply was lost finds
                     // the entry its first run made ("not anew"): any busy
                     // answer means this call has had an entry, so the first
                     // counts whatever the script says (an entry made later,
                     // after a hand-off, is then the second, and its grants
-                    // are checked).
-                    entries = (entries + u32::from(queued_anew)).max(1);
+                    // are checked). A later attempt sent twice may have
+                    // made a new entry in its first run: it counts as one
+                    // (at worst a grant is checked that did not need it).
+                    entries = (entries + u32::from(queued_anew || sent_twice)).max(1);
                     if queued_anew {
                         // Our place in the queue dates from here (the same
                         // event as the in-memory backend's; the chaos

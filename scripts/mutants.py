@@ -847,6 +847,9 @@ MUTANTS = [
     ("redis-re-check-sent-twice-counts-no-entry", "src/backend/redis/wait.rs",
      "entries = (entries + u32::from(queued_anew || sent_twice)).max(1);",
      "entries = (entries + u32::from(queued_anew)).max(1);"),
+    ("redis-index-drop-sent-twice", "src/backend/redis/extras.rs",
+     "        if let Index::Drop(_) = op {",
+     "        if let (Index::Drop(_), false) = (op, true) {"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

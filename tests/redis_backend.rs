@@ -15,7 +15,7 @@ use common::redis_server::{RedisServer, monitor_until};
 use tokio::time::Instant;
 use tower_lock::backend::redis::RedisBackend;
 use tower_lock::backend::{AcquireRequest, FlightPublish, FlightStart, Lease};
-use tower_lock::{LockBackend, LockError, LockKey};
+use tower_lock::{LockBackend, LockError, LockKey, LockKind};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -535,6 +535,54 @@ async fn an_endless_wait_still_leaves_an_index_that_expires() {
     b.release(&key("endless"), Holder::new("patient", lease.fence))
         .await
         .unwrap();
+}
+
+/// With the owner index on, a release's index update (a "drop") whose
+/// reply is lost is not sent again: a second run would take the count of
+/// the owner's other hold on the key and drop the entry of a lock still
+/// held, hiding it from lookups (an entry too many, the price of not
+/// sending it again, is checked and cleaned up by a lookup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_drop_whose_reply_is_lost_keeps_the_other_holds_entry() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let b = RedisBackend::from_url(&proxy.redis_url())
+        .unwrap()
+        .index_owners(true);
+    let shared = || {
+        AcquireRequest::new(key("doc"), "o", 30 * SEC, Duration::ZERO)
+            .unwrap()
+            .with_kind(LockKind::Shared)
+            .unwrap()
+    };
+    // Every script loaded (a first call sends a script's text, which
+    // names "drop" too).
+    let warm = b.acquire(&shared()).await.unwrap();
+    b.release(&key("doc"), Holder::new("o", warm.fence))
+        .await
+        .unwrap();
+    let first = b.acquire(&shared()).await.unwrap();
+    let _second = b.acquire(&shared()).await.unwrap();
+    assert_eq!(b.held_by("o", 10).await.unwrap().len(), 2, "two holds");
+
+    proxy.hold_carrying(b"drop");
+    let release = tokio::spawn({
+        let b = b.clone();
+        async move { b.release(&key("doc"), Holder::new("o", first.fence)).await }
+    });
+    proxy.carried(1).await;
+    proxy.reset_next_reply();
+    proxy.let_go_all();
+    release
+        .await
+        .unwrap()
+        .expect("the release itself was answered");
+    proxy.resets(1).await;
+    assert_eq!(
+        b.held_by("o", 10).await.unwrap().len(),
+        1,
+        "the index entry of the hold still held was dropped"
+    );
 }
 
 /// (Issue 27.6) With the owner index on, refused acquisitions (a busy lock

@@ -312,6 +312,10 @@ impl Pinned {
     ///   stored (under the leader's fence) answers success again
     ///   (flight_publish.lua).
     ///
+    /// - the owner index's add counts one more acquisition (an entry too
+    ///   many, which a lookup checks and cleans up); its drop goes through
+    ///   [`Pinned::eval_once`] instead.
+    ///
     /// A new script must keep this true, or not come through here.
     pub(super) async fn eval(
         &self,
@@ -333,7 +337,28 @@ impl Pinned {
         end: Instant,
         sent: &mut Option<Conn>,
     ) -> Result<(Value, bool), LockError> {
-        let mut retried = false;
+        self.eval_sent(invocation, end, sent, true).await
+    }
+
+    /// Run a script that must not run twice (it is not safe to, and it is
+    /// better lost than doubled), bounded by `end`: a broken connection is
+    /// replaced, but the call fails rather than going out again.
+    pub(super) async fn eval_once(
+        &self,
+        invocation: &Invocation<'_>,
+        end: Instant,
+    ) -> Result<Value, LockError> {
+        Ok(self.eval_sent(invocation, end, &mut None, false).await?.0)
+    }
+
+    async fn eval_sent(
+        &self,
+        invocation: &Invocation<'_>,
+        end: Instant,
+        sent: &mut Option<Conn>,
+        resend: bool,
+    ) -> Result<(Value, bool), LockError> {
+        let mut retried = !resend;
         loop {
             let (generation, mut conn) =
                 self.get(end).await.inspect_err(|_| self.answers.failed())?;
@@ -342,7 +367,7 @@ impl Pinned {
                 Ok(Ok(value)) => {
                     *sent = None;
                     self.answers.answered();
-                    return Ok((value, retried));
+                    return Ok((value, retried && resend));
                 }
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);

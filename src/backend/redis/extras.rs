@@ -133,6 +133,14 @@ impl RedisBackend {
             Index::Drop(key) => inv.arg("drop").arg(key.encoded(usize::MAX)),
             Index::Keep(ttl) => inv.arg("keep").arg(ttl),
         };
+        if let Index::Drop(_) = op {
+            // Not sent twice: a second run (after a lost reply) would
+            // take a count of another acquisition under the same owner
+            // token and drop the entry of a lock still held. A drop lost
+            // instead leaves an entry too many, which a lookup checks and
+            // cleans up.
+            return self.shared.conn.eval_once(&inv, self.deadline()).await;
+        }
         self.shared.conn.eval(&inv, self.deadline()).await
     }
 

@@ -23,8 +23,8 @@ use crate::spec::{LockKind, LockSpec};
 ///
 /// | request header | Forrst option | value |
 /// |---|---|---|
-/// | `Lock-Key` | `key` | the key, percent-encoded as in the response header; **no header, no lock** |
-/// | `Lock-TTL` | `ttl` | whole seconds, or with a unit: `500ms`, `30s`, `5m`, `1h`; required unless [`default_ttl`](ClientLocks::default_ttl) is set |
+/// | `Lock-Key` | `key` | the key, percent-encoded as in the response header; **no header, no lock** (but another lock header without it is a `400`: a misspelt `Lock-Key` never runs the handler unlocked) |
+/// | `Lock-TTL` | `ttl` | whole seconds, or with a unit (any case): `500ms`, `30s`, `5m`, `1h`; required unless [`default_ttl`](ClientLocks::default_ttl) is set |
 /// | `Lock-Block` | `block` | how long to wait for a busy lock, same format; default `0` (no wait) |
 /// | `Lock-Owner` | `owner` | a custom owner token (1 to 128 bytes of visible ASCII) |
 /// | `Lock-Auto-Release` | `auto_release` | `true` (default) or `false`: keep the lock after the response |
@@ -38,13 +38,16 @@ use crate::spec::{LockKind, LockSpec};
 /// default no: each route's locks live in its own namespace, so a client
 /// cannot lock what another route uses), and the most permits a
 /// `Lock-Mode: permits=N` may name ([`max_permits`](ClientLocks::max_permits),
-/// default 16). A bad or over-limit header is
+/// default 16), and whether shared holds are allowed
+/// ([`allow_shared`](ClientLocks::allow_shared), default yes: they are not
+/// bounded in number, each holds the key until its TTL). A bad or
+/// over-limit header is
 /// answered `400` with the layer's JSON error and a code:
 ///
 /// | code | when |
 /// |---|---|
-/// | `LOCK_INVALID_HEADER` | a header cannot be read (not a number with a unit, not `true`/`false`, an unknown scope, a repeated header, `Lock-TTL` missing) |
-/// | `LOCK_NOT_ALLOWED` | over `max_ttl`, `max_block` or `max_permits`, a key the server does not allow, `global` where it is not allowed |
+/// | `LOCK_INVALID_HEADER` | a header cannot be read (not a number with a unit, not `true`/`false`, an unknown scope, a repeated header, `Lock-TTL` missing, `Lock-TTL`, `Lock-Block`, `Lock-Scope`, `Lock-Auto-Release` or `Lock-Mode` without `Lock-Key`) |
+/// | `LOCK_NOT_ALLOWED` | over `max_ttl`, `max_block` or `max_permits`, a key the server does not allow, `global` where it is not allowed, `shared` where it is not allowed |
 /// | `LOCK_INVALID_KIND` | a `Lock-Mode` that is not `exclusive`, `shared` or `permits=N` (1 to 1024) |
 /// | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER` | as for any spec |
 ///
@@ -100,6 +103,7 @@ pub struct ClientLocks {
     allow_global: bool,
     allow_keys: Option<KeyFilter>,
     max_permits: u32,
+    allow_shared: bool,
 }
 
 /// The server's predicate over client-chosen keys.
@@ -120,6 +124,7 @@ impl fmt::Debug for ClientLocks {
             .field("allow_global", &self.allow_global)
             .field("allow_keys", &self.allow_keys.is_some())
             .field("max_permits", &self.max_permits)
+            .field("allow_shared", &self.allow_shared)
             .finish()
     }
 }
@@ -135,7 +140,19 @@ impl ClientLocks {
             allow_global: false,
             allow_keys: None,
             max_permits: 16,
+            allow_shared: true,
         }
+    }
+
+    /// Allow `Lock-Mode: shared` (default on). Shared holds of a key are
+    /// not bounded in number (a client may add one per request, each held
+    /// until its TTL, kept past the response with `Lock-Auto-Release:
+    /// false`), unlike permits; a server that does not trust its clients
+    /// that far turns them off (`400 LOCK_NOT_ALLOWED`), or offers
+    /// `permits=N` instead.
+    pub fn allow_shared(mut self, on: bool) -> Self {
+        self.allow_shared = on;
+        self
     }
 
     /// The most permits a client may name with `Lock-Mode: permits=N`
@@ -207,6 +224,21 @@ impl ClientLocks {
                 .map_err(|_| LockError::InvalidHeader("a lock header is not visible ASCII"))
         };
         let Some(raw_key) = one(&LOCK_KEY)? else {
+            // No key, no lock; but a client that sent how to lock meant
+            // one (a misspelt `Lock-Key` must not run the handler unlocked).
+            // (`Lock-Owner` alone also names kept locks to other routes.)
+            let lock_headers = [
+                &LOCK_TTL,
+                &LOCK_BLOCK,
+                &LOCK_SCOPE,
+                &LOCK_AUTO_RELEASE,
+                &LOCK_MODE,
+            ];
+            if lock_headers.iter().any(|name| headers.contains_key(*name)) {
+                return Err(LockError::InvalidHeader(
+                    "Lock-Key is required with the other lock headers",
+                ));
+            }
             return Ok(None);
         };
         let decoded = percent::decode_strict(raw_key).ok_or(LockError::InvalidHeader(
@@ -282,6 +314,11 @@ impl ClientLocks {
                 "Lock-Mode asks for more permits than this server allows",
             ));
         }
+        if kind == LockKind::Shared && !self.allow_shared {
+            return Err(LockError::NotAllowed(
+                "shared lock holds are not allowed here",
+            ));
+        }
         let mut spec = LockSpec::new(key.as_str(), ttl)
             .max_wait(block)
             .scope(scope)
@@ -306,14 +343,25 @@ impl<B> LockRequest<B> for ClientLocks {
     }
 }
 
-/// `30` (seconds), `500ms`, `30s`, `5m`, `1h`.
+/// `30` (seconds), `500ms`, `30s`, `5m`, `1h` (units in any case, leading
+/// zeros ignored). A number too large for any duration is `None`; a large
+/// one is a duration (over the server's maximum, refused as such).
 fn parse_duration(v: &str) -> Option<Duration> {
     let digits = v.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 || digits > 12 {
+    if digits == 0 {
         return None;
     }
-    let n: u64 = v[..digits].parse().ok()?;
-    let ms = match &v[digits..] {
+    let number = v[..digits].trim_start_matches('0');
+    // At most 18 digits: any such number fits a u64.
+    if number.len() > 18 {
+        return None;
+    }
+    let n: u64 = if number.is_empty() {
+        0
+    } else {
+        number.parse().ok()?
+    };
+    let ms = match v[digits..].to_ascii_lowercase().as_str() {
         "ms" => n,
         "" | "s" => n.checked_mul(1_000)?,
         "m" => n.checked_mul(60_000)?,
@@ -333,9 +381,80 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
         assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
-        for bad in ["", "s", "-1", "1.5s", "1d", "10 s", "9999999999999"] {
+        // Any case, leading zeros: the same durations.
+        assert_eq!(parse_duration("30S"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500MS"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_duration("0000000000030"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        // Large is a duration (over a maximum, refused as such); beyond
+        // any duration is not one.
+        assert_eq!(
+            parse_duration("1000000000000ms"),
+            Some(Duration::from_millis(1_000_000_000_000))
+        );
+        for bad in [
+            "",
+            "s",
+            "-1",
+            "1.5s",
+            "1d",
+            "10 s",
+            "9999999999999999999",
+            "99999999999999999h",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn lock_headers_without_a_key_are_refused_and_none_at_all_is_no_lock() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut b = Request::post("/x");
+            for (name, value) in headers {
+                b = b.header(*name, *value);
+            }
+            b.body(()).unwrap()
+        };
+        let locks = ClientLocks::new();
+        assert!(matches!(locks.spec_for(&req(&[])), Ok(None)));
+        // The owner alone names a kept lock to other routes (the admin API).
+        assert!(matches!(
+            locks.spec_for(&req(&[("lock-owner", "o")])),
+            Ok(None)
+        ));
+        for header in [
+            "lock-ttl",
+            "lock-block",
+            "lock-scope",
+            "lock-auto-release",
+            "lock-mode",
+        ] {
+            let e = locks
+                .spec_for(&req(&[(header, "5s"), ("lock-keys", "k")]))
+                .unwrap_err();
+            assert_eq!(e.code(), "LOCK_INVALID_HEADER", "{header}");
+        }
+    }
+
+    #[test]
+    fn a_server_may_refuse_shared_holds() {
+        let req = Request::post("/x")
+            .header("lock-key", "k")
+            .header("lock-ttl", "5s")
+            .header("lock-mode", "shared")
+            .body(())
+            .unwrap();
+        let spec = ClientLocks::new().spec_for(&req).unwrap().unwrap();
+        assert_eq!(spec.get_kind(), LockKind::Shared);
+        let refused = ClientLocks::new().allow_shared(false).spec_for(&req);
+        assert!(
+            matches!(refused, Err(LockError::NotAllowed(_))),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -126,9 +126,15 @@ impl std::str::FromStr for LockKind {
             "shared" => LockKind::Shared,
             other => {
                 let n = other.strip_prefix("permits=").ok_or(BAD)?;
-                if n.is_empty() || n.len() > 10 || !n.bytes().all(|b| b.is_ascii_digit()) {
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(BAD);
                 }
+                // Leading zeros name the same number.
+                let n = match n.trim_start_matches('0') {
+                    "" => "0",
+                    digits if digits.len() > 10 => return Err(BAD),
+                    digits => digits,
+                };
                 LockKind::Permits(n.parse().map_err(|_| BAD)?)
             }
         };
@@ -199,12 +205,17 @@ mod tests {
             assert_eq!(kind.to_string().parse::<LockKind>().unwrap(), kind);
         }
         assert_eq!("Shared".parse::<LockKind>().unwrap(), LockKind::Shared);
+        assert_eq!(
+            "permits=00000000004".parse::<LockKind>().unwrap(),
+            LockKind::Permits(4)
+        );
         for bad in [
             "",
             "read",
             "permits",
             "permits=",
             "permits=0",
+            "permits=000",
             "permits=1025",
             "permits=-1",
             "permits=+2",

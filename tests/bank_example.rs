@@ -130,6 +130,12 @@ async fn bad_parameters_are_400_json() {
             "?amount=1&hold_ms=-1",
             "?amount=1&wait_ms=soon",
             "?amount=1&ttl_ms=1e3",
+            // Over the route's bounds (a lock kept for a year, a request
+            // held for centuries).
+            "?amount=1&keep=true&ttl_ms=31536000000",
+            "?amount=1&hold_ms=18446744073709551615",
+            "?amount=1&wait_ms=60001",
+            "?amount=1&pause_ms=60001",
         ] {
             let reply = http.post(&format!("/accounts/dave/deposit{query}")).await;
             assert_eq!(reply.status, StatusCode::BAD_REQUEST, "query {query:?}");

@@ -50,16 +50,28 @@ impl DepositParams {
                 _ => {}
             }
         }
-        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        // Bounded as the other routes' durations are: a client must not
+        // hold an account (or a connection) for a year.
+        let ms = |v: Option<u64>, name: &str, max: Duration| {
+            let Some(v) = v else { return Ok(None) };
+            let d = Duration::from_millis(v);
+            if d > max {
+                return Err(ApiError::bad_request(format!(
+                    "`{name}` must be at most {} ms",
+                    max.as_millis()
+                )));
+            }
+            Ok(Some(d))
+        };
         Ok(DepositParams {
             amount: amount
                 .ok_or_else(|| ApiError::bad_request("missing query parameter `amount`"))?,
-            hold: ms(hold_ms).unwrap_or(Duration::ZERO),
-            wait: ms(wait_ms).unwrap_or(Duration::ZERO),
-            ttl: ms(ttl_ms).unwrap_or(DEFAULT_TTL),
+            hold: ms(hold_ms, "hold_ms", MAX_WORK)?.unwrap_or(Duration::ZERO),
+            wait: ms(wait_ms, "wait_ms", MAX_WORK)?.unwrap_or(Duration::ZERO),
+            ttl: ms(ttl_ms, "ttl_ms", MAX_LOCK_TTL)?.unwrap_or(DEFAULT_TTL),
             keep: keep.unwrap_or(false),
             watchdog: watchdog.unwrap_or(false),
-            pause: ms(pause_ms).unwrap_or(Duration::ZERO),
+            pause: ms(pause_ms, "pause_ms", MAX_WORK)?.unwrap_or(Duration::ZERO),
         })
     }
 

@@ -12,6 +12,8 @@
 //!   locks `account:{id}` (global scope, TTL `T` ms or 30 s, waiting up to
 //!   `W` ms, default 0), then reads the balance, sleeps `M` ms and writes
 //!   balance + N. It answers `{"balance": new, "fence": fencing token}`.
+//!   `T` is at most 24 h, `W`, `M` (and `pause_ms` below) at most 60 s:
+//!   more is a `400`.
 //!   The read-then-write is deliberate: without the lock (or with a TTL
 //!   shorter than the hold) concurrent deposits lose updates.
 //!   `keep=true` keeps the lock after the response (auto-release off): the
@@ -153,6 +155,8 @@ const USAGE: &str =
 
 /// TTL of an account lock unless the request says `ttl_ms`.
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The longest TTL a deposit may ask for (`ttl_ms`).
+const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a statement request waits for another's computation.
 const STATEMENT_MAX_WAIT: Duration = Duration::from_secs(60);

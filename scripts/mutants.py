@@ -850,6 +850,16 @@ MUTANTS = [
     ("redis-index-drop-sent-twice", "src/backend/redis/extras.rs",
      "        if let Index::Drop(_) = op {",
      "        if let (Index::Drop(_), false) = (op, true) {"),
+    # inputs: a route is checked as a key is; `force` read strictly
+    ("key-route-unchecked", "src/key.rs",
+     "        if route.chars().any(char::is_control) {",
+     "        if false && route.chars().any(char::is_control) {"),
+    ("admin-force-read-loosely", "src/admin.rs",
+     "        _ => {\n            return error_response(\n                StatusCode::BAD_REQUEST,\n                \"LOCK_INVALID_QUERY\",",
+     "        _ if true => false,\n        _ => {\n            return error_response(\n                StatusCode::BAD_REQUEST,\n                \"LOCK_INVALID_QUERY\","),
+    ("client-headers-without-key-pass", "src/client.rs",
+     "            if lock_headers.iter().any(|name| headers.contains_key(*name)) {",
+     "            if false && lock_headers.iter().any(|name| headers.contains_key(*name)) {"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /locks/{key}` | `{"key", "locked": true, "acquired_at", "expires_at", "ttl_remaining_ms", "fence", "kind"}` (+ `"owner"` when [`show_owner`](Admin::show_owner) is on, + `"metadata"` when [`show_metadata`](Admin::show_metadata) is on); a lock held shared or under permits (`"kind": "shared"` or `"permits=N"`) also lists `"holders"`, each with the same fields, and the top-level fields describe the hold that ends first; `{"key", "locked": false}` when free |
 //! | `DELETE /locks/{key}` + header `lock-owner` (and optionally `lock-fence`) | release, checked against the owner token (and the fence: only that acquisition of a reused owner token): `200 {"key", "released": true}`, `404 LOCK_NOT_FOUND`, `409 LOCK_OWNERSHIP_MISMATCH`, `400 LOCK_INVALID_OWNER` without the owner header, `400 LOCK_INVALID_HEADER` for a fence that is not a number |
-//! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND` |
+//! | `DELETE /locks/{key}?force=true` | release whoever holds it, only when [`allow_force`](Admin::allow_force) is on (else `403 LOCK_FORCE_DISABLED`): `200 {"key", "released": true, "forced": true}`, `404 LOCK_NOT_FOUND`; `force` is `true`/`1` or `false`/`0` (any case), anything else `400 LOCK_INVALID_QUERY` |
 //!
 //! `{key}` is the user's key, percent-decoded strictly (a malformed escape
 //! or a key that is not UTF-8 is refused) and validated like any key
@@ -251,10 +251,20 @@ async fn release(State(admin): State<Arc<Admin>>, uri: Uri, headers: HeaderMap) 
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };
-    let force = matches!(
-        query_param(&uri, "force").as_ref().map(|f| f.as_deref()),
-        Ok(Some("true" | "1"))
-    );
+    // Read strictly: `?force=yes` falling through to a release checked
+    // against an owner would answer a misleading "no owner".
+    let force = match query_param(&uri, "force") {
+        Ok(None) => false,
+        Ok(Some(f)) if f.eq_ignore_ascii_case("true") || f == "1" => true,
+        Ok(Some(f)) if f.eq_ignore_ascii_case("false") || f == "0" => false,
+        _ => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "LOCK_INVALID_QUERY",
+                "`force` must be true or false",
+            );
+        }
+    };
     if force {
         if !admin.allow_force {
             return error_response(

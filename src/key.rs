@@ -99,8 +99,21 @@ impl LockKey {
     }
 
     /// A key in the namespace of the route pattern `route` (e.g. `/orders/{id}`).
+    /// The pattern holds no control characters and at most
+    /// [`MAX_KEY_BYTES`] bytes, as a key ([`LockError::InvalidKey`]).
     pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
-        Self::in_route(&SmolStr::new(route.as_ref()), key.as_ref())
+        let route = route.as_ref();
+        if route.len() > MAX_KEY_BYTES {
+            return Err(LockError::InvalidKey(
+                "the route is longer than 512 bytes of UTF-8",
+            ));
+        }
+        if route.chars().any(char::is_control) {
+            return Err(LockError::InvalidKey(
+                "the route contains control characters",
+            ));
+        }
+        Self::in_route(&SmolStr::new(route), key.as_ref())
     }
 
     /// [`LockKey::route`] with the route pattern already shared, as the
@@ -308,6 +321,21 @@ pub(crate) fn nfc(key: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_route_is_checked_as_a_key_is() {
+        assert!(LockKey::route("/orders/{id}", "7").is_ok());
+        for bad in ["/a\0b", "/a\nb", "/a\u{85}b"] {
+            let e = LockKey::route(bad, "7").unwrap_err();
+            assert_eq!(e.code(), "LOCK_INVALID_KEY", "{bad:?}");
+        }
+        let long = "r".repeat(MAX_KEY_BYTES + 1);
+        assert_eq!(
+            LockKey::route(&long, "7").unwrap_err().code(),
+            "LOCK_INVALID_KEY"
+        );
+        assert!(LockKey::route(&long[1..], "7").is_ok());
+    }
 
     #[test]
     fn normalises_to_nfc() {

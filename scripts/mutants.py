@@ -860,6 +860,9 @@ MUTANTS = [
     ("client-headers-without-key-pass", "src/client.rs",
      "            if lock_headers.iter().any(|name| headers.contains_key(*name)) {",
      "            if false && lock_headers.iter().any(|name| headers.contains_key(*name)) {"),
+    ("locks-extend-lands-on-any-lock-of-the-key", "src/lock/registry.rs",
+     "                && s.lock.lease.fence == lock.lease.fence\n                && s.lock.owner == lock.owner",
+     "                && (true || s.lock.lease.fence == lock.lease.fence)\n                && (true || s.lock.owner == lock.owner)"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -339,7 +339,13 @@ impl Locks {
             .await
             .inspect_err(|e| lock.meter.backend_error("extend", e))?;
         let mut state = self.state();
-        let slot = state.slots.iter_mut().find(|s| s.lock.key == lock.key);
+        // The acquisition this extended, not any lock of the key: released
+        // and taken again meanwhile, the key's slot holds another one.
+        let slot = state.slots.iter_mut().find(|s| {
+            s.lock.key == lock.key
+                && s.lock.lease.fence == lock.lease.fence
+                && s.lock.owner == lock.owner
+        });
         match slot {
             Some(slot) => {
                 slot.lock.lease = lease;
@@ -349,7 +355,13 @@ impl Locks {
                 }
                 Ok(slot.lock.clone())
             }
-            None => Err(LockError::AlreadyReleased),
+            None => {
+                // Released, or handed to an owned handle meanwhile: that
+                // handle shares the lost signal, which learns the new end.
+                let mut lock = lock;
+                lock.set_expiry(sent + ttl);
+                Err(LockError::AlreadyReleased)
+            }
         }
     }
 

@@ -722,6 +722,61 @@ pub async fn a_restore_dropped_within_the_min_hold_keeps_the_hold(h: Harness) {
     }
 }
 
+/// An extension whose reply comes after the request released its lock and
+/// took the key again names the acquisition it extended: the newer lock
+/// keeps its own fence (fenced writes with the older one are refused) and
+/// is released with the response (a release under the older fence was
+/// refused, and the key stayed held by nobody until its TTL).
+pub async fn a_late_extension_never_lands_on_a_newer_acquisition(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let backend = probe.backend();
+    let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
+        Some(spec("ext-again", 30_000))
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let app = Router::new().route(
+        "/run",
+        post(move |locks: Locks| {
+            let (tx, probe) = (tx.clone(), probe.clone());
+            async move {
+                let first = locks.first().unwrap().fence();
+                probe.hold_extend_replies();
+                let extending = tokio::spawn({
+                    let locks = locks.clone();
+                    async move { locks.extend("ext-again", Duration::from_secs(20)).await }
+                });
+                probe.extend_replies_held(1).await;
+                locks.release("ext-again").await.unwrap();
+                let again = locks.acquire(spec("ext-again", 30_000)).await.unwrap();
+                probe.let_extend_replies_go();
+                let late = extending.await.unwrap();
+                let now = locks.get("ext-again").unwrap().fence();
+                let _ = tx.lock().unwrap().take().unwrap().send((
+                    first,
+                    again.fence(),
+                    now,
+                    late.map(|l| l.fence()),
+                ));
+            }
+        })
+        .layer(layer),
+    );
+    run(app).await;
+    let (first, again, now, late) = rx.await.unwrap();
+    assert!(again > first);
+    assert_eq!(
+        now, again,
+        "the late extension replaced the newer lock's fence"
+    );
+    assert_eq!(late, Err(LockError::AlreadyReleased));
+    assert_eq!(
+        status_of(&h.backend, &gkey("ext-again")).await,
+        None,
+        "the newer lock was not released with the response"
+    );
+}
+
 /// (16.14) Once the response has released a request's locks, calls on its
 /// `Locks` say so (`LOCK_ALREADY_RELEASED`), as the error table promises
 /// ("`Locks` used after the response released its locks").

@@ -61,6 +61,7 @@ pub struct Probe {
     renewals: Hold,
     acquire_replies: Hold,
     statuses: Hold,
+    extend_replies: Hold,
     // Flight steps that reach the backend and then never answer (a lost
     // reply), and how many did.
     hang_flight_begins: AtomicBool,
@@ -133,6 +134,7 @@ impl Probe {
             renewals: Hold::default(),
             acquire_replies: Hold::default(),
             statuses: Hold::default(),
+            extend_replies: Hold::default(),
             hang_flight_begins: AtomicBool::new(false),
             hang_flight_results: AtomicBool::new(false),
             lose_flight_begins: AtomicBool::new(false),
@@ -173,6 +175,21 @@ impl Probe {
     /// Wait until `n` acquire replies are (or were) held.
     pub async fn acquire_replies_held(&self, n: usize) {
         self.acquire_replies.held(n).await;
+    }
+
+    /// From now on, extensions (`extend`) reach the backend but their
+    /// replies stay in flight until [`Probe::let_extend_replies_go`].
+    pub fn hold_extend_replies(&self) {
+        self.extend_replies.on.store(true, SeqCst);
+    }
+
+    pub fn let_extend_replies_go(&self) {
+        self.extend_replies.let_go();
+    }
+
+    /// Wait until `n` extend replies are (or were) held.
+    pub async fn extend_replies_held(&self, n: usize) {
+        self.extend_replies.held(n).await;
     }
 
     /// From now on, status reads stay in flight, before reaching the
@@ -322,7 +339,9 @@ impl LockBackend for Probe {
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(async move {
             self.enter()?;
-            self.inner.extend(key, holder, ttl).await
+            let extended = self.inner.extend(key, holder, ttl).await;
+            self.extend_replies.pass().await;
+            extended
         })
     }
 

@@ -863,6 +863,9 @@ MUTANTS = [
     ("locks-extend-lands-on-any-lock-of-the-key", "src/lock/registry.rs",
      "                && s.lock.lease.fence == lock.lease.fence\n                && s.lock.owner == lock.owner",
      "                && (true || s.lock.lease.fence == lock.lease.fence)\n                && (true || s.lock.owner == lock.owner)"),
+    ("postgres-dropped-waiters-leave-tried-once", "src/backend/postgres/wait.rs",
+     "                    Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {",
+     "                    Err(LockError::BackendUnavailable(e)) if false && Instant::now() < until => {"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -616,6 +616,64 @@ async fn a_cleanup_behind_a_half_open_connection_still_runs() {
         .expect("the lock stayed with the caller whose acquire timed out");
 }
 
+/// A waiter dropped while the server cannot be reached (its leave lost in
+/// the network, the connection cut) leaves the queue once the server is
+/// back: its leave is tried again until the entry's deadline. Left behind,
+/// the entry is handed the lock by the next release, which then sits with
+/// a caller that is gone for the whole TTL, and an outage strands every
+/// waiter that gave up during it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_leave_is_tried_again_after_an_outage() {
+    let server = PgServer::start();
+    let direct = backend(&server.url()).await;
+    let proxy = Proxy::start(server.port()).await;
+    let b = PostgresBackend::builder()
+        .op_timeout(SEC)
+        .build(&proxy.postgres_url())
+        .unwrap();
+    warm_up(&b).await;
+    let held = direct
+        .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let gone = spawn_acquire(&b, req("k", "gone", 30 * SEC, 60 * SEC));
+    queued(&server, "k", 1).await;
+    let next = spawn_acquire(&direct, req("k", "next", 30 * SEC, 60 * SEC));
+    queued(&server, "k", 2).await;
+    let q = "SELECT count(*) FROM tower_lock.locks_waiters WHERE owner = 'gone'";
+    assert_eq!(count(&server, q), 1);
+
+    // The outage: what the waiter's process sends waits in the network,
+    // then its connections are cut and what waited is lost.
+    proxy.hold_commands(true);
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    proxy.held_writes(1).await;
+    proxy.sever_all();
+    // The outage outlasts the leave's op timeout (its retry on a fresh
+    // connection inside the call fails too); then the server is back.
+    tokio::time::sleep(2 * SEC + ms(500)).await;
+    proxy.hold_commands(false);
+    let deadline = Instant::now() + 10 * SEC;
+    while count(&server, q) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped waiter's entry stayed queued"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+    direct
+        .release(&key("k"), Holder::new("holder", held.fence))
+        .await
+        .unwrap();
+    assert_eq!(
+        direct.status(&key("k")).await.unwrap().map(|s| s.owner),
+        Some("next".to_owned()),
+        "the lock went to the waiter that was gone"
+    );
+    next.await.unwrap().unwrap();
+}
+
 /// A drain whose task is dropped with its runtime (a call made on a
 /// runtime the app then shuts down) still ends: the caller's later calls
 /// are not held up by it for the backend's life (each waited twice the op

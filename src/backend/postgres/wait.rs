@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::PostgresBackend;
 use super::error::bad_reply;
@@ -20,6 +20,7 @@ use super::listen::{Orphan, Wake, Wakes};
 use super::ops::{Attempt, Left, Ticket, ceil_ms, col, server_time};
 use super::statements::Statement;
 use crate::backend::Lease;
+use crate::backend::retry::{Answers, Retry};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -50,6 +51,7 @@ impl PostgresBackend {
             owner: req.owner(),
             ticket: listener.waiter_ticket(),
             queued: false,
+            until: deadline,
         };
         // Registered before the first attempt when the connection listens,
         // so that attempt can already join the queue.
@@ -242,6 +244,8 @@ struct WaitGuard<'a> {
     owner: &'a str,
     ticket: i64,
     queued: bool,
+    /// The entry's deadline on the server (the waiter's max wait).
+    until: Instant,
 }
 
 impl<'a> WaitGuard<'a> {
@@ -268,17 +272,37 @@ impl Drop for WaitGuard<'_> {
         let key = self.key.clone();
         let owner = self.owner.to_owned();
         let id = self.ticket;
+        let until = self.until;
+        // Retried, backing off, while the server cannot be reached and the
+        // entry is live: an entry left behind is handed the lock by the next
+        // release, which then idles for the hand-off's whole TTL (and an
+        // outage strands every waiter that gave up during it). Past the
+        // entry's deadline the functions skip it: nothing left to do.
         runtime.spawn(async move {
-            let end = backend.deadline();
-            let ticket = Ticket {
-                channel: backend.shared.listener.channel(),
-                id,
-            };
-            let outcome = backend
-                .leave(&key, &owner, ticket, false, Duration::ZERO, end)
-                .await;
-            if let Err(e) = outcome {
-                tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+            let answers = Answers::default();
+            let mut retry = Retry::new(&answers);
+            loop {
+                let end = backend.deadline();
+                let ticket = Ticket {
+                    channel: backend.shared.listener.channel(),
+                    id,
+                };
+                let outcome = backend
+                    .leave(&key, &owner, ticket, false, Duration::ZERO, end)
+                    .await;
+                match outcome {
+                    Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {
+                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
+                        if timeout_at(until, retry.pause()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+                        return;
+                    }
+                    Ok(_) => return,
+                }
             }
         });
     }

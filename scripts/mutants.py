@@ -866,6 +866,9 @@ MUTANTS = [
     ("postgres-dropped-waiters-leave-tried-once", "src/backend/postgres/wait.rs",
      "                    Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {",
      "                    Err(LockError::BackendUnavailable(e)) if false && Instant::now() < until => {"),
+    ("watchdog-renewal-scheduled-at-round-end", "src/watchdog/renew.rs",
+     "                            this.apply(d, sent, result);\n                            // Scheduled at once:",
+     "                            this.apply(d, sent, result);\n                            return;\n                            // Scheduled at once:"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -65,7 +65,9 @@ async fn a_missing_script_needs_only_the_slots_own_node() {
 /// lock's TTL: the other is renewed all along. The stalled one's renewals
 /// fall due with the other's (the watchdog renews a little early to share a
 /// round), and wait up to the op timeout: neither may hold back the other
-/// lock's.
+/// lock's, whose renewal is scheduled again as soon as it is answered (an
+/// 800-ms lock, renewed from the round's end, ran out while the stalled
+/// renewal waited).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_holds_back_only_its_own_renewals() {
     let cluster = RedisCluster::start();
@@ -81,7 +83,7 @@ async fn a_stalled_shard_holds_back_only_its_own_renewals() {
     .unwrap();
     let mut fast = OwnedLock::acquire(
         shared.clone(),
-        &job(&cluster.lock_name_on(healthy, "f"), 1_200),
+        &job(&cluster.lock_name_on(healthy, "f"), 800),
     )
     .await
     .unwrap();

@@ -48,6 +48,11 @@ impl Dog {
                                     ))
                                 });
                             this.apply(d, sent, result);
+                            // Scheduled at once: the loop sleeps while every
+                            // lock is renewing, and another lock's renewal in
+                            // this round may wait up to the op timeout (a
+                            // stalled shard), longer than a short TTL.
+                            this.wake.notify_one();
                         })
                         .collect(),
                 )

@@ -869,6 +869,9 @@ MUTANTS = [
     ("watchdog-renewal-scheduled-at-round-end", "src/watchdog/renew.rs",
      "                            this.apply(d, sent, result);\n                            // Scheduled at once:",
      "                            this.apply(d, sent, result);\n                            return;\n                            // Scheduled at once:"),
+    ("owned-extend-leaves-the-ttl-to-the-backend", "src/lock/owned.rs",
+     "        crate::spec::validate_ttl(ttl)?;\n        // Never beside a watchdog renewal",
+     "        // Never beside a watchdog renewal"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -245,6 +245,12 @@ impl OwnedLock {
     /// expiry) without releasing the lock: hand it to a job queue, restore
     /// it with [`restore`](OwnedLock::restore). Renewals by this process's
     /// watchdog stop.
+    ///
+    /// Until a worker restores it, nothing releases or renews the lock but
+    /// its TTL: choose one that covers the queue's latency, and if handing
+    /// the token on fails (the queue refused it, the process panics before
+    /// it is sent), restore it here and release it, or the lock is held by
+    /// nobody until the TTL ends.
     pub fn into_token(mut self) -> LockToken {
         self.released = true;
         self.watch = None;
@@ -303,6 +309,9 @@ impl OwnedLock {
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
     /// [`LockError::NotFound`] then).
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
+        // Checked here too: a backend that skipped it would have the lock
+        // end at `sent + ttl`, past what an `Instant` can hold.
+        crate::spec::validate_ttl(ttl)?;
         // Never beside a watchdog renewal of the same lock (see `extending`).
         let _gate = self.lock.lost_signal().extending().await;
         let sent = tokio::time::Instant::now();

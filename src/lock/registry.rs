@@ -329,6 +329,9 @@ impl Locks {
     /// it.
     pub async fn extend(&self, key: &str, ttl: Duration) -> Result<HeldLock, LockError> {
         let lock = self.lookup(key)?;
+        // Checked here too: a backend that skipped it would have the lock
+        // end at `sent + ttl`, past what an `Instant` can hold.
+        crate::spec::validate_ttl(ttl)?;
         // Never beside a watchdog renewal of the same lock (see `extending`).
         let _gate = lock.lost_signal().extending().await;
         let sent = tokio::time::Instant::now();

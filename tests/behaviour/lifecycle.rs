@@ -18,7 +18,7 @@ use tower_lock::{
 };
 
 use super::harness::Harness;
-use super::support::{Probe, assert_comes_free, gkey, status_of};
+use super::support::{Probe, assert_comes_free, assert_released, gkey, status_of};
 
 /// Let a spawned call run as far as it can before the test goes on: many
 /// polls, and on a real server some time for its round trip (a call held
@@ -775,6 +775,42 @@ pub async fn a_late_extension_never_lands_on_a_newer_acquisition(h: Harness) {
         None,
         "the newer lock was not released with the response"
     );
+}
+
+/// A TTL beyond any lock's (a year) is refused before the backend is asked,
+/// by an owned handle and by a request's `Locks`: a backend that does not
+/// check it answered, and the handle's `Instant` arithmetic panicked.
+pub async fn an_extension_beyond_a_year_is_refused_whatever_the_backend(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let backend = probe.backend();
+    probe.extend_blindly();
+    let mut owned = OwnedLock::acquire(backend.clone(), &job("ext-max", 30_000))
+        .await
+        .unwrap();
+    assert!(matches!(
+        owned.extend(Duration::MAX).await,
+        Err(LockError::InvalidTtl(_))
+    ));
+    owned.release().await.unwrap();
+    let layer = LockLayer::new(backend.clone(), |_: &Request<Body>| {
+        Some(spec("ext-max", 30_000))
+    });
+    let app = Router::new().route(
+        "/run",
+        post(|locks: Locks| async move {
+            format!(
+                "{:?}",
+                locks.extend("ext-max", Duration::MAX).await.map(|_| ())
+            )
+        })
+        .layer(layer),
+    );
+    let body = run(app).await;
+    assert!(
+        String::from_utf8_lossy(&body).contains("InvalidTtl"),
+        "{body:?}"
+    );
+    assert_released(&h, &gkey("ext-max")).await;
 }
 
 /// (16.14) Once the response has released a request's locks, calls on its

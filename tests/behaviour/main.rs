@@ -184,6 +184,7 @@ for_each_backend! {
             admin_force_release_and_bad_keys,
             calls_after_the_response_say_already_released,
             a_late_extension_never_lands_on_a_newer_acquisition,
+            an_extension_beyond_a_year_is_refused_whatever_the_backend,
             // Single-flight.
             a_burst_computes_once,
             a_burst_across_two_handles_computes_once,

@@ -675,10 +675,10 @@ async fn a_dropped_waiters_leave_is_tried_again_after_an_outage() {
 }
 
 /// A drain whose task is dropped with its runtime (a call made on a
-/// runtime the app then shuts down) still ends: the caller's later calls
-/// are not held up by it for the backend's life (each waited twice the op
-/// timeout, then failed: a fixed owner token could never again release or
-/// take its key).
+/// runtime the app then shuts down) still gives up at its bound: the
+/// caller's later calls are not held up by it for the backend's life (each
+/// waited twice the op timeout, then failed: a fixed owner token could never
+/// again release or take its key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_dropped_with_its_runtime_holds_up_nothing() {
     let server = PgServer::start();

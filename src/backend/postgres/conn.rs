@@ -310,18 +310,13 @@ impl Conns {
         live: Arc<Live>,
         bound: Duration,
     ) {
-        let since = self.pins.draining(caller, slot, generation);
-        // Ended on every path: a drain left "under way" (its task dropped
-        // with its runtime) would hold its caller's calls up for good.
-        let ended = pins::DrainEnd {
-            pins: self.pins.clone(),
-            slot,
-            generation,
-            since,
-        };
+        // Over at `bound` at the latest, also when nothing ends it (its
+        // task dropped with its runtime).
+        let since = self.pins.draining(caller, slot, generation, bound);
+        let pins = self.pins.clone();
         tokio::spawn(async move {
-            let _ended = ended;
             let _ = tokio::time::timeout(bound, live.client.simple_query("")).await;
+            pins.drained(slot, generation, since);
         });
     }
 

@@ -22,11 +22,15 @@
 //! sent behind what it carries, and until that is answered (or the drain
 //! gives up after the op timeout: a half-open connection answers nothing)
 //! a caller pinned to it waits before its next call, which then has an op
-//! timeout of its own.
+//! timeout of its own. The drain's end is that bound too when its task is
+//! gone without ending it (dropped with its runtime: the connection, driven
+//! from another, may still carry the call, so the drain must not end
+//! sooner).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
@@ -54,15 +58,29 @@ pub(super) struct Pin {
 struct Map {
     pins: HashMap<u64, Pin>,
     /// Connections (slot, generation) given up on that still drain, each
-    /// with the clock when its drain began.
-    draining: Vec<(usize, u64, u64)>,
+    /// with the clock when its drain began and the time it gives up.
+    draining: Vec<Drain>,
+}
+
+/// A connection given up on that drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Drain {
+    slot: usize,
+    generation: u64,
+    /// The clock when it began.
+    since: u64,
+    /// When it gives up, ended or not.
+    until: Instant,
 }
 
 impl Map {
-    fn draining(&self, slot: usize, generation: u64) -> bool {
+    /// When connection `generation` of `slot` ends draining, if it does.
+    fn draining(&self, slot: usize, generation: u64, now: Instant) -> Option<Instant> {
         self.draining
             .iter()
-            .any(|&(s, g, _)| (s, g) == (slot, generation))
+            .filter(|d| (d.slot, d.generation) == (slot, generation) && d.until > now)
+            .map(|d| d.until)
+            .max()
     }
 }
 
@@ -105,26 +123,46 @@ impl Pins {
             tokio::pin!(drained);
             // Registered before the look, so that no drain is missed.
             drained.as_mut().enable();
-            {
+            let gives_up = {
                 let map = self.map();
-                match map.pins.get(&caller) {
-                    Some(pin) if map.draining(pin.slot, pin.generation) => {}
-                    pin => return Ok((pin.copied(), waited)),
+                let pin = map.pins.get(&caller);
+                match pin.and_then(|p| map.draining(p.slot, p.generation, Instant::now())) {
+                    Some(until) => until,
+                    None => return Ok((pin.copied(), waited)),
                 }
-            }
+            };
             waited = true;
-            timeout_at(end, drained).await.map_err(|_| ())?;
+            if end < gives_up {
+                timeout_at(end, drained).await.map_err(|_| ())?;
+            } else {
+                // The drain gives up first (also when nothing ends it).
+                let _ = timeout_at(gives_up, drained).await;
+            }
         }
     }
 
     /// Connection `generation` of `slot` was given up on while a call on
-    /// it was under way: it drains (see the module docs), and the call's
-    /// `caller` (if any) is pinned to it, both at once. Returns when the
-    /// drain began, for [`Pins::drained`].
-    pub(super) fn draining(&self, caller: Option<u64>, slot: usize, generation: u64) -> u64 {
+    /// it was under way: it drains (see the module docs) for at most
+    /// `bound`, and the call's `caller` (if any) is pinned to it, both at
+    /// once. Returns when the drain began, for [`Pins::drained`].
+    pub(super) fn draining(
+        &self,
+        caller: Option<u64>,
+        slot: usize,
+        generation: u64,
+        bound: Duration,
+    ) -> u64 {
+        let now = Instant::now();
         let mut map = self.map();
+        // Drains that gave up without being ended (their task gone).
+        map.draining.retain(|d| d.until > now);
         let made = self.pin_in(&mut map, caller, slot, generation);
-        map.draining.push((slot, generation, made));
+        map.draining.push(Drain {
+            slot,
+            generation,
+            since: made,
+            until: now + bound,
+        });
         made
     }
 
@@ -153,7 +191,7 @@ impl Pins {
         if let Some(i) = map
             .draining
             .iter()
-            .position(|d| *d == (slot, generation, since))
+            .position(|d| (d.slot, d.generation, d.since) == (slot, generation, since))
         {
             map.draining.swap_remove(i);
         }
@@ -185,6 +223,7 @@ impl Pins {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
+        let now = Instant::now();
         let mut map = self.map();
         let Map { pins, draining } = &mut *map;
         pins.retain(|_, p| {
@@ -193,24 +232,9 @@ impl Pins {
                 || (p.generation == generation && p.made > sent)
                 || draining
                     .iter()
-                    .any(|&(s, g, _)| (s, g) == (p.slot, p.generation))
+                    .any(|d| (d.slot, d.generation) == (p.slot, p.generation) && d.until > now)
         });
         self.len.store(pins.len(), Ordering::Release);
-    }
-}
-
-/// A drain under way: when dropped (the drain ended, gave up, or its task
-/// was dropped with its runtime), [`Pins::drained`].
-pub(super) struct DrainEnd {
-    pub(super) pins: Arc<Pins>,
-    pub(super) slot: usize,
-    pub(super) generation: u64,
-    pub(super) since: u64,
-}
-
-impl Drop for DrainEnd {
-    fn drop(&mut self) {
-        self.pins.drained(self.slot, self.generation, self.since);
     }
 }
 
@@ -244,6 +268,33 @@ mod tests {
         assert_eq!(pins.get(a), None);
     }
 
+    /// A drain whose task is gone (dropped with its runtime) never ends
+    /// it: it gives up at its bound, never sooner (the connection may still
+    /// carry the call) and never later (the caller's calls would wait for
+    /// good).
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_nobody_ends_gives_up_at_its_bound() {
+        use std::time::Duration;
+        let pins = std::sync::Arc::new(Pins::default());
+        let a = caller("g:k", "o1");
+        pins.draining(Some(a), 1, 7, Duration::from_secs(1));
+        let waiting = tokio::spawn({
+            let pins = pins.clone();
+            async move {
+                pins.settled(a, Instant::now() + Duration::from_secs(5))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert!(!waiting.is_finished(), "ended before its bound");
+        let (pin, waited) = waiting.await.unwrap().unwrap();
+        assert!(waited);
+        assert_eq!(pin.map(|p| (p.slot, p.generation)), Some((1, 7)));
+        // Given up, it is not draining any more for the next call either.
+        let end = Instant::now() + Duration::from_millis(1);
+        assert!(!pins.settled(a, end).await.unwrap().1);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_caller_pinned_to_a_draining_connection_waits_for_its_drain() {
         let pins = std::sync::Arc::new(Pins::default());
@@ -253,7 +304,7 @@ mod tests {
             caller("g:k", "o3"),
         );
         pins.pin(b, 0, 7);
-        let since = pins.draining(Some(a), 1, 7);
+        let since = pins.draining(Some(a), 1, 7, std::time::Duration::from_secs(60));
         // A call answered on the slot's next connection says nothing of
         // what the draining one still carries.
         pins.answered(1, 8, pins.now());
@@ -275,7 +326,7 @@ mod tests {
         // A call of another caller given up on later on the same connection
         // (sent after the first drain's query): its pin outlives the first
         // drain and waits for its own.
-        let later = pins.draining(Some(c), 1, 7);
+        let later = pins.draining(Some(c), 1, 7, std::time::Duration::from_secs(60));
         pins.drained(1, 7, since);
         assert_eq!(waiting.await.unwrap(), Ok((None, true)));
         assert_eq!(pins.get(a), None);

@@ -839,7 +839,7 @@ MUTANTS = [
      "        self.op_timeout = op_timeout.max(Duration::from_millis(1)).max(MAX_TTL.min(Duration::ZERO));"),
     # Redis: a dropped waiter's late attempt takes nothing
     ("redis-late-attempt-ignores-the-mark", "src/backend/redis/acquire.lua",
-     "if ARGV[5] and ARGV[5] ~= '' and redis.call('ZSCORE'",
+     "if ARGV[5] and ARGV[5] ~= '' and ARGV[3] ~= '0' and redis.call('ZSCORE'",
      "if false and ARGV[5] and redis.call('ZSCORE'"),
     ("redis-drop-leave-marks-nothing", "src/backend/redis/leave.lua",
      "if ARGV[4] == 'drop' then\n  -- The waiter is gone for good.",

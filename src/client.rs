@@ -344,8 +344,9 @@ impl<B> LockRequest<B> for ClientLocks {
 }
 
 /// `30` (seconds), `500ms`, `30s`, `5m`, `1h` (units in any case, leading
-/// zeros ignored). A number too large for any duration is `None`; a large
-/// one is a duration (over the server's maximum, refused as such).
+/// zeros ignored). A number of more than 18 digits is `None`; any other is
+/// a duration, the largest ones saturated (over the server's maximum, and
+/// refused as such).
 fn parse_duration(v: &str) -> Option<Duration> {
     let digits = v.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 {
@@ -363,9 +364,9 @@ fn parse_duration(v: &str) -> Option<Duration> {
     };
     let ms = match v[digits..].to_ascii_lowercase().as_str() {
         "ms" => n,
-        "" | "s" => n.checked_mul(1_000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
+        "" | "s" => n.saturating_mul(1_000),
+        "m" => n.saturating_mul(60_000),
+        "h" => n.saturating_mul(3_600_000),
         _ => return None,
     };
     Some(Duration::from_millis(ms))
@@ -396,16 +397,13 @@ mod tests {
             parse_duration("1000000000000ms"),
             Some(Duration::from_millis(1_000_000_000_000))
         );
-        for bad in [
-            "",
-            "s",
-            "-1",
-            "1.5s",
-            "1d",
-            "10 s",
-            "9999999999999999999",
-            "99999999999999999h",
-        ] {
+        for huge in ["9999999999999h", "99999999999999999", "999999999999999999s"] {
+            assert!(
+                parse_duration(huge).unwrap() > Duration::from_secs(1 << 40),
+                "{huge}"
+            );
+        }
+        for bad in ["", "s", "-1", "1.5s", "1d", "10 s", "9999999999999999999"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
     }

@@ -77,6 +77,7 @@
 //! | `LOCK_INVALID_CONFIG` | — | a backend configured wrongly, where it is built (never from the layer) |
 //! | `LOCK_UNSUPPORTED` | 501 | a lookup the backend cannot do as configured (Redis `held_by` without its owner index) |
 //! | `LOCK_FORCE_DISABLED` | 403 | the admin API's force release while it is off (feature `admin`) |
+//! | `LOCK_INVALID_QUERY` | 400 | the admin API's `force` parameter is neither `true`/`1` nor `false`/`0` (feature `admin`) |
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum

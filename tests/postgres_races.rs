@@ -650,9 +650,11 @@ async fn a_dropped_waiters_leave_is_tried_again_after_an_outage() {
     assert!(gone.await.unwrap_err().is_cancelled());
     proxy.held_writes(1).await;
     proxy.sever_all();
-    // The outage outlasts the leave's op timeout (its retry on a fresh
-    // connection inside the call fails too); then the server is back.
-    tokio::time::sleep(2 * SEC + ms(500)).await;
+    // The outage outlasts the leave's op timeout: the leave fails, and only
+    // a leave tried again (on a fresh connection, held too) comes later.
+    tokio::time::timeout(10 * SEC, proxy.held_writes(2))
+        .await
+        .expect("the dropped waiter's leave was never tried again");
     proxy.hold_commands(false);
     let deadline = Instant::now() + 10 * SEC;
     while count(&server, q) != 0 {

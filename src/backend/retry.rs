@@ -1,5 +1,5 @@
 //! Pauses between the tries of work that must land though the server cannot
-//! be reached now: a dropped waiter's leave (Redis, etcd), a lock's expiry
+//! be reached now: a dropped waiter's leave (Redis, etcd, PostgreSQL), a lock's expiry
 //! and the deletion of a flight's result (etcd). They double, from 50 ms to
 //! 1 s, so that an outage is not met with a storm of calls; but an answer
 //! the server gives another call of this process after a failure

@@ -18,7 +18,7 @@
 -- on a stalled connection while the leave went out on another, and lands
 -- late: it takes and queues nothing (it would take the lock for a waiter
 -- that is gone, until its TTL). {3, 0, 0}.
-if ARGV[5] and ARGV[5] ~= '' and redis.call('ZSCORE', KEYS[4] .. 'x', ARGV[4] .. '@' .. ARGV[5]) then
+if ARGV[5] and ARGV[5] ~= '' and ARGV[3] ~= '0' and redis.call('ZSCORE', KEYS[4] .. 'x', ARGV[4] .. '@' .. ARGV[5]) then
   return {3, 0, 0}
 end
 

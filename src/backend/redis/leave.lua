@@ -1,6 +1,7 @@
 -- leave: a waiter gives up. KEYS = lock, fence, queue, waiters, legacy fence,
 -- holds, their expiries
--- ARGV = owner, waiter id, channel, mode ('claim' or 'drop')
+-- ARGV = owner, waiter id, channel, mode ('claim' or 'drop'), how long a
+-- dropped waiter's ticket stays marked (ms)
 -- Leaves the queue; if the lock was handed to this waiter meanwhile, mode
 -- 'claim' keeps it ({1, fence, acquired ms}) and 'drop' releases it to the
 -- next waiter ({2}). Otherwise {0, holder's remaining ms}.
@@ -15,12 +16,16 @@ end
 if ARGV[4] == 'drop' then
   -- The waiter is gone for good. An attempt of it may still be in flight
   -- on a stalled connection (this leave went out on another): marked for
-  -- a minute (the client's trail of such a call lasts as long), the
-  -- ticket makes that attempt take nothing when it lands (acquire.lua).
+  -- as long as such a call may land (ARGV[5]; a minute from a client that
+  -- does not say), the ticket makes that attempt take nothing when it
+  -- lands (acquire.lua).
   local marks, at = waiters .. 'x', now_ms()
+  local life = tonumber(ARGV[5] or '60000')
   redis.call('ZREMRANGEBYSCORE', marks, '-inf', at)
-  redis.call('ZADD', marks, at + 60000, ticket)
-  redis.call('PEXPIRE', marks, 60000)
+  redis.call('ZADD', marks, at + life, ticket)
+  if redis.call('PTTL', marks) < life then
+    redis.call('PEXPIRE', marks, life)
+  end
 end
 
 local current = redis.call('GET', lock)

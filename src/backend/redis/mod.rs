@@ -45,6 +45,7 @@
 //! | `lock:{E}:fence` | integer, no TTL | the per-lock counter of earlier versions: migrated (then deleted) on first use; kept in step while [`keep_legacy_fence_counters`](RedisBackend::keep_legacy_fence_counters) is on |
 //! | `lock:{E}:q` | list, TTL | tickets of the waiters, oldest first |
 //! | `lock:{E}:w` | hash, TTL | ticket → `"<deadline ms> <ttl ms> <attempt> <owner>"` |
+//! | `lock:{E}:wx` | sorted set, TTL ≥ a minute | tickets of waiters that left for good (dropped), scored by when the mark ends: an attempt of such a waiter still in flight takes nothing when it lands (named, not sent, by acquire and leave) |
 //! | `lock:{E}:h` | hash, TTL ≥ its latest hold's | shared holds and permits ([`LockKind`](crate::LockKind)): `k` → the kind (`s`, or `p<n>`), `<fence>` → `"<expiry ms> <acquired ms> <attempt> <grant> <owner>"` per hold, `m<fence>` → that hold's metadata JSON, `a<attempt> <owner>` → that acquisition's fence |
 //! | `lock:{E}:he` | sorted set, the TTL of `:h` | the fence of each hold of `:h`, scored by its expiry ms: expired holds, their number and the earliest expiry without reading every hold (named, not sent, by the exclusive acquire and the release: one key less on their fast paths) |
 //! | `lock:{E}:forced` | string, 60 s TTL | the last force release's nonce and answer |

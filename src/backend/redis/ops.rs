@@ -11,7 +11,7 @@ use super::error::bad_reply;
 use super::invoke::Invocation;
 use super::keys::Keys;
 use super::scripts::{array, ceil_ms, int, int_at, remaining, server_time, string_at, uint_at};
-use super::trail::Trail;
+use super::trail::{TRAIL_LIFE, Trail};
 use crate::backend::{Hold, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -186,6 +186,9 @@ impl RedisBackend {
             LeaveMode::Claim => "claim",
             LeaveMode::Drop | LeaveMode::DropNow => "drop",
         });
+        // How long a dropped waiter's ticket stays marked: as long as a call
+        // of it may still land (its trail's life, or two op timeouts).
+        inv.arg(ceil_ms(TRAIL_LIFE.max(self.op_timeout.saturating_mul(2))));
         let reply = match mode {
             LeaveMode::DropNow => self.shared.conn.eval(&inv, end).await?,
             _ => self.cleanup(&inv, owner, end).await?,

@@ -872,6 +872,9 @@ MUTANTS = [
     ("owned-extend-leaves-the-ttl-to-the-backend", "src/lock/owned.rs",
      "        crate::spec::validate_ttl(ttl)?;\n        // Never beside a watchdog renewal",
      "        // Never beside a watchdog renewal"),
+    ("layer-kept-lock-kept-without-an-answer", "src/lock/release.rs",
+     "            answered: false,",
+     "            answered: true,"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

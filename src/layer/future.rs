@@ -163,7 +163,10 @@ where
                 }
                 StateProj::Calling { future, guard } => {
                     let mut result = ready!(future.poll(cx));
-                    let guard = guard.take().expect("guard present until the response");
+                    let mut guard = guard.take().expect("guard present until the response");
+                    if result.is_ok() {
+                        guard = guard.answered();
+                    }
                     if let Ok(res) = &mut result {
                         for (lock, kept) in guard.locks().map(Locks::described).unwrap_or_default()
                         {

@@ -223,11 +223,18 @@ fn traced(lock: &HeldLock, result: Result<(), LockError>) {
 /// The locks of one response: released with its end ([`start`](Self::start)),
 /// or when it is dropped first (client gone, body dropped early, panic
 /// unwinding). Exactly once either way.
+///
+/// Until the handler has answered, kept locks (`auto_release(false)`) go
+/// too: their owner token reaches the client only with the response, so
+/// after a handler that never answered (the client went away, a timeout,
+/// a panic caught outside, an error) nobody could release them.
 pub(crate) struct ReleaseGuard {
     locks: Option<Locks>,
     // Where the hold time goes, and since when (a layer whose
     // `Retry-After` is estimated from its hold times).
     clock: Option<(Arc<RetryPolicy>, tokio::time::Instant)>,
+    // The handler answered: kept locks stay kept.
+    answered: bool,
 }
 
 impl ReleaseGuard {
@@ -235,6 +242,22 @@ impl ReleaseGuard {
         ReleaseGuard {
             locks: Some(locks),
             clock: holds.map(|p| (p.clone(), tokio::time::Instant::now())),
+            answered: false,
+        }
+    }
+
+    /// The handler answered with a response: from now on kept locks stay
+    /// held after it (their owner token goes out with it).
+    pub(crate) fn answered(mut self) -> Self {
+        self.answered = true;
+        self
+    }
+
+    fn release(&self, locks: Locks) -> Option<Finish<()>> {
+        if self.answered {
+            locks.release_auto()
+        } else {
+            locks.close_and_release_all()
         }
     }
 
@@ -252,7 +275,8 @@ impl ReleaseGuard {
     /// Release now; `None` if done synchronously, else the work to await.
     pub(crate) fn start(mut self) -> Option<Finish<()>> {
         self.record();
-        self.locks.take().and_then(|locks| locks.release_auto())
+        let locks = self.locks.take()?;
+        self.release(locks)
     }
 }
 
@@ -261,7 +285,7 @@ impl Drop for ReleaseGuard {
         self.record();
         if let Some(locks) = self.locks.take() {
             // Dropping the unfinished release detaches it.
-            drop(locks.release_auto());
+            drop(self.release(locks));
         }
     }
 }

@@ -251,6 +251,11 @@ impl LockSpec {
     }
 
     /// Whether to release the lock after the response (default `true`).
+    /// A lock kept (`false`) outlives the response only when the handler
+    /// answered: its owner token goes out with the response (the
+    /// `lock-owner` header). If the handler never answers (the client went
+    /// away, a timeout or a panic caught outside the layer, a service
+    /// error) it is released as any other, since nobody else could.
     pub fn auto_release(mut self, auto_release: bool) -> Self {
         self.auto_release = auto_release;
         self

@@ -422,6 +422,65 @@ pub async fn release_completes_when_body_dropped_mid_release(h: Harness) {
     assert_comes_free(&h, &gkey("k")).await;
 }
 
+/// A kept lock (`auto_release(false)`) whose handler never answered is
+/// released all the same: its owner token reaches the client only with the
+/// response, so nobody could release it before its TTL. The handler's
+/// client went away mid-handler; it panicked under a `CatchPanicLayer`
+/// outside the lock layer (which drops ours and answers its own 500); the
+/// inner service failed. A handler that answers keeps it.
+pub async fn a_kept_lock_whose_handler_never_answered_is_released(h: Harness) {
+    let key = gkey("kept");
+    let kept = |_: &Request<Body>| Some(LockSpec::global("kept", TTL).auto_release(false));
+
+    // The client goes away while the handler runs.
+    let ctl = Ctl::default();
+    let app = Router::new().route(
+        "/run",
+        gated(&ctl).layer(LockLayer::new(h.backend.clone(), kept)),
+    );
+    let call = tokio::spawn(app.clone().oneshot(gated_req("/run")));
+    ctl.entered().await;
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "held while it runs"
+    );
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_released(&h, &key).await;
+
+    // A panic caught outside the lock layer.
+    let outside = Router::new().route(
+        "/p/{key}",
+        post(panicky)
+            .layer::<_, Infallible>(LockLayer::new(h.backend.clone(), kept))
+            .layer::<_, Infallible>(CatchPanicLayer::new()),
+    );
+    let reply = send(&outside, post_req("/p/k")).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_released(&h, &key).await;
+
+    // The inner service fails.
+    let failing = tower::service_fn(|_: Request<Body>| async {
+        Err::<Response<Body>, std::io::Error>(std::io::Error::other("inner failure"))
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(LockLayer::new(h.backend.clone(), kept))
+        .service(failing);
+    let failed = svc.ready().await.unwrap().call(post_req("/run")).await;
+    assert!(failed.is_err());
+    assert_released(&h, &key).await;
+
+    // Answered: the lock stays with the client that has its owner token.
+    let calm = with_header(post_req("/p/k"), "x-calm", b"1");
+    let reply = send(&outside, calm).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "an answered kept lock is kept"
+    );
+    assert!(h.backend.force_release(&key).await.unwrap());
+}
+
 /// (8a) A handler panic caught by `CatchPanicLayer` inside the lock layer:
 /// 500, then the lock is free.
 pub async fn release_on_panic_with_catch_panic(h: Harness) {

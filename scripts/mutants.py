@@ -875,6 +875,9 @@ MUTANTS = [
     ("layer-kept-lock-kept-without-an-answer", "src/lock/release.rs",
      "            answered: false,",
      "            answered: true,"),
+    ("layer-one-key-two-kinds-takes-the-first", "src/lock/acquire.rs",
+     "            .any(|w| w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())",
+     "            .any(|w| false && w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -227,6 +227,17 @@ pub(crate) fn acquire_all(
             reqs.push((req, spec));
         }
         reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
+        // One key named twice is one lock; named with two kinds it is
+        // neither (taking the first, as before, let a request that asked
+        // for the exclusive lock run beside another's shared hold).
+        if reqs
+            .windows(2)
+            .any(|w| w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())
+        {
+            let e = LockError::InvalidKind("a request cannot lock one key as two kinds");
+            meter.acquisition(observe::error_outcome(&e), None);
+            return Err(e);
+        }
         reqs.dedup_by(|a, b| a.0.key() == b.0.key());
         // Sorted by key then route: one key in both scopes sits side by side.
         if reqs

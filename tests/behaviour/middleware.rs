@@ -1278,4 +1278,26 @@ pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
         reply.text()
     );
     assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+
+    // One key as two kinds: neither is taken (the first one was, and a
+    // request that asked for the exclusive lock ran beside readers).
+    let kinds = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        [
+            LockSpec::global("k", TTL).shared(),
+            LockSpec::global("k", TTL),
+        ]
+    });
+    let app = Router::new().route("/kinds", gated(&ctl).layer(kinds));
+    send(&app, post_req("/kinds"))
+        .await
+        .assert_rejection(400, "LOCK_INVALID_KIND");
+    assert_eq!(ctl.runs(), 0);
+    assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    // Named twice alike, it is one lock.
+    let same = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
+        [LockSpec::global("k", TTL), LockSpec::global("k", TTL)]
+    });
+    let app = Router::new().route("/same", gated(&ctl).layer(same));
+    assert_eq!(send(&app, post_req("/same")).await.status, StatusCode::OK);
+    assert_eq!(ctl.runs(), 1);
 }

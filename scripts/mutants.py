@@ -878,6 +878,9 @@ MUTANTS = [
     ("layer-one-key-two-kinds-takes-the-first", "src/lock/acquire.rs",
      "            .any(|w| w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())",
      "            .any(|w| false && w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())"),
+    ("layer-declared-length-not-the-end", "src/layer/body.rs",
+     "    let len = data_len(frame);\n    if len == 0 {",
+     "    let len = data_len(frame);\n    if len == 0 || true {"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

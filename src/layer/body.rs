@@ -76,6 +76,10 @@ pin_project! {
         // is done.
         last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
         done: bool,
+        // Data bytes the response still declares (its `Content-Length`, or
+        // an exact size): a server stops reading a body at that length and
+        // drops it unpolled, so the frame that reaches it is the last.
+        left: Option<u64>,
     }
 }
 
@@ -86,7 +90,10 @@ impl<B: Body> LockBody<B> {
         }
     }
 
-    pub(crate) fn guarded(body: B, guard: ReleaseGuard) -> Self {
+    /// `body` releasing `guard`'s locks with its last frame; `declared`:
+    /// the response's `Content-Length`, if any.
+    pub(crate) fn guarded(body: B, guard: ReleaseGuard, declared: Option<u64>) -> Self {
+        let left = declared.or_else(|| body.size_hint().exact());
         LockBody {
             kind: Kind::Guarded {
                 inner: Box::pin(Guarded {
@@ -97,6 +104,7 @@ impl<B: Body> LockBody<B> {
                     buffered: 0,
                     last: None,
                     done: false,
+                    left,
                 }),
             },
         }
@@ -132,7 +140,7 @@ impl<B: Body> LockBody<B> {
                 // Streaming: the headers go now, the locks stay.
                 return Poll::Ready(());
             };
-            let is_last = ends_stream(&frame, &*g.body);
+            let is_last = ends_stream(&frame, &*g.body) | fills(&frame, g.left);
             match frame {
                 Some(Ok(frame)) if !is_last => {
                     *g.buffered += data_len(&frame);
@@ -148,6 +156,21 @@ impl<B: Body> LockBody<B> {
             }
         }
     }
+}
+
+/// Whether `frame` brings the data bytes `left` to the length the response
+/// declared (counting them down): the server reads no further. A frame
+/// without data (trailers) never does.
+fn fills<D: Buf, E>(frame: &Option<Result<Frame<D>, E>>, left: &mut Option<u64>) -> bool {
+    let (Some(Ok(frame)), Some(n)) = (frame, left.as_mut()) else {
+        return false;
+    };
+    let len = data_len(frame);
+    if len == 0 {
+        return false;
+    }
+    *n = n.saturating_sub(len);
+    *n == 0
 }
 
 /// Whether `frame`, just polled from `body`, is its last item (the end, an
@@ -200,7 +223,7 @@ where
                         return Poll::Ready(None);
                     }
                     let frame = ready!(g.body.as_mut().poll_frame(cx));
-                    let is_last = ends_stream(&frame, &*g.body);
+                    let is_last = ends_stream(&frame, &*g.body) | fills(&frame, g.left);
                     if is_last && let Some(release) = g.guard.take().and_then(ReleaseGuard::start) {
                         *g.releasing = Some(release);
                         *g.last = Some(frame);

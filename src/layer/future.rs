@@ -175,7 +175,11 @@ where
                     }
                     match result {
                         Ok(res) if !res.body().is_end_stream() => {
-                            let response = res.map(|b| LockBody::guarded(b, guard));
+                            let declared = res
+                                .headers()
+                                .get(http::header::CONTENT_LENGTH)
+                                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                            let response = res.map(|b| LockBody::guarded(b, guard, declared));
                             state.set(State::ReadingAhead {
                                 response: Some(response),
                             });

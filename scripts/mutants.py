@@ -715,9 +715,6 @@ MUTANTS = [
      "            let serializable = at_least.is_some();",
      "            let serializable = true;"),
     # Redis: a first queueing sent twice still counts as the call's entry
-    ("redis-wait-first-entry-sent-twice-not-counted", "src/backend/redis/wait.rs",
-     "                    entries = (entries + u32::from(queued_anew || sent_twice)).max(1);",
-     "                    entries += u32::from(queued_anew || sent_twice);"),
     ("postgres-wait-first-entry-sent-twice-not-counted", "src/backend/postgres/wait.rs",
      "                        entries = entries.max(1);",
      "                        let _ = entries;"),
@@ -881,6 +878,9 @@ MUTANTS = [
     ("layer-declared-length-not-the-end", "src/layer/body.rs",
      "    let len = data_len(frame);\n    if len == 0 {",
      "    let len = data_len(frame);\n    if len == 0 || true {"),
+    ("layer-kept-lock-kept-while-the-response-is-unsent", "src/layer/future.rs",
+     "                        unsent = Unsent(guard.locks().cloned());",
+     "                        unsent = Unsent(guard.locks().cloned().filter(|_| false));"),
     # single-flight: a response reaches only the leader's credentials
     ("flight-shares-across-credentials", "src/flight/response.rs",
      "    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {",

@@ -28,9 +28,13 @@ pub(crate) fn error_outcome(e: &LockError) -> &'static str {
         LockError::AcquisitionFailed { .. } => "busy",
         LockError::Timeout { .. } => "timeout",
         LockError::BackendUnavailable(_) => "unavailable",
-        LockError::InvalidKey(_) | LockError::InvalidTtl(_) | LockError::InvalidOwner(_) => {
-            "invalid"
-        }
+        LockError::InvalidKey(_)
+        | LockError::InvalidTtl(_)
+        | LockError::InvalidOwner(_)
+        | LockError::InvalidKind(_)
+        | LockError::InvalidMetadata(_)
+        | LockError::InvalidHeader(_)
+        | LockError::NotAllowed(_) => "invalid",
         _ => "error",
     }
 }

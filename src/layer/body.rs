@@ -91,9 +91,16 @@ impl<B: Body> LockBody<B> {
     }
 
     /// `body` releasing `guard`'s locks with its last frame; `declared`:
-    /// the response's `Content-Length`, if any.
-    pub(crate) fn guarded(body: B, guard: ReleaseGuard, declared: Option<u64>) -> Self {
-        let left = declared.or_else(|| body.size_hint().exact());
+    /// the response's `Content-Length`, if any; `http1`: whether the server
+    /// stops reading at a declared length or an exact size (HTTP/1.x; an
+    /// HTTP/2 server reads to the end, trailers included).
+    pub(crate) fn guarded(
+        body: B,
+        guard: ReleaseGuard,
+        declared: Option<u64>,
+        http1: bool,
+    ) -> Self {
+        let left = declared.or_else(|| body.size_hint().exact().filter(|_| http1));
         LockBody {
             kind: Kind::Guarded {
                 inner: Box::pin(Guarded {

@@ -54,18 +54,22 @@ pin_project! {
             #[pin]
             future: S::Future,
             guard: Option<ReleaseGuard>,
+            // HTTP/1.x: a server stops reading a body at its declared length.
+            http1: bool,
         },
         // Response without a body left to send (or an error): release before
         // handing it on, so a client that has it can take the lock again.
         Releasing {
             release: Finish<()>,
             result: Option<Result<S::Response, S::Error>>,
+            unsent: Unsent,
         },
         // Reading a body that is ready at once ahead, then releasing, so the
         // complete response leaves in one write. Also a rejection decided
         // in `call`, with nothing to read.
         ReadingAhead {
             response: Option<Response<LockBody<ResB>>>,
+            unsent: Unsent,
         },
         Done,
     }
@@ -89,9 +93,14 @@ where
         locks: Locks,
         rejection: &SharedRejection,
     ) -> Self {
+        let http1 = request.version() <= http::Version::HTTP_11;
         let (future, guard) = call_with(inner, request, locks, rejection);
         ResponseFuture {
-            state: State::Calling { future, guard },
+            state: State::Calling {
+                future,
+                guard,
+                http1,
+            },
         }
     }
 
@@ -100,6 +109,7 @@ where
         ResponseFuture {
             state: State::ReadingAhead {
                 response: Some(reject(rejection, error)),
+                unsent: Unsent(None),
             },
         }
     }
@@ -158,14 +168,29 @@ where
                     let (Some(req), Some(mut svc)) = (request.take(), inner.take()) else {
                         unreachable!("ResponseFuture polled after it was taken apart");
                     };
+                    let http1 = req.version() <= http::Version::HTTP_11;
                     let (future, guard) = call_with(&mut svc, req, locks, rejection);
-                    state.set(State::Calling { future, guard });
+                    state.set(State::Calling {
+                        future,
+                        guard,
+                        http1,
+                    });
                 }
-                StateProj::Calling { future, guard } => {
+                StateProj::Calling {
+                    future,
+                    guard,
+                    http1,
+                } => {
                     let mut result = ready!(future.poll(cx));
+                    let http1 = *http1;
                     let mut guard = guard.take().expect("guard present until the response");
+                    // Kept locks stay held after a response that leaves
+                    // this future; until it does (the release of the others
+                    // still under way), they go with it if it is dropped.
+                    let mut unsent = Unsent(None);
                     if result.is_ok() {
                         guard = guard.answered();
+                        unsent = Unsent(guard.locks().cloned());
                     }
                     if let Ok(res) = &mut result {
                         for (lock, kept) in guard.locks().map(Locks::described).unwrap_or_default()
@@ -175,43 +200,77 @@ where
                     }
                     match result {
                         Ok(res) if !res.body().is_end_stream() => {
+                            // (HTTP/2 reads a body to its end, trailers
+                            // after the declared length included.)
                             let declared = res
                                 .headers()
                                 .get(http::header::CONTENT_LENGTH)
-                                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-                            let response = res.map(|b| LockBody::guarded(b, guard, declared));
+                                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                                .filter(|_| http1);
+                            let response =
+                                res.map(|b| LockBody::guarded(b, guard, declared, http1));
                             state.set(State::ReadingAhead {
                                 response: Some(response),
+                                unsent,
                             });
                         }
                         result => match guard.start() {
                             None => {
+                                unsent.disarm();
                                 state.set(State::Done);
                                 return Poll::Ready(result.map(|r| r.map(LockBody::new)));
                             }
                             Some(release) => state.set(State::Releasing {
                                 release,
                                 result: Some(result),
+                                unsent,
                             }),
                         },
                     }
                 }
-                StateProj::Releasing { release, result } => {
+                StateProj::Releasing {
+                    release,
+                    result,
+                    unsent,
+                } => {
                     ready!(Pin::new(release).poll(cx));
                     let result = result.take().expect("result present until released");
+                    unsent.disarm();
                     state.set(State::Done);
                     return Poll::Ready(result.map(|r| r.map(LockBody::new)));
                 }
-                StateProj::ReadingAhead { response } => {
+                StateProj::ReadingAhead { response, unsent } => {
                     if let Some(res) = response.as_mut() {
                         ready!(res.body_mut().read_ahead(cx));
                     }
                     let response = response.take().expect("response present until returned");
+                    unsent.disarm();
                     state.set(State::Done);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
+        }
+    }
+}
+
+/// A response's locks until it leaves the layer's future: dropped before
+/// then (the client gone, an outer timeout), the kept ones go too, as their
+/// owner token never reached anyone.
+struct Unsent(Option<Locks>);
+
+impl Unsent {
+    /// The response left: kept locks stay kept.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(locks) = self.0.take() {
+            // Dropping the unfinished release detaches it.
+            drop(locks.close_and_release_all());
         }
     }
 }

@@ -251,11 +251,13 @@ impl LockSpec {
     }
 
     /// Whether to release the lock after the response (default `true`).
-    /// A lock kept (`false`) outlives the response only when the handler
-    /// answered: its owner token goes out with the response (the
-    /// `lock-owner` header). If the handler never answers (the client went
-    /// away, a timeout or a panic caught outside the layer, a service
-    /// error) it is released as any other, since nobody else could.
+    /// A lock kept (`false`) outlives the response only when the response
+    /// leaves the layer: its owner token goes out with it (the `lock-owner`
+    /// header). If the handler never answers, or its response never leaves
+    /// (the client went away, a timeout or a panic caught outside the
+    /// layer, a service error), it is released as any other. To hand a lock
+    /// to work that outlives a failed request, move it out with
+    /// [`Locks::cancel_auto_release`](crate::Locks::cancel_auto_release).
     pub fn auto_release(mut self, auto_release: bool) -> Self {
         self.auto_release = auto_release;
         self

@@ -148,6 +148,7 @@ for_each_backend! {
             release_completes_when_body_dropped_mid_release,
             release_on_panic_with_catch_panic,
             a_kept_lock_whose_handler_never_answered_is_released,
+            a_kept_lock_whose_response_never_left_is_released,
             release_on_panic_unwinding,
             release_on_inner_service_error,
             cancel_auto_release_hands_lock_to_job,

@@ -481,6 +481,28 @@ pub async fn a_kept_lock_whose_handler_never_answered_is_released(h: Harness) {
     assert!(h.backend.force_release(&key).await.unwrap());
 }
 
+/// The same when the handler answered but its response had not left the
+/// layer yet (the release of the request's other locks under way) when the
+/// client went away: the kept lock goes too, its owner token never sent.
+pub async fn a_kept_lock_whose_response_never_left_is_released(h: Harness) {
+    let probe = Probe::new(&h.backend);
+    let layer = LockLayer::new(probe.backend(), |_: &Request<Body>| {
+        [
+            LockSpec::global("auto", TTL),
+            LockSpec::global("kept", TTL).auto_release(false),
+        ]
+    });
+    let app = Router::new().route("/run", post(|| async {}).layer(layer));
+    probe.hold_releases();
+    let call = tokio::spawn(app.oneshot(post_req("/run")));
+    probe.releases_held(1).await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    probe.let_releases_go();
+    assert_comes_free(&h, &gkey("auto")).await;
+    assert_comes_free(&h, &gkey("kept")).await;
+}
+
 /// (8a) A handler panic caught by `CatchPanicLayer` inside the lock layer:
 /// 500, then the lock is free.
 pub async fn release_on_panic_with_catch_panic(h: Harness) {

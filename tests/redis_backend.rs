@@ -959,15 +959,10 @@ async fn a_waiters_leave_never_overtakes_its_queueing() {
     );
 }
 
-/// A queued waiter is dropped while its re-check is in flight on a
-/// connection that stalls (and stays stalled). Its leave goes behind that
-/// re-check, and stalls too; meanwhile the holder's release hands the lock
-/// to the dropped entry. The leave also goes on the current connection (a
-/// fresh one once the stalled one timed out), so the lock moves on to the
-/// next waiter long before the dropped entry's deadline or the hand-off's
-/// TTL (60 s each) would free it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
+/// A waiter (owner "waiter", through a proxy, op timeout 1 s) queued on
+/// "k" behind "holder" (its lease returned), then dropped while its re-check
+/// is held in the proxy (`hold_open_commands`, still on).
+async fn dropped_with_its_re_check_stalled() -> (RedisServer, RedisBackend, Proxy, Lease) {
     let server = RedisServer::start();
     let direct = backend(&server);
     let proxy = Proxy::start(server.port()).await;
@@ -986,6 +981,19 @@ async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
     proxy.held_writes(1).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
+    (server, direct, proxy, held)
+}
+
+/// A queued waiter is dropped while its re-check is in flight on a
+/// connection that stalls (and stays stalled). Its leave goes behind that
+/// re-check, and stalls too; meanwhile the holder's release hands the lock
+/// to the dropped entry. The leave also goes on the current connection (a
+/// fresh one once the stalled one timed out), so the lock moves on to the
+/// next waiter long before the dropped entry's deadline or the hand-off's
+/// TTL (60 s each) would free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
+    let (server, direct, proxy, held) = dropped_with_its_re_check_stalled().await;
 
     let next = spawn_acquire(&direct, req("k", "next", 60 * SEC, 20 * SEC));
     queued(&server, "k", 2).await;
@@ -1012,24 +1020,7 @@ async fn a_dropped_waiters_leave_does_not_wait_for_a_stalled_connection() {
 /// marked the waiter's ticket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiters_late_attempt_takes_nothing() {
-    let server = RedisServer::start();
-    let direct = backend(&server);
-    let proxy = Proxy::start(server.port()).await;
-    let b = RedisBackend::from_url(&proxy.redis_url())
-        .unwrap()
-        .op_timeout(SEC);
-    subscribe_first(&direct, &b).await;
-    let held = direct
-        .acquire(&req("k", "holder", 60 * SEC, Duration::ZERO))
-        .await
-        .unwrap();
-    let waiter = spawn_acquire(&b, req("k", "waiter", 60 * SEC, 60 * SEC));
-    queued(&server, "k", 1).await;
-    // Its safety-net re-check (within 250 ms) is sent and stalls.
-    proxy.hold_open_commands(true);
-    proxy.held_writes(1).await;
-    waiter.abort();
-    assert!(waiter.await.unwrap_err().is_cancelled());
+    let (server, direct, proxy, held) = dropped_with_its_re_check_stalled().await;
     // The leave on a fresh connection (once the stalled one timed out).
     queued(&server, "k", 0).await;
     direct

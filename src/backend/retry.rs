@@ -22,7 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, timeout_at};
+
+use crate::error::LockError;
+use crate::key::LockKey;
 
 /// The first and the largest pause.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -129,6 +132,38 @@ impl Retry {
     pub(crate) fn reset(&mut self) {
         self.pause = self.first;
         self.cut = false;
+    }
+}
+
+/// A dropped waiter's leave, tried until it gets through, fails for a
+/// reason other than an unreachable server, or the entry's deadline `until`
+/// passes (the server skips the entry from then on: nothing left to do).
+/// An entry left behind would be handed the lock by the next release, which
+/// then idles for the hand-off's whole TTL.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) async fn leave_until<T, F>(
+    answers: &Answers,
+    key: &LockKey,
+    until: Instant,
+    mut leave: impl FnMut() -> F,
+) where
+    F: std::future::Future<Output = Result<T, LockError>>,
+{
+    let mut retry = Retry::new(answers);
+    loop {
+        match leave().await {
+            Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {
+                tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
+                if timeout_at(until, retry.pause()).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
+                return;
+            }
+            Ok(_) => return,
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 
 use super::PostgresBackend;
 use super::error::bad_reply;
@@ -20,7 +20,7 @@ use super::listen::{Orphan, Wake, Wakes};
 use super::ops::{Attempt, Left, Ticket, ceil_ms, col, server_time};
 use super::statements::Statement;
 use crate::backend::Lease;
-use crate::backend::retry::{Answers, Retry};
+use crate::backend::retry::{Answers, leave_until};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -279,31 +279,18 @@ impl Drop for WaitGuard<'_> {
         // outage strands every waiter that gave up during it). Past the
         // entry's deadline the functions skip it: nothing left to do.
         runtime.spawn(async move {
-            let answers = Answers::default();
-            let mut retry = Retry::new(&answers);
-            loop {
+            let key = &key;
+            leave_until(&Answers::default(), key, until, || async {
                 let end = backend.deadline();
                 let ticket = Ticket {
                     channel: backend.shared.listener.channel(),
                     id,
                 };
-                let outcome = backend
-                    .leave(&key, &owner, ticket, false, Duration::ZERO, end)
-                    .await;
-                match outcome {
-                    Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {
-                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
-                        if timeout_at(until, retry.pause()).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
-                        return;
-                    }
-                    Ok(_) => return,
-                }
-            }
+                backend
+                    .leave(key, &owner, ticket, false, Duration::ZERO, end)
+                    .await
+            })
+            .await;
         });
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 
 use super::RedisBackend;
 use super::error::bad_reply;
@@ -12,7 +12,7 @@ use super::ops::{Attempt, LeaveMode, Left};
 use super::scripts::{ceil_ms, server_time};
 use super::wake::{Wake, Wakes};
 use crate::backend::Lease;
-use crate::backend::retry::Retry;
+use crate::backend::retry::leave_until;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -259,32 +259,20 @@ impl Drop for WaitGuard<'_> {
         let id = self.id;
         let until = self.until;
         runtime.spawn(async move {
-            let mut retry = Retry::new(backend.shared.conn.answers());
-            loop {
+            let (key, owner) = (&key, &owner);
+            let answers = backend.shared.conn.answers();
+            leave_until(answers, key, until, || async {
                 let end = backend.deadline();
-                let behind = backend.leave(&key, &owner, id, LeaveMode::Drop, Duration::ZERO, end);
-                let outcome = if backend.shared.trails.of(&owner).is_some() {
-                    let now = backend.leave(&key, &owner, id, LeaveMode::DropNow, Duration::ZERO, end);
+                let behind = backend.leave(key, owner, id, LeaveMode::Drop, Duration::ZERO, end);
+                if backend.shared.trails.of(owner).is_some() {
+                    let now =
+                        backend.leave(key, owner, id, LeaveMode::DropNow, Duration::ZERO, end);
                     tokio::join!(behind, now).0
                 } else {
                     behind.await
-                };
-                match outcome {
-                    Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {
-                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed; retrying");
-                        // Past the entry's deadline the scripts ignore it:
-                        // nothing left to do.
-                        if timeout_at(until, retry.pause()).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(key = %key.digest(), error = %e, "leaving the lock queue failed");
-                        return;
-                    }
-                    Ok(_) => return,
                 }
-            }
+            })
+            .await;
         });
     }
 }

@@ -453,7 +453,7 @@ MUTANTS = [
      "        let claimed = backend.claim(&key, holder, new_attempt_id()).await?;",
      "        let _ = new_attempt_id();\n        let claimed = backend.extend(&key, holder, Duration::from_secs(30)).await?;"),
     # Input (issue 21): checked in the form it is used and stored in
-    ("client-key-rule-before-nfc", "src/client.rs",
+    ("client-key-rule-before-nfc", "src/client/mod.rs",
      "        let key = normalise(&decoded)?;",
      "        let key = smol_str::SmolStr::new(&decoded);"),
     ("locks-lookup-before-nfc", "src/lock/registry.rs",
@@ -854,7 +854,7 @@ MUTANTS = [
     ("admin-force-read-loosely", "src/admin.rs",
      "        _ => {\n            return error_response(\n                StatusCode::BAD_REQUEST,\n                \"LOCK_INVALID_QUERY\",",
      "        _ if true => false,\n        _ => {\n            return error_response(\n                StatusCode::BAD_REQUEST,\n                \"LOCK_INVALID_QUERY\","),
-    ("client-headers-without-key-pass", "src/client.rs",
+    ("client-headers-without-key-pass", "src/client/mod.rs",
      "            if lock_headers.iter().any(|name| headers.contains_key(*name)) {",
      "            if false && lock_headers.iter().any(|name| headers.contains_key(*name)) {"),
     ("locks-extend-lands-on-any-lock-of-the-key", "src/lock/registry.rs",

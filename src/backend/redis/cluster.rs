@@ -22,8 +22,8 @@ use deadpool_redis::redis::{ConnectionInfo, ProtocolVersion, PushInfo, Value, cm
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::{Instant, timeout_at};
 
-use super::conn::{check_version, warn_about_policy};
 use super::error::{config_error, redis_error, timed_out};
+use super::server::{check_version, warn_about_policy};
 use crate::error::LockError;
 
 /// The oldest Redis a cluster backend runs on: sharded pub/sub

@@ -118,6 +118,7 @@ mod legacy;
 mod ops;
 mod replicas;
 mod scripts;
+mod server;
 mod trail;
 mod wait;
 mod wake;

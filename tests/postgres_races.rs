@@ -58,6 +58,22 @@ async fn warm_up(b: &PostgresBackend) {
         .unwrap();
 }
 
+/// A server, a backend straight to it, a proxy in front of it, and a
+/// backend through the proxy (op timeout 1 s, `connections` connections,
+/// warmed up).
+async fn behind_a_proxy(connections: usize) -> (PgServer, PostgresBackend, Proxy, PostgresBackend) {
+    let server = PgServer::start();
+    let direct = backend(&server.url()).await;
+    let proxy = Proxy::start(server.port()).await;
+    let b = PostgresBackend::builder()
+        .op_timeout(SEC)
+        .connections(connections)
+        .build(&proxy.postgres_url())
+        .unwrap();
+    warm_up(&b).await;
+    (server, direct, proxy, b)
+}
+
 /// One number from the server (psql, blocking).
 fn count(server: &PgServer, q: &str) -> i64 {
     server.psql(q).parse().unwrap()
@@ -590,14 +606,7 @@ async fn a_cleanup_waits_for_the_call_that_timed_out() {
 /// with an op timeout of its own and frees the lock, long before its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanup_behind_a_half_open_connection_still_runs() {
-    let server = PgServer::start();
-    let direct = backend(&server.url()).await;
-    let proxy = Proxy::start(server.port()).await;
-    let b = PostgresBackend::builder()
-        .op_timeout(SEC)
-        .build(&proxy.postgres_url())
-        .unwrap();
-    warm_up(&b).await;
+    let (_server, direct, proxy, b) = behind_a_proxy(2).await;
 
     proxy.blackhole_open_replies();
     let shared = SharedBackend::new(b.clone());
@@ -624,14 +633,7 @@ async fn a_cleanup_behind_a_half_open_connection_still_runs() {
 /// waiter that gave up during it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiters_leave_is_tried_again_after_an_outage() {
-    let server = PgServer::start();
-    let direct = backend(&server.url()).await;
-    let proxy = Proxy::start(server.port()).await;
-    let b = PostgresBackend::builder()
-        .op_timeout(SEC)
-        .build(&proxy.postgres_url())
-        .unwrap();
-    warm_up(&b).await;
+    let (server, direct, proxy, b) = behind_a_proxy(2).await;
     let held = direct
         .acquire(&req("k", "holder", 30 * SEC, Duration::ZERO))
         .await
@@ -683,17 +685,9 @@ async fn a_dropped_waiters_leave_is_tried_again_after_an_outage() {
 /// again release or take its key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_dropped_with_its_runtime_holds_up_nothing() {
-    let server = PgServer::start();
-    let direct = backend(&server.url()).await;
-    let proxy = Proxy::start(server.port()).await;
     // One connection: the cleanup below goes to a fresh one, not to another
     // half-open one.
-    let b = PostgresBackend::builder()
-        .op_timeout(SEC)
-        .connections(1)
-        .build(&proxy.postgres_url())
-        .unwrap();
-    warm_up(&b).await;
+    let (_server, direct, proxy, b) = behind_a_proxy(1).await;
 
     proxy.blackhole_open_replies();
     let on_its_own = b.clone();

@@ -157,12 +157,13 @@ fn query_param(uri: &Uri, name: &str) -> Result<Option<String>, ()> {
     Ok(None)
 }
 
-/// The key named by the path (already percent-decoded by axum) and query.
+/// The key named by the path ([`path_key`]) and query.
 ///
 /// A `route` that cannot be decoded is an error, never "no route": that
 /// would name the global lock of the same key, and a release or force
 /// release would act on the wrong lock.
-fn lock_key(raw: &str, uri: &Uri) -> Result<LockKey, LockError> {
+fn lock_key(uri: &Uri) -> Result<LockKey, LockError> {
+    let raw = path_key(uri)?;
     match query_param(uri, "route") {
         Ok(Some(route)) => LockKey::route(route, raw),
         Ok(None) => LockKey::global(raw),
@@ -192,7 +193,7 @@ fn path_key(uri: &Uri) -> Result<String, LockError> {
 }
 
 async fn status(State(admin): State<Arc<Admin>>, uri: Uri) -> Response {
-    let key = match path_key(&uri).and_then(|raw| lock_key(&raw, &uri)) {
+    let key = match lock_key(&uri) {
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };
@@ -247,7 +248,7 @@ async fn status(State(admin): State<Arc<Admin>>, uri: Uri) -> Response {
 }
 
 async fn release(State(admin): State<Arc<Admin>>, uri: Uri, headers: HeaderMap) -> Response {
-    let key = match path_key(&uri).and_then(|raw| lock_key(&raw, &uri)) {
+    let key = match lock_key(&uri) {
         Ok(key) => key,
         Err(e) => return lock_error(&e),
     };

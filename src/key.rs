@@ -104,7 +104,7 @@ impl LockKey {
     /// hashed, see [`LockKey::encoded`]).
     pub fn route(route: impl AsRef<str>, key: impl AsRef<str>) -> Result<Self, LockError> {
         let route = route.as_ref();
-        if route.chars().any(char::is_control) {
+        if has_control(route) {
             return Err(LockError::InvalidKey(
                 "the route contains control characters",
             ));
@@ -294,15 +294,20 @@ pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
             "the key is longer than 512 bytes of UTF-8",
         ));
     }
-    let control = if ascii {
-        key.bytes().any(|b| b.is_ascii_control())
-    } else {
-        key.chars().any(char::is_control)
-    };
-    if control {
+    if has_control(&key) {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
     Ok(SmolStr::new(key))
+}
+
+/// Whether `text` holds a control character (ASCII's are single bytes: a
+/// byte scan where the text is ASCII).
+fn has_control(text: &str) -> bool {
+    if text.is_ascii() {
+        text.bytes().any(|b| b.is_ascii_control())
+    } else {
+        text.chars().any(char::is_control)
+    }
 }
 
 /// `key` in NFC, the form a [`LockKey`] keeps: what a user's key is

@@ -139,17 +139,19 @@ impl Retry {
 /// reason other than an unreachable server, or the entry's deadline `until`
 /// passes (the server skips the entry from then on: nothing left to do).
 /// An entry left behind would be handed the lock by the next release, which
-/// then idles for the hand-off's whole TTL.
+/// then idles for the hand-off's whole TTL. `answers`: the backend's, whose
+/// answers to other calls cut a pause short (`None`: pauses run out).
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) async fn leave_until<T, F>(
-    answers: &Answers,
+    answers: Option<&Answers>,
     key: &LockKey,
     until: Instant,
     mut leave: impl FnMut() -> F,
 ) where
     F: std::future::Future<Output = Result<T, LockError>>,
 {
-    let mut retry = Retry::new(answers);
+    let none = Answers::default();
+    let mut retry = Retry::new(answers.unwrap_or(&none));
     loop {
         match leave().await {
             Err(LockError::BackendUnavailable(e)) if Instant::now() < until => {

@@ -90,17 +90,10 @@ impl<B: Body> LockBody<B> {
         }
     }
 
-    /// `body` releasing `guard`'s locks with its last frame; `declared`:
-    /// the response's `Content-Length`, if any; `http1`: whether the server
-    /// stops reading at a declared length or an exact size (HTTP/1.x; an
-    /// HTTP/2 server reads to the end, trailers included).
-    pub(crate) fn guarded(
-        body: B,
-        guard: ReleaseGuard,
-        declared: Option<u64>,
-        http1: bool,
-    ) -> Self {
-        let left = declared.or_else(|| body.size_hint().exact().filter(|_| http1));
+    /// `body` releasing `guard`'s locks with its last frame; `left`: the
+    /// data bytes after which the server reads no further, if it stops at a
+    /// declared length (see `Guarded::left`).
+    pub(crate) fn guarded(body: B, guard: ReleaseGuard, left: Option<u64>) -> Self {
         LockBody {
             kind: Kind::Guarded {
                 inner: Box::pin(Guarded {
@@ -147,7 +140,7 @@ impl<B: Body> LockBody<B> {
                 // Streaming: the headers go now, the locks stay.
                 return Poll::Ready(());
             };
-            let is_last = ends_stream(&frame, &*g.body) | fills(&frame, g.left);
+            let is_last = ends_stream(&frame, &*g.body, g.left);
             match frame {
                 Some(Ok(frame)) if !is_last => {
                     *g.buffered += data_len(&frame);
@@ -165,28 +158,32 @@ impl<B: Body> LockBody<B> {
     }
 }
 
-/// Whether `frame` brings the data bytes `left` to the length the response
-/// declared (counting them down): the server reads no further. A frame
-/// without data (trailers) never does.
-fn fills<D: Buf, E>(frame: &Option<Result<Frame<D>, E>>, left: &mut Option<u64>) -> bool {
-    let (Some(Ok(frame)), Some(n)) = (frame, left.as_mut()) else {
+/// Whether `frame`, just polled from `body`, is its last item: the end, an
+/// error, a frame after which the body reports its end, or one that brings
+/// the data bytes `left` (counted down here) to the length after which the
+/// server reads no further.
+fn ends_stream<B: Body>(
+    frame: &Option<Result<Frame<B::Data>, B::Error>>,
+    body: &B,
+    left: &mut Option<u64>,
+) -> bool {
+    match frame {
+        None | Some(Err(_)) => true,
+        Some(Ok(frame)) => fills(frame, left) | body.is_end_stream(),
+    }
+}
+
+/// Whether `frame` brings `left` to 0 (a frame without data, trailers,
+/// never does).
+fn fills<D: Buf>(frame: &Frame<D>, left: &mut Option<u64>) -> bool {
+    let (len, Some(n)) = (data_len(frame), left.as_mut()) else {
         return false;
     };
-    let len = data_len(frame);
     if len == 0 {
         return false;
     }
     *n = n.saturating_sub(len);
     *n == 0
-}
-
-/// Whether `frame`, just polled from `body`, is its last item (the end, an
-/// error, or a frame after which the body reports its end).
-fn ends_stream<B: Body>(frame: &Option<Result<Frame<B::Data>, B::Error>>, body: &B) -> bool {
-    match frame {
-        None | Some(Err(_)) => true,
-        Some(Ok(_)) => body.is_end_stream(),
-    }
 }
 
 fn data_len<D: Buf>(frame: &Frame<D>) -> u64 {
@@ -230,7 +227,7 @@ where
                         return Poll::Ready(None);
                     }
                     let frame = ready!(g.body.as_mut().poll_frame(cx));
-                    let is_last = ends_stream(&frame, &*g.body) | fills(&frame, g.left);
+                    let is_last = ends_stream(&frame, &*g.body, g.left);
                     if is_last && let Some(release) = g.guard.take().and_then(ReleaseGuard::start) {
                         *g.releasing = Some(release);
                         *g.last = Some(frame);

@@ -93,14 +93,8 @@ where
         locks: Locks,
         rejection: &SharedRejection,
     ) -> Self {
-        let http1 = request.version() <= http::Version::HTTP_11;
-        let (future, guard) = call_with(inner, request, locks, rejection);
         ResponseFuture {
-            state: State::Calling {
-                future,
-                guard,
-                http1,
-            },
+            state: call_with(inner, request, locks, rejection),
         }
     }
 
@@ -168,13 +162,8 @@ where
                     let (Some(req), Some(mut svc)) = (request.take(), inner.take()) else {
                         unreachable!("ResponseFuture polled after it was taken apart");
                     };
-                    let http1 = req.version() <= http::Version::HTTP_11;
-                    let (future, guard) = call_with(&mut svc, req, locks, rejection);
-                    state.set(State::Calling {
-                        future,
-                        guard,
-                        http1,
-                    });
+                    let calling = call_with(&mut svc, req, locks, rejection);
+                    state.set(calling);
                 }
                 StateProj::Calling {
                     future,
@@ -200,15 +189,16 @@ where
                     }
                     match result {
                         Ok(res) if !res.body().is_end_stream() => {
-                            // (HTTP/2 reads a body to its end, trailers
-                            // after the declared length included.)
-                            let declared = res
+                            // Where an HTTP/1 server stops reading: the
+                            // declared length (HTTP/2 reads a body to its
+                            // end, trailers after that length included).
+                            let left = res
                                 .headers()
                                 .get(http::header::CONTENT_LENGTH)
                                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                                .or_else(|| res.body().size_hint().exact())
                                 .filter(|_| http1);
-                            let response =
-                                res.map(|b| LockBody::guarded(b, guard, declared, http1));
+                            let response = res.map(|b| LockBody::guarded(b, guard, left));
                             state.set(State::ReadingAhead {
                                 response: Some(response),
                                 unsent,
@@ -277,18 +267,24 @@ impl Drop for Unsent {
 
 /// Call `inner` with the request's locks in its extensions; the guard
 /// releases them if the call's future is dropped.
-fn call_with<S, B>(
+fn call_with<S, B, ResB>(
     inner: &mut S,
     mut request: Request<B>,
     locks: Locks,
     rejection: &SharedRejection,
-) -> (S::Future, Option<ReleaseGuard>)
+) -> State<S, B, ResB>
 where
     S: Service<Request<B>>,
+    ResB: Body,
 {
+    let http1 = request.version() <= http::Version::HTTP_11;
     request.extensions_mut().insert(locks.clone());
     let guard = Some(ReleaseGuard::new(locks, rejection.learning()));
-    (inner.call(request), guard)
+    State::Calling {
+        future: inner.call(request),
+        guard,
+        http1,
+    }
 }
 
 /// The response for a request whose locks could not be taken.

@@ -227,29 +227,28 @@ pub(crate) fn acquire_all(
             reqs.push((req, spec));
         }
         reqs.sort_by(|a, b| a.0.key().cmp(b.0.key()));
-        // One key named twice is one lock; named with two kinds it is
-        // neither (taking the first, as before, let a request that asked
-        // for the exclusive lock run beside another's shared hold).
-        if reqs
-            .windows(2)
-            .any(|w| w[0].0.key() == w[1].0.key() && w[0].0.kind() != w[1].0.kind())
-        {
-            let e = LockError::InvalidKind("a request cannot lock one key as two kinds");
+        // Sorted by key then route: one key named twice sits side by side,
+        // and so does one key in both scopes. Named twice alike it is one
+        // lock; as two kinds it is neither (taking the first let a request
+        // that asked for the exclusive lock run beside another's shared
+        // hold); in both scopes, neither.
+        let clash = reqs.windows(2).find_map(|w| {
+            let (a, b) = (&w[0].0, &w[1].0);
+            if a.key() == b.key() {
+                (a.kind() != b.kind()).then_some(LockError::InvalidKind(
+                    "a request cannot lock one key as two kinds",
+                ))
+            } else {
+                (a.key().key() == b.key().key()).then_some(LockError::InvalidKey(
+                    "a request cannot lock one key in both route and global scope",
+                ))
+            }
+        });
+        if let Some(e) = clash {
             meter.acquisition(observe::error_outcome(&e), None);
             return Err(e);
         }
         reqs.dedup_by(|a, b| a.0.key() == b.0.key());
-        // Sorted by key then route: one key in both scopes sits side by side.
-        if reqs
-            .windows(2)
-            .any(|w| w[0].0.key().key() == w[1].0.key().key())
-        {
-            let e = LockError::InvalidKey(
-                "a request cannot lock one key in both route and global scope",
-            );
-            meter.acquisition(observe::error_outcome(&e), None);
-            return Err(e);
-        }
         let longest = reqs.iter().map(|(r, _)| r.max_wait()).max();
         let start = tokio::time::Instant::now();
         let deadline = start + longest.unwrap_or_default().min(crate::spec::MAX_TTL);

@@ -200,6 +200,28 @@ impl HeldLock {
 
     /// Renew this lock through `backend`'s watchdog until the handle is
     /// dropped.
+    /// Extend this acquisition on `backend` to `ttl` (checked here: a
+    /// backend that skipped the check would have the lock end past what an
+    /// `Instant` holds), never beside a watchdog renewal of it: `apply`
+    /// gets the new lease and when the lock now ends, still within the
+    /// extension's gate.
+    pub(crate) async fn extend_on<R>(
+        &self,
+        backend: &SharedBackend,
+        ttl: Duration,
+        apply: impl FnOnce(Lease, tokio::time::Instant) -> R,
+    ) -> Result<R, crate::error::LockError> {
+        crate::spec::validate_ttl(ttl)?;
+        // Never beside a watchdog renewal of the same lock (see `extending`).
+        let _gate = self.lost_signal().extending().await;
+        let sent = tokio::time::Instant::now();
+        let lease = backend
+            .extend(&self.key, self.holder(), ttl)
+            .await
+            .inspect_err(|e| self.meter.backend_error("extend", e))?;
+        Ok(apply(lease, sent + ttl))
+    }
+
     pub(crate) fn watch(&self, backend: &SharedBackend) -> WatchHandle {
         backend.watchdog().watch(
             self.key.clone(),

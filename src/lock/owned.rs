@@ -196,6 +196,10 @@ impl OwnedLock {
         let sent = tokio::time::Instant::now();
         let holder = Holder::new(token.owner(), token.fence());
         let claimed = backend.claim(&key, holder, new_attempt_id()).await?;
+        // Never past the lock's own end: a release within the hold shortens
+        // the lock, and must not lengthen it (a token's wall-clock hold from
+        // another clock, or edited).
+        let hold_until = token.hold_left().map(|left| sent + left.min(claimed.ttl));
         // Until the handle exists, a drop (the caller went away while the
         // metadata is read) gives the claimed lock back: nobody else can,
         // and the token is spent.
@@ -204,7 +208,7 @@ impl OwnedLock {
             key: &key,
             owner: token.owner(),
             fence: claimed.fence,
-            hold_until: token.hold_left().map(|left| sent + left.min(claimed.ttl)),
+            hold_until,
             kept: false,
         };
         // The metadata of the lock, not the token's copy (read after the
@@ -228,14 +232,7 @@ impl OwnedLock {
             Arc::from(token.owner()),
             lease,
             sent + left,
-            HeldExtras::new(
-                metadata,
-                // Never past the lock's own end: a release within the hold
-                // shortens the lock, and must not lengthen it (a token's
-                // wall-clock hold from another clock, or edited).
-                token.hold_left().map(|left| sent + left.min(claimed.ttl)),
-                token.kind(),
-            ),
+            HeldExtras::new(metadata, hold_until, token.kind()),
             Meter::new(&backend, ""),
         );
         Ok(OwnedLock::from_parts(backend, lock, None))
@@ -309,23 +306,15 @@ impl OwnedLock {
     /// Set the remaining TTL to `ttl` (never revives an expired lock:
     /// [`LockError::NotFound`] then).
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
-        // Checked here too: a backend that skipped it would have the lock
-        // end at `sent + ttl`, past what an `Instant` can hold.
-        crate::spec::validate_ttl(ttl)?;
-        // Never beside a watchdog renewal of the same lock (see `extending`).
-        let _gate = self.lock.lost_signal().extending().await;
-        let sent = tokio::time::Instant::now();
-        let lease = self
-            .backend
-            .extend(&self.lock.key, self.lock.holder(), ttl)
-            .await
-            .inspect_err(|e| self.lock.meter.backend_error("extend", e))?;
-        self.lock.lease = lease;
-        self.lock.set_expiry(sent + ttl);
-        if let Some(w) = &self.watch {
-            w.set_ttl(ttl);
-        }
-        Ok(())
+        let lock = self.lock.clone();
+        lock.extend_on(&self.backend, ttl, |lease, end| {
+            self.lock.lease = lease;
+            self.lock.set_expiry(end);
+            if let Some(w) = &self.watch {
+                w.set_ttl(ttl);
+            }
+        })
+        .await
     }
 
     /// Ask the backend who holds this lock now.

@@ -329,43 +329,36 @@ impl Locks {
     /// it.
     pub async fn extend(&self, key: &str, ttl: Duration) -> Result<HeldLock, LockError> {
         let lock = self.lookup(key)?;
-        // Checked here too: a backend that skipped it would have the lock
-        // end at `sent + ttl`, past what an `Instant` can hold.
-        crate::spec::validate_ttl(ttl)?;
-        // Never beside a watchdog renewal of the same lock (see `extending`).
-        let _gate = lock.lost_signal().extending().await;
-        let sent = tokio::time::Instant::now();
-        let lease = self
-            .inner
-            .backend
-            .extend(&lock.key, lock.holder(), ttl)
-            .await
-            .inspect_err(|e| lock.meter.backend_error("extend", e))?;
-        let mut state = self.state();
-        // The acquisition this extended, not any lock of the key: released
-        // and taken again meanwhile, the key's slot holds another one.
-        let slot = state.slots.iter_mut().find(|s| {
-            s.lock.key == lock.key
-                && s.lock.lease.fence == lock.lease.fence
-                && s.lock.owner == lock.owner
-        });
-        match slot {
-            Some(slot) => {
-                slot.lock.lease = lease;
-                slot.lock.set_expiry(sent + ttl);
-                if let Some(w) = &slot.watch {
-                    w.set_ttl(ttl);
+        lock.extend_on(&self.inner.backend, ttl, |lease, end| {
+            let mut state = self.state();
+            // The acquisition this extended, not any lock of the key:
+            // released and taken again meanwhile, the key's slot holds
+            // another one.
+            let slot = state.slots.iter_mut().find(|s| {
+                s.lock.key == lock.key
+                    && s.lock.lease.fence == lock.lease.fence
+                    && s.lock.owner == lock.owner
+            });
+            match slot {
+                Some(slot) => {
+                    slot.lock.lease = lease;
+                    slot.lock.set_expiry(end);
+                    if let Some(w) = &slot.watch {
+                        w.set_ttl(ttl);
+                    }
+                    Ok(slot.lock.clone())
                 }
-                Ok(slot.lock.clone())
+                None => {
+                    // Released, or handed to an owned handle meanwhile:
+                    // that handle shares the lost signal, which learns the
+                    // new end.
+                    let mut lock = lock.clone();
+                    lock.set_expiry(end);
+                    Err(LockError::AlreadyReleased)
+                }
             }
-            None => {
-                // Released, or handed to an owned handle meanwhile: that
-                // handle shares the lost signal, which learns the new end.
-                let mut lock = lock;
-                lock.set_expiry(sent + ttl);
-                Err(LockError::AlreadyReleased)
-            }
-        }
+        })
+        .await?
     }
 
     /// Ask the backend who holds this request's lock `key` now.

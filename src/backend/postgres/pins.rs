@@ -73,12 +73,19 @@ struct Drain {
     until: Instant,
 }
 
+impl Drain {
+    /// Whether connection `generation` of `slot` still drains by it at `now`.
+    fn covers(&self, slot: usize, generation: u64, now: Instant) -> bool {
+        (self.slot, self.generation) == (slot, generation) && self.until > now
+    }
+}
+
 impl Map {
     /// When connection `generation` of `slot` ends draining, if it does.
     fn draining(&self, slot: usize, generation: u64, now: Instant) -> Option<Instant> {
         self.draining
             .iter()
-            .filter(|d| (d.slot, d.generation) == (slot, generation) && d.until > now)
+            .filter(|d| d.covers(slot, generation, now))
             .map(|d| d.until)
             .max()
     }
@@ -230,9 +237,7 @@ impl Pins {
             p.slot != slot
                 || p.generation > generation
                 || (p.generation == generation && p.made > sent)
-                || draining
-                    .iter()
-                    .any(|d| (d.slot, d.generation) == (p.slot, p.generation) && d.until > now)
+                || draining.iter().any(|d| d.covers(p.slot, p.generation, now))
         });
         self.len.store(pins.len(), Ordering::Release);
     }

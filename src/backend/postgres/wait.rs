@@ -20,7 +20,7 @@ use super::listen::{Orphan, Wake, Wakes};
 use super::ops::{Attempt, Left, Ticket, ceil_ms, col, server_time};
 use super::statements::Statement;
 use crate::backend::Lease;
-use crate::backend::retry::{Answers, leave_until};
+use crate::backend::retry::leave_until;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::{AcquireRequest, MAX_TTL};
@@ -280,7 +280,7 @@ impl Drop for WaitGuard<'_> {
         // entry's deadline the functions skip it: nothing left to do.
         runtime.spawn(async move {
             let key = &key;
-            leave_until(&Answers::default(), key, until, || async {
+            leave_until(None, key, until, || async {
                 let end = backend.deadline();
                 let ticket = Ticket {
                     channel: backend.shared.listener.channel(),

@@ -359,7 +359,7 @@ impl Pinned {
         sent: &mut Option<Conn>,
         resend: bool,
     ) -> Result<(Value, bool), LockError> {
-        let mut retried = !resend;
+        let mut retried = false;
         loop {
             let (generation, mut conn) =
                 self.get(end).await.inspect_err(|_| self.answers.failed())?;
@@ -368,11 +368,11 @@ impl Pinned {
                 Ok(Ok(value)) => {
                     *sent = None;
                     self.answers.answered();
-                    return Ok((value, retried && resend));
+                    return Ok((value, retried));
                 }
                 Ok(Err(e)) if is_connection_error(&e) => {
                     self.invalidate(generation);
-                    if !retried && Instant::now() < end {
+                    if resend && !retried && Instant::now() < end {
                         retried = true;
                         continue;
                     }

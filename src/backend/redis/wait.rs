@@ -261,7 +261,7 @@ impl Drop for WaitGuard<'_> {
         runtime.spawn(async move {
             let (key, owner) = (&key, &owner);
             let answers = backend.shared.conn.answers();
-            leave_until(answers, key, until, || async {
+            leave_until(Some(answers), key, until, || async {
                 let end = backend.deadline();
                 let behind = backend.leave(key, owner, id, LeaveMode::Drop, Duration::ZERO, end);
                 if backend.shared.trails.of(owner).is_some() {

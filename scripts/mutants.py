@@ -573,6 +573,12 @@ MUTANTS = [
     ("etcd-release-forgets-the-handed-locks-expiry", "src/backend/etcd/ops.rs",
      "        self.shared.expiries.disarm_value(&h.key, &h.raw_value);\n",
      "        self.shared.expiries.disarm_range(b\"\", &[0xff]);\n"),
+    # A waiter answered by a grant to its twin (a retry of the same request,
+    # queued beside it) left its own entry queued, to be granted to no call
+    # later (wait_test: a_retry_answered_by_its_twins_grant_leaves_the_queue).
+    ("etcd-twins-entry-left-queued", "src/backend/etcd/wait.rs",
+     "                    if !queued {\n",
+     "                    if true || !queued {\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

@@ -107,8 +107,10 @@ impl Target {
 
 /// What a read of the queue found for a waiter.
 enum Seen {
-    /// The lock is ours (handed over).
-    Granted(Lease),
+    /// The lock is ours (handed over); whether our entry is still queued
+    /// (the hold came through another entry of the same owner and attempt:
+    /// a retry of the same request, waiting beside this call).
+    Granted(Lease, bool),
     /// Our entry is gone and the lock is not ours (our lease ran out).
     Lost,
     /// Still waiting: watch from here.
@@ -254,8 +256,16 @@ impl EtcdBackend {
                 Err(e) => return Err(e),
             };
             match seen {
-                Seen::Granted(lease) => {
-                    guard.entry = None;
+                Seen::Granted(lease, queued) => {
+                    // Still queued: the guard leaves the queue as it drops
+                    // (and finds the hold ours, kept by the timer armed for
+                    // it). Left there, the entry would be handed the lock
+                    // again once it came to the head, for no call: held on
+                    // our lease, with no timer, as long as this process
+                    // lives.
+                    if !queued {
+                        guard.entry = None;
+                    }
                     return Ok(lease);
                 }
                 Seen::Waiting(next) => place = next,
@@ -398,10 +408,12 @@ impl EtcdBackend {
                 .iter()
                 .map(|kv| HeldKey::from_kv(keys, kv).ok_or_else(|| bad_reply(WHAT)))
                 .collect::<Result<Vec<_>, _>>()?;
+            let entry = kvs_at(&reply, 2, WHAT)?;
             if let Some((h, kv)) = holders.iter().zip(&holder_kvs).find(|(h, _)| h.key == mine) {
-                return Ok(Seen::Granted(self.granted(req, h, kv.lease())));
+                let lease = self.granted(req, h, kv.lease());
+                return Ok(Seen::Granted(lease, !entry.is_empty()));
             }
-            let Some(entry) = kvs_at(&reply, 2, WHAT)?.first().and_then(Waiter::from_kv) else {
+            let Some(entry) = entry.first().and_then(Waiter::from_kv) else {
                 return Ok(Seen::Lost);
             };
             let before = kvs_at(&reply, 1, WHAT)?.first().map(|kv| kv.key().to_vec());

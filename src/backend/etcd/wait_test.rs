@@ -86,3 +86,71 @@ async fn a_hand_off_to_an_entry_since_lost_is_not_a_grant() {
         "a hand-off to an entry since lost answered the waiter"
     );
 }
+
+/// Two calls of one request (same owner and attempt: a retry sent while the
+/// first still waits) queue two entries, another waiter's between them. The
+/// release hands the lock to the first; the second sees its holder key on
+/// its next read (the safety net: what it watches, the entry before it, has
+/// not changed) and answers with the same hold. Its entry used to stay
+/// queued, to be handed the lock once it came to the head, for no call:
+/// held on this process's lease, with no timer, as long as the process lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_answered_by_its_twins_grant_leaves_the_queue() {
+    let backend = EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+        .unwrap()
+        .prefix(format!("twins-{}/", new_attempt_id()));
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let wait = Duration::from_secs(20);
+    let holder = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
+    backend.acquire(&holder).await.unwrap();
+    let waiter = AcquireRequest::new(key.clone(), "waiter", ttl, wait).unwrap();
+    let other = AcquireRequest::new(key.clone(), "other", ttl, wait).unwrap();
+    let waiting = async |n: usize| {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        while backend.status(&key).await.unwrap().map(|s| s.waiters) != Some(n) {
+            assert!(
+                tokio::time::Instant::now() < end,
+                "never {n} entries queued"
+            );
+            tokio::task::yield_now().await;
+        }
+    };
+    let call = |req: &AcquireRequest| {
+        let (backend, req) = (backend.clone(), req.clone());
+        tokio::spawn(async move { backend.acquire(&req).await })
+    };
+    let first = call(&waiter);
+    waiting(1).await;
+    let between = call(&other);
+    waiting(2).await;
+    let second = call(&waiter);
+    waiting(3).await;
+    backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let (a, b) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(a.fence, b.fence, "one hold answers both calls");
+    // The second call's entry leaves the queue (in the background, as a
+    // dropped waiter's does): the other waiter's is the only one left...
+    waiting(1).await;
+    backend
+        .release(&key, Holder::owner_only("waiter"))
+        .await
+        .unwrap();
+    between.await.unwrap().unwrap();
+    // ...so that its release frees the lock, rather than handing it to an
+    // entry no call waits on.
+    backend
+        .release(&key, Holder::owner_only("other"))
+        .await
+        .unwrap();
+    assert!(
+        backend.status(&key).await.unwrap().is_none(),
+        "the lock is free"
+    );
+}

@@ -579,6 +579,11 @@ MUTANTS = [
     ("etcd-twins-entry-left-queued", "src/backend/etcd/wait.rs",
      "                    if !queued {\n",
      "                    if true || !queued {\n"),
+    # One key named twice with other settings took the first one's silently
+    # (behaviour: one_key_in_both_scopes_is_refused).
+    ("layer-one-key-twice-with-other-settings", "src/lock/acquire.rs",
+     "(!alike).then_some(",
+     "(!alike && false).then_some("),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),
@@ -879,8 +884,8 @@ MUTANTS = [
      "            answered: false,",
      "            answered: true,"),
     ("layer-one-key-two-kinds-takes-the-first", "src/lock/acquire.rs",
-     "                (a.kind() != b.kind()).then_some(LockError::InvalidKind(",
-     "                (false && a.kind() != b.kind()).then_some(LockError::InvalidKind("),
+     "                if a.kind() != b.kind() {\n",
+     "                if false && a.kind() != b.kind() {\n"),
     ("layer-declared-length-not-the-end", "src/layer/body.rs",
      "    if len == 0 {\n        return false;\n    }\n    *n = n.saturating_sub(len);",
      "    if len == 0 || true {\n        return false;\n    }\n    *n = n.saturating_sub(len);"),

@@ -65,7 +65,7 @@
 //! | `LOCK_TIMEOUT` | 429 + `Retry-After` | still held after the max wait |
 //! | `LOCK_EXPIRED` | 429 + `Retry-After` | a lock ran out before the handler could run |
 //! | `LOCK_BACKEND_UNAVAILABLE` | 503 + `Retry-After` | the backend cannot be reached in time |
-//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER`, `LOCK_INVALID_METADATA` | 400 | bad spec from the request (or one key in two scopes) |
+//! | `LOCK_INVALID_KEY`, `LOCK_INVALID_TTL`, `LOCK_INVALID_OWNER`, `LOCK_INVALID_METADATA` | 400 | bad spec from the request (or one key in two scopes, or twice with other settings) |
 //! | `LOCK_INVALID_HEADER`, `LOCK_NOT_ALLOWED` | 400 | a client-directed lock ([`ClientLocks`]) with a bad header, or over the server's limits |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |

@@ -231,12 +231,23 @@ pub(crate) fn acquire_all(
         // and so does one key in both scopes. Named twice alike it is one
         // lock; as two kinds it is neither (taking the first let a request
         // that asked for the exclusive lock run beside another's shared
-        // hold); in both scopes, neither.
+        // hold); with other settings, neither (the first one's TTL, wait
+        // or release were taken, silently); in both scopes, neither.
         let clash = reqs.windows(2).find_map(|w| {
-            let (a, b) = (&w[0].0, &w[1].0);
+            let ((a, sa), (b, sb)) = (&w[0], &w[1]);
             if a.key() == b.key() {
-                (a.kind() != b.kind()).then_some(LockError::InvalidKind(
-                    "a request cannot lock one key as two kinds",
+                if a.kind() != b.kind() {
+                    return Some(LockError::InvalidKind(
+                        "a request cannot lock one key as two kinds",
+                    ));
+                }
+                let alike = a.ttl() == b.ttl()
+                    && a.max_wait() == b.max_wait()
+                    && a.metadata() == b.metadata()
+                    && sa.get_auto_release() == sb.get_auto_release()
+                    && sa.get_watchdog() == sb.get_watchdog();
+                (!alike).then_some(LockError::InvalidKey(
+                    "a request cannot name one key twice with other settings",
                 ))
             } else {
                 (a.key().key() == b.key().key()).then_some(LockError::InvalidKey(

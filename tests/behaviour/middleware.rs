@@ -1279,7 +1279,8 @@ pub async fn several_locks_wait_at_most_the_longest_max_wait(h: Harness) {
 }
 
 /// (16.7) One key names one lock of a request: specs naming it in both
-/// scopes are refused (`400 LOCK_INVALID_KEY`), and so is `Locks::acquire`
+/// scopes, or twice with other settings, are refused (`400
+/// LOCK_INVALID_KEY`), and so is `Locks::acquire`
 /// of a key the request already holds, in either scope.
 pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
     let ctl = Ctl::default();
@@ -1332,6 +1333,25 @@ pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
         .assert_rejection(400, "LOCK_INVALID_KIND");
     assert_eq!(ctl.runs(), 0);
     assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    // Named twice with other settings: neither (the first one's were
+    // taken, silently).
+    let settings = [
+        LockSpec::global("k", TTL * 2),
+        LockSpec::global("k", TTL).max_wait(Duration::from_secs(1)),
+        LockSpec::global("k", TTL).auto_release(false),
+        LockSpec::global("k", TTL).watchdog(true),
+    ];
+    for other in settings {
+        let twice = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {
+            [LockSpec::global("k", TTL), other.clone()]
+        });
+        let app = Router::new().route("/twice", gated(&ctl).layer(twice));
+        send(&app, post_req("/twice"))
+            .await
+            .assert_rejection(400, "LOCK_INVALID_KEY");
+        assert_eq!(status_of(&h.backend, &gkey("k")).await, None);
+    }
+    assert_eq!(ctl.runs(), 0);
     // Named twice alike, it is one lock.
     let same = LockLayer::new(h.backend.clone(), |_: &Request<Body>| {
         [LockSpec::global("k", TTL), LockSpec::global("k", TTL)]

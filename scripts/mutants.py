@@ -584,6 +584,25 @@ MUTANTS = [
     ("layer-one-key-twice-with-other-settings", "src/lock/acquire.rs",
      "(!alike).then_some(",
      "(!alike && false).then_some("),
+    # A call of a request handed the lock and dropped before it read it gave
+    # the hold back after a retry of the request had taken it over: two
+    # holders (behaviour: a_dropped_call_never_gives_back_the_hold_its_retry_took;
+    # etcd's shared retry rewrote its hold and reported another fence).
+    ("memory-retry-takes-no-exclusive-hold", "src/backend/memory/take.rs",
+     "entry.extra.get_or_insert_default().retaken = entry.fence;",
+     "let _ = entry.extra.get_or_insert_default();"),
+    ("memory-retry-takes-no-group-hold", "src/backend/memory/group.rs",
+     "        hold.retaken = true;\n",
+     ""),
+    ("redis-retry-leaves-the-grant-to-the-ticket", "src/backend/redis/acquire.lua",
+     "    if grant ~= '-' then\n",
+     "    if false and grant ~= '-' then\n"),
+    ("redis-hold-retry-leaves-the-grant-to-the-ticket", "src/backend/redis/acquire.lua",
+     "      string.format('%s %s %s - %s', expiry, a, held_attempt, who))",
+     "      string.format('%s %s %s %s %s', expiry, a, held_attempt, select(4, parse_hold(value)), who))"),
+    ("etcd-shared-retry-rewrites-its-hold", "src/backend/etcd/take.rs",
+     "            if kind == LockKind::Shared {\n",
+     "            if false && kind == LockKind::Shared {\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

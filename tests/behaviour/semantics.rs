@@ -6,7 +6,7 @@ use tower_lock::backend::Holder;
 use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_lock::{JobSpec, LockError, LockLayer, LockSpec, OwnedLock};
+use tower_lock::{JobSpec, LockError, LockKind, LockLayer, LockSpec, OwnedLock};
 
 use super::harness::Harness;
 use super::support::*;
@@ -303,6 +303,65 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) {
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences must strictly increase: {fences:?}"
     );
+}
+
+/// (16.3) A retry of a waiting acquisition (the same request, sent again
+/// while the first call still waits) finds the lock handed to the first
+/// call's entry and takes that hold, as after a lost reply. The first call,
+/// dropped before it read its grant, then gives nothing back: the retry
+/// holds the lock until it releases it. (Its cleanup released the hold
+/// under the retry and handed it on: two holders, on memory and Redis.)
+pub async fn a_dropped_call_never_gives_back_the_hold_its_retry_took(h: Harness) {
+    for (name, kind) in [("x", LockKind::Exclusive), ("s", LockKind::Shared)] {
+        let key = gkey(name);
+        let ttl = Duration::from_secs(30);
+        h.backend
+            .acquire(&areq(&key, "holder", ttl, Duration::ZERO))
+            .await
+            .unwrap();
+        let req = areq(&key, "client", ttl, Duration::from_secs(20))
+            .with_kind(kind)
+            .unwrap();
+        // The first call queues; its future is then kept but never polled
+        // again, so it never reads the grant it is handed.
+        let mut first = Box::pin(h.backend.acquire(&req));
+        tokio::select! {
+            biased;
+            r = &mut first => panic!("the lock is held: {r:?}"),
+            () = h.until_queued(&key, 1) => {}
+        }
+        h.backend
+            .release(&key, Holder::owner_only("holder"))
+            .await
+            .unwrap();
+        let st = status_of(&h.backend, &key).await.expect("handed over");
+        // (An exclusive lock's holder is the status itself.)
+        let handed = st
+            .holders
+            .first()
+            .map_or((st.owner, st.fence), |h| (h.owner.clone(), h.fence));
+        assert_eq!(handed.0, "client", "{kind}");
+        // The retry takes the hold handed to the first call...
+        let retry = h.backend.acquire(&req).await.unwrap();
+        assert_eq!(retry.fence, handed.1, "{kind}");
+        // ...and the first call goes away.
+        drop(first);
+        // A writer gets nothing while the retry holds the lock (had the
+        // first call's cleanup given it back, it would be handed this one).
+        let other = h
+            .backend
+            .acquire(&areq(&key, "other", ttl, Duration::from_secs(2)))
+            .await;
+        assert!(
+            matches!(other, Err(LockError::Timeout { .. })),
+            "{kind}: the retry's hold was given away: {other:?}"
+        );
+        h.backend
+            .release(&key, Holder::new("client", retry.fence))
+            .await
+            .expect("the retry still holds the lock");
+        assert_released(&h, &key).await;
+    }
 }
 
 /// (16.3) One owner token never makes two holders: a retry of the same

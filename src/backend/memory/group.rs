@@ -37,6 +37,8 @@ pub(super) struct Holding {
     pub(super) acquired_at: SystemTime,
     pub(super) expires: Instant,
     pub(super) metadata: Option<LockMetadata>,
+    /// A retry of its request took it over (see `Entry::retaken`).
+    pub(super) retaken: bool,
 }
 
 impl Holding {
@@ -112,6 +114,7 @@ impl Entry {
             .iter_mut()
             .find(|h| h.attempt == req.attempt() && owners_match(&h.owner, req.owner()))?;
         hold.expires = now + req.ttl();
+        hold.retaken = true;
         let lease = Lease::new(hold.fence, hold.acquired_at, SystemTime::now(), req.ttl());
         self.regroup(now);
         Some(lease)

@@ -82,6 +82,7 @@ pub(super) fn hand_off(fence: &AtomicU64, entry: &mut Entry) -> bool {
             acquired_at: wall,
             expires: now + w.ttl,
             metadata: w.metadata,
+            retaken: false,
         };
         entry.add_hold(w.kind, hold, now);
         held = Some(w.kind);

@@ -130,6 +130,9 @@ pub(super) struct Extra {
     pub(super) metadata: Option<LockMetadata>,
     // Held shared or under permits: the holds (see `group.rs`).
     pub(super) group: Option<Group>,
+    // The fence of the exclusive hold a retry of its request took over (0:
+    // none): see `Entry::retaken`.
+    pub(super) retaken: u64,
 }
 
 impl Extra {
@@ -140,6 +143,7 @@ impl Extra {
                 waiters: VecDeque::new(),
                 metadata: Some(m),
                 group: None,
+                retaken: 0,
             })
         })
     }
@@ -151,6 +155,17 @@ impl Entry {
     /// not the holder.
     pub(super) fn held_by(&self, req: &AcquireRequest) -> bool {
         self.attempt == req.attempt() && owners_match(&self.owner, req.owner())
+    }
+
+    /// Whether a retry of its request took over the hold under `fence`
+    /// (exclusive, or one of the group): a hand-off to a call of that
+    /// request that then went away without reading it is not that call's
+    /// to give back.
+    pub(super) fn retaken(&self, fence: u64) -> bool {
+        match self.group() {
+            Some(g) => g.holds.iter().any(|h| h.fence == fence && h.retaken),
+            None => self.extra.as_ref().is_some_and(|x| x.retaken == fence),
+        }
     }
 
     /// What `status` answers for this entry, held at `now`.
@@ -272,13 +287,28 @@ impl Inner {
         }
     }
 
-    /// Release on behalf of a waiter that was handed the lock but is gone.
+    /// Release on behalf of a waiter that was handed the lock but is gone,
+    /// unless a retry of its request (same owner and attempt) took that
+    /// hold over meanwhile: it is the retry's then, to keep.
     pub(super) fn release_sync(&self, key: &LockKey, owner: &str, fence: u64) {
-        let _ = self.release(key, Holder::new(owner, fence));
+        let _ = self.release_if(key, Holder::new(owner, fence), |e| !e.retaken(fence));
     }
 
     pub(super) fn release(&self, key: &LockKey, holder: Holder<'_>) -> Result<(), LockError> {
+        self.release_if(key, holder, |_| true)
+    }
+
+    /// Release `holder`'s hold if `ours` says the entry is still its to give.
+    fn release_if(
+        &self,
+        key: &LockKey,
+        holder: Holder<'_>,
+        ours: impl FnOnce(&Entry) -> bool,
+    ) -> Result<(), LockError> {
         let result = self.free_if(key, |e, expired, now| {
+            if !ours(e) {
+                return Err(Err(LockError::OwnershipMismatch));
+            }
             if e.group().is_some() {
                 return match e.remove_hold(holder, now) {
                     Ok(()) => Ok(Ok(())),

@@ -111,6 +111,9 @@ impl Inner {
             entry.fence = self.next_fence();
             entry.acquired_at = wall;
             entry.set_metadata(req.metadata().cloned());
+        } else {
+            // Ours already: this call's now (see `Entry::retaken`).
+            entry.extra.get_or_insert_default().retaken = entry.fence;
         }
         entry.expires = mine;
         let lease = Lease::new(entry.fence, entry.acquired_at, wall, req.ttl());
@@ -132,6 +135,7 @@ impl Inner {
             acquired_at: wall,
             expires: now + req.ttl(),
             metadata: req.metadata().cloned(),
+            retaken: false,
         };
         entry.add_hold(req.kind(), hold, now)
     }

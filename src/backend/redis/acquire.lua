@@ -69,12 +69,21 @@ local now = now_ms()
 local current = redis.call('GET', lock)
 local first = nil
 if current then
-  local _, f, a, _, held_attempt, holder = parse(current)
+  local flag, f, a, grant, held_attempt, holder = parse(current)
   if holder == owner and held_attempt == attempt then
     -- A retry of the holder's own attempt, or a waiter that was handed the
     -- lock: same fence, TTL refreshed. The same owner token with another
-    -- attempt is someone else (below).
-    redis.call('PEXPIRE', lock, ttl)
+    -- attempt is someone else (below). The hold is this call's now: a
+    -- grant to another call's ticket (this request's first call, handed
+    -- the lock and dropped before it read it) is no longer that ticket's
+    -- to give back when it leaves (leave.lua), or it would release the
+    -- hold under this call.
+    if grant ~= '-' then
+      redis.call('SET', lock,
+        string.format('%s %s %s - %s %s', flag, f, a, held_attempt, holder), 'PX', ttl)
+    else
+      redis.call('PEXPIRE', lock, ttl)
+    end
     dequeue()
     return {1, f, a, now}
   end
@@ -88,10 +97,11 @@ else
   local f = redis.call('HGET', holds, 'a' .. attempt .. ' ' .. owner)
   local value = f and redis.call('HGET', holds, f)
   if value then
-    local _, a, held_attempt, grant, who = parse_hold(value)
+    local _, a, held_attempt, _, who = parse_hold(value)
     local expiry = string.format('%d', now + tonumber(ttl))
+    -- This call's now, as above: no ticket's to give back.
     redis.call('HSET', holds, f,
-      string.format('%s %s %s %s %s', expiry, a, held_attempt, grant, who))
+      string.format('%s %s %s - %s', expiry, a, held_attempt, who))
     redis.call('ZADD', expiries, expiry, f)
     keep_holds(tonumber(ttl))
     dequeue()

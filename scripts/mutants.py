@@ -603,6 +603,17 @@ MUTANTS = [
     ("etcd-shared-retry-rewrites-its-hold", "src/backend/etcd/take.rs",
      "            if kind == LockKind::Shared {\n",
      "            if false && kind == LockKind::Shared {\n"),
+    # A dropped waiter's leave gave back the hold it read by its fence: a
+    # retry of the request that took the hold over after that read lost it
+    # (leave_test: a_grant_a_retry_took_after_the_leave_read_it_is_not_passed_on).
+    ("etcd-leave-gives-back-by-fence", "src/backend/etcd/leave.rs",
+     "Giving::Value(&h.key, &h.raw_value)",
+     "Giving::Fence(&h.key, h.fence)"),
+    # A rewrite of our holder key taken for a hand-off to our entry
+    # (wait_test: a_rewrite_of_our_holder_key_is_not_a_hand_off).
+    ("etcd-rewrite-taken-for-a-hand-off", "src/backend/etcd/wait.rs",
+     "                && kv.create_revision() == kv.mod_revision()\n",
+     ""),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),
@@ -661,8 +672,8 @@ MUTANTS = [
     # A waiter's watch, kept across a re-join, delivering the hand-off to
     # the entry it lost (the checker's etcd seed 2012; the lib's wait_test).
     ("etcd-waiter-takes-a-stale-hand-off", "src/backend/etcd/wait.rs",
-     " && kv.mod_revision() > place.read_at)",
-     ")"),
+     "                && kv.mod_revision() > place.read_at\n",
+     ""),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",
      "} else if mismatched(kind, &snapshot.holders) {",
      "} else if false {"),

@@ -262,24 +262,42 @@ impl EtcdBackend {
         let txn = self.leaving(keys, owner, entry.to_vec());
         self.shared.conn.txn("leaving the queue", txn, end).await?;
         let snapshot = self.snapshot(keys, end).await?;
-        // Not ours; or an acquisition of the same owner and attempt this
-        // process knows it holds (a retry of the same request): it wrote
-        // that very value and keeps its expiry (a timer armed for another
-        // value, such as that of a grant the dropped call sent, says
-        // nothing of a hand-off to the entry); or one that a live call of
-        // this process (such a retry) is waiting for, and will take.
+        self.give_back_handed(keys, snapshot, mine, end).await
+    }
+
+    /// Pass on hold `mine` as `snapshot` read it, handed to a call that is
+    /// gone: unless it is not ours; or an acquisition of the same owner and
+    /// attempt this process knows it holds (a retry of the same request): it
+    /// wrote that very value and keeps its expiry (a timer armed for another
+    /// value, such as that of a grant the dropped call sent, says nothing of
+    /// a hand-off to the entry); or one that a live call of this process
+    /// (such a retry) is waiting for, and will take. Given back only while
+    /// it stores the value read: a retry that took it over after the read
+    /// (its refresh rewrote it, keeping its fence) keeps it, and its timer.
+    pub(super) async fn give_back_handed(
+        &self,
+        keys: &LockKeys,
+        snapshot: super::handoff::Snapshot,
+        mine: &[u8],
+        end: Instant,
+    ) -> Result<(), LockError> {
         let Some(h) = snapshot.hold(mine).cloned() else {
             return Ok(());
         };
         if self.shared.expiries.tracks(&h.key, &h.raw_value) || self.shared.waits.has(mine) {
             return Ok(());
         }
-        let (start, stop) = (h.key.clone(), super::ops::after(&h.key));
         let passed = self
-            .pass_on(keys, snapshot, Giving::Fence(&h.key, h.fence), &[], end)
+            .pass_on(
+                keys,
+                snapshot,
+                Giving::Value(&h.key, &h.raw_value),
+                &[],
+                end,
+            )
             .await?;
         if passed != Passed::NotHeld {
-            self.shared.expiries.disarm_range(&start, &stop);
+            self.shared.expiries.disarm_value(&h.key, &h.raw_value);
         }
         Ok(())
     }

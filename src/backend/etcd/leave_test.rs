@@ -161,3 +161,33 @@ async fn a_grant_a_live_retry_waits_for_is_not_passed_on() {
     );
     drop(retry);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_a_retry_took_after_the_leave_read_it_is_not_passed_on() {
+    let (backend, waiter, id, until) = held().await;
+    let keys = backend.keys(waiter.key());
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    queue(&backend, &waiter, id, until).await;
+    // Handed to the entry of a call that is gone; its leave reads the
+    // hold: nobody in this process holds or waits for it.
+    release(&backend, waiter.key()).await;
+    let read = backend.snapshot(&keys, backend.deadline()).await.unwrap();
+    let fence = read.hold(&mine).expect("handed to the entry").fence;
+    // Then a retry of the request takes it over (a refresh: same fence),
+    // and another waiter queues.
+    let retry = backend.acquire(&waiter).await.unwrap();
+    assert_eq!(retry.fence, fence);
+    let other = req(waiter.key(), "other", Duration::from_secs(20));
+    queue(&backend, &other, new_attempt_id(), until).await;
+    // The leave goes on from what it read: the hold is the retry's now.
+    backend
+        .give_back_handed(&keys, read, &mine, backend.deadline())
+        .await
+        .unwrap();
+    let status = backend.status(waiter.key()).await.unwrap().unwrap();
+    assert_eq!(
+        (status.owner.as_str(), status.fence),
+        ("waiter", fence),
+        "the leave passed on the hold the retry took"
+    );
+}

@@ -477,8 +477,11 @@ impl EtcdBackend {
 }
 
 /// The put of our holder key among `events`, if it is news to a waiter at
-/// `place`: a hand-off to its entry comes after its last read (which would
-/// have seen it). One at or before that read is stale: a watch kept across
+/// `place`: a hand-off to its entry creates the key (a put that rewrites
+/// it, an extension or a refresh of a hold of this request's other call,
+/// is no grant to this entry: taken as one, it left the entry queued, to be
+/// granted again later for no call), and comes after its last read (which
+/// would have seen it). One at or before that read is stale: a watch kept across
 /// a re-join can still deliver the hand-off to the entry we had before,
 /// since lost (the lock was force-released or ran out while this process
 /// stood still). Taken as a grant, it answered with a lease already over
@@ -491,7 +494,11 @@ fn handed_over<'e>(
 ) -> Option<&'e KeyValue> {
     events
         .iter()
-        .find(|(put, kv)| *put && kv.key() == mine && kv.mod_revision() > place.read_at)
+        .find(|(put, kv)| {
+            *put && kv.key() == mine
+                && kv.create_revision() == kv.mod_revision()
+                && kv.mod_revision() > place.read_at
+        })
         .map(|(_, kv)| kv)
 }
 

@@ -154,3 +154,51 @@ async fn a_retry_answered_by_its_twins_grant_leaves_the_queue() {
         "the lock is free"
     );
 }
+
+/// A put of our holder key that rewrites it (the extension of a hold that
+/// this request's other call was handed) is no hand-off to our entry: taken
+/// as one, the call answered and left its entry queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_of_our_holder_key_is_not_a_hand_off() {
+    let backend = EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+        .unwrap()
+        .prefix(format!("rewrite-{}/", new_attempt_id()));
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let waiter = AcquireRequest::new(key.clone(), "waiter", ttl, Duration::ZERO).unwrap();
+    let lease = backend.acquire(&waiter).await.unwrap();
+    let keys = backend.keys(&key);
+    let (start, stop) = keys.holders();
+    let mut watch = backend
+        .shared
+        .watches
+        .watch(&backend.shared, start, Some(stop), None, backend.deadline())
+        .await
+        .unwrap();
+    let Note::Created(at) = watch.next().await else {
+        panic!("the watch is set up");
+    };
+    // A waiter that read the lock before the extension.
+    let place = Place {
+        entry: keys.waiter(new_attempt_id()),
+        revision: at,
+        before: None,
+        read_at: at,
+    };
+    backend
+        .extend(&key, Holder::new("waiter", lease.fence), ttl)
+        .await
+        .unwrap();
+    let events = loop {
+        match watch.next().await {
+            Note::Events(events) if events.iter().any(|(put, _)| *put) => break events,
+            Note::Events(_) => {}
+            _ => panic!("the watch hears the extension"),
+        }
+    };
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    assert!(
+        handed_over(&events, &mine, &place).is_none(),
+        "an extension taken for a hand-off"
+    );
+}

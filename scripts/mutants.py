@@ -614,6 +614,12 @@ MUTANTS = [
     ("etcd-rewrite-taken-for-a-hand-off", "src/backend/etcd/wait.rs",
      "                && kv.create_revision() == kv.mod_revision()\n",
      ""),
+    # A lock kept after the response, taken once the handler answered: its
+    # owner token reached nobody (behaviour:
+    # a_lock_kept_once_the_handler_answered_is_refused).
+    ("locks-kept-after-the-head-left", "src/lock/registry.rs",
+     "if state.closed || (state.answered && !auto_release) {",
+     "if state.closed || (false && state.answered && !auto_release) {"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

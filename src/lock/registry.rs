@@ -63,6 +63,9 @@ struct RegistryState {
     // on one key are refused as one after the other is.
     acquiring: Vec<String>,
     closed: bool,
+    // The response's head was built (`described`): a lock kept after the
+    // response can no longer reach the client in it.
+    answered: bool,
 }
 
 impl RegistryState {
@@ -166,10 +169,13 @@ impl Locks {
 
     /// The locks to describe in the response's headers, and whether each
     /// is kept after the response (auto-release off): only kept ones,
-    /// unless the layer describes every lock.
+    /// unless the layer describes every lock. From then on no lock may be
+    /// registered as kept (see `register`).
     pub(crate) fn described(&self) -> Vec<(HeldLock, bool)> {
         let all = self.inner.defaults.lock_headers;
-        self.state()
+        let mut state = self.state();
+        state.answered = true;
+        state
             .slots
             .iter()
             .filter(|s| all || !s.auto_release)
@@ -192,7 +198,11 @@ impl Locks {
             .unwrap_or(self.inner.defaults.watchdog)
             .then(|| lock.watch(&self.inner.backend));
         let mut state = self.state();
-        if state.closed {
+        // Kept after a response whose head was built already (a lock taken
+        // while the body streams), its owner token would reach nobody: held
+        // by nobody until its TTL. Refused (`cancel_auto_release` hands a
+        // lock on to a job in this process).
+        if state.closed || (state.answered && !auto_release) {
             drop(watch);
             return Err(lock);
         }
@@ -208,7 +218,11 @@ impl Locks {
     ///
     /// It is released with the response unless the spec turns auto-release
     /// off. Fails with [`LockError::AlreadyReleased`] once the response has
-    /// ended and the request's locks were released.
+    /// ended and the request's locks were released, and for a spec that
+    /// turns auto-release off once the handler has answered (a lock taken
+    /// while the body streams): its owner token could no longer reach the
+    /// client in the response's headers. To hand such a lock to a job, take
+    /// it with auto-release and [`cancel_auto_release`](Locks::cancel_auto_release) it.
     pub async fn acquire(&self, spec: LockSpec) -> Result<HeldLock, LockError> {
         // (Compared as stored: NFC, as every other method compares.)
         let key = nfc(spec.get_key()).into_owned();

@@ -176,6 +176,55 @@ pub async fn concurrent_requests_are_mutually_exclusive(h: Harness) {
     assert_eq!(status_of(&h.backend, &gkey("counter")).await, None);
 }
 
+/// A lock taken to be kept after the response (auto-release off) once the
+/// handler has answered (while its body streams) is refused: the response's
+/// head, with its `Lock-Owner` headers, left already, so its owner token
+/// would reach nobody, and it stayed held by nobody until its TTL.
+pub async fn a_lock_kept_once_the_handler_answered_is_refused(h: Harness) {
+    let (senders_tx, mut senders) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let (locks_tx, mut locks_rx) = mpsc::unbounded_channel::<Locks>();
+    let streaming = post(move |locks: Locks| {
+        let (senders_tx, locks_tx) = (senders_tx.clone(), locks_tx.clone());
+        async move {
+            let (tx, rx) = mpsc::channel(4);
+            senders_tx.send(tx).expect("test listening");
+            locks_tx.send(locks).expect("test listening");
+            Body::new(ChannelBody(rx))
+        }
+    });
+    let app = Router::new().route(
+        "/s/{key}",
+        streaming.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+    let res = app.oneshot(post_req("/s/report")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (frames, locks) = (
+        senders.recv().await.unwrap(),
+        locks_rx.recv().await.unwrap(),
+    );
+    // The head left; the body streams.
+    let kept = locks
+        .acquire(LockSpec::global("kept", TTL).auto_release(false))
+        .await;
+    assert!(
+        matches!(kept, Err(LockError::AlreadyReleased)),
+        "kept after its head left: {kept:?}"
+    );
+    // (Given back, at once or from a task of its own.)
+    assert_released(&h, &gkey("kept")).await;
+    // One released with the response is still taken.
+    let along = locks.acquire(LockSpec::global("along", TTL)).await.unwrap();
+    assert_eq!(
+        status_of(&h.backend, &gkey("along")).await.unwrap().fence,
+        along.fence()
+    );
+    drop((frames, locks));
+    let mut body = res.into_body();
+    assert!(body.frame().await.is_none(), "the body ends");
+    assert_released(&h, &gkey("along")).await;
+    assert_released(&h, &gkey("report")).await;
+}
+
 /// (6) A streamed body keeps the lock until its last frame is consumed.
 pub async fn lock_held_while_body_streams(h: Harness) {
     let ctl = Ctl::default();

@@ -56,6 +56,8 @@ pin_project! {
             guard: Option<ReleaseGuard>,
             // HTTP/1.x: a server stops reading a body at its declared length.
             http1: bool,
+            // A HEAD request: its response's body is never sent.
+            head: bool,
         },
         // Response without a body left to send (or an error): release before
         // handing it on, so a client that has it can take the lock again.
@@ -169,9 +171,21 @@ where
                     future,
                     guard,
                     http1,
+                    head,
                 } => {
                     let mut result = ready!(future.poll(cx));
                     let http1 = *http1;
+                    // A response a server sends no body with (to a HEAD
+                    // request; 1xx, 204, 304): whatever body the handler
+                    // attached, hyper never reads it, and dropped unread
+                    // it released from a task of its own after the client
+                    // had the response. Released before it is returned.
+                    let bodiless = |status: http::StatusCode| {
+                        *head
+                            || status.is_informational()
+                            || status == http::StatusCode::NO_CONTENT
+                            || status == http::StatusCode::NOT_MODIFIED
+                    };
                     let mut guard = guard.take().expect("guard present until the response");
                     // Kept locks stay held after a response that leaves
                     // this future; until it does (the release of the others
@@ -188,16 +202,24 @@ where
                         }
                     }
                     match result {
-                        Ok(res) if !res.body().is_end_stream() => {
+                        Ok(res) if !res.body().is_end_stream() && !bodiless(res.status()) => {
                             // Where an HTTP/1 server stops reading: the
-                            // declared length (HTTP/2 reads a body to its
-                            // end, trailers after that length included).
+                            // body's length (hyper frames a body of known
+                            // size by it), else the declared one; none when
+                            // it is sent chunked, read to its end, trailers
+                            // included (HTTP/2 reads a body to its end, too).
+                            let headers = res.headers();
                             let left = res
-                                .headers()
-                                .get(http::header::CONTENT_LENGTH)
-                                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                                .or_else(|| res.body().size_hint().exact())
-                                .filter(|_| http1);
+                                .body()
+                                .size_hint()
+                                .exact()
+                                .or_else(|| {
+                                    let declared = headers.get(http::header::CONTENT_LENGTH)?;
+                                    declared.to_str().ok()?.parse::<u64>().ok()
+                                })
+                                .filter(|_| {
+                                    http1 && !headers.contains_key(http::header::TRANSFER_ENCODING)
+                                });
                             let response = res.map(|b| LockBody::guarded(b, guard, left));
                             state.set(State::ReadingAhead {
                                 response: Some(response),
@@ -278,12 +300,14 @@ where
     ResB: Body,
 {
     let http1 = request.version() <= http::Version::HTTP_11;
+    let head = request.method() == http::Method::HEAD;
     request.extensions_mut().insert(locks.clone());
     let guard = Some(ReleaseGuard::new(locks, rejection.learning()));
     State::Calling {
         future: inner.call(request),
         guard,
         http1,
+        head,
     }
 }
 

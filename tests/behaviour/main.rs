@@ -140,6 +140,7 @@ for_each_backend! {
             busy_lock_is_429_with_retry_after_and_json,
             lock_held_while_body_streams,
             a_lock_kept_once_the_handler_answered_is_refused,
+            a_response_without_a_body_is_released_before_it_is_returned,
             ready_body_is_released_before_the_response_is_returned,
             release_on_dropped_response_future,
             release_on_tcp_client_disconnect,

@@ -176,6 +176,53 @@ pub async fn concurrent_requests_are_mutually_exclusive(h: Harness) {
     assert_eq!(status_of(&h.backend, &gkey("counter")).await, None);
 }
 
+/// A response a server sends no body with (to a HEAD request; a 204, a
+/// 304) is released before it is returned, whatever body the handler
+/// attached: hyper never reads that body, and dropped unread it released
+/// from a task of its own, after the client had the response (its retry
+/// could meet a 429).
+pub async fn a_response_without_a_body_is_released_before_it_is_returned(h: Harness) {
+    let (senders_tx, mut senders) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let streaming = move |status: StatusCode| {
+        let senders_tx = senders_tx.clone();
+        move || async move {
+            let (tx, rx) = mpsc::channel(4);
+            senders_tx.send(tx).expect("test listening");
+            (status, Body::new(ChannelBody(rx)))
+        }
+    };
+    let lock = layer(&h.backend, Cfg::global(TTL));
+    let app = Router::new()
+        .route(
+            "/h/{key}",
+            axum::routing::get(streaming(StatusCode::OK)).layer(lock.clone()),
+        )
+        .route(
+            "/n/{key}",
+            post(streaming(StatusCode::NO_CONTENT)).layer(lock.clone()),
+        )
+        .route(
+            "/m/{key}",
+            post(streaming(StatusCode::NOT_MODIFIED)).layer(lock),
+        );
+    let head = |uri: &str| Request::head(uri).body(Body::empty()).unwrap();
+    for (req, key) in [
+        (head("/h/a"), "a"),
+        (post_req("/n/b"), "b"),
+        (post_req("/m/c"), "c"),
+    ] {
+        let res = app.clone().oneshot(req).await.unwrap();
+        // (Its body, never to be read, still open.)
+        let _frames = senders.recv().await.expect("handler ran");
+        assert_eq!(
+            status_of(&h.backend, &gkey(key)).await,
+            None,
+            "{}: held after the response was returned",
+            res.status()
+        );
+    }
+}
+
 /// A lock taken to be kept after the response (auto-release off) once the
 /// handler has answered (while its body streams) is refused: the response's
 /// head, with its `Lock-Owner` headers, left already, so its owner token

@@ -472,6 +472,42 @@ pub async fn a_retried_hold_is_the_same_hold_with_its_ttl_refreshed(h: Harness) 
     release(&h, &key, "o").await;
 }
 
+/// A request of another kind under the same owner and attempt (a clone
+/// given another kind) is another acquisition, not a retry of the hold:
+/// taken for one, a writer believed it held the lock beside readers (and a
+/// permit request took a shared hold).
+pub async fn a_clone_of_another_kind_is_not_a_retry_of_the_hold(h: Harness) {
+    let key = gkey("doc");
+    let reader = kreq(&key, "o", LockKind::Shared, LONG, Duration::ZERO);
+    h.backend.acquire(&reader).await.unwrap();
+    let other = kreq(&key, "r2", LockKind::Shared, LONG, Duration::ZERO);
+    h.backend.acquire(&other).await.unwrap();
+    let writer = reader.clone().with_kind(LockKind::Exclusive).unwrap();
+    let taken = h.backend.acquire(&writer).await;
+    assert!(
+        matches!(taken, Err(LockError::AcquisitionFailed { .. })),
+        "a writer beside readers: {taken:?}"
+    );
+    let permit = reader.clone().with_kind(LockKind::Permits(2)).unwrap();
+    let taken = h.backend.acquire(&permit).await;
+    assert!(
+        matches!(taken, Err(LockError::KindMismatch)),
+        "a permit out of a shared hold: {taken:?}"
+    );
+    release(&h, &key, "o").await;
+    release(&h, &key, "r2").await;
+    // The other way round: a reader cloned from a writer's request.
+    let writer = kreq(&key, "w", LockKind::Exclusive, LONG, Duration::ZERO);
+    h.backend.acquire(&writer).await.unwrap();
+    let reader = writer.clone().with_kind(LockKind::Shared).unwrap();
+    let taken = h.backend.acquire(&reader).await;
+    assert!(
+        matches!(taken, Err(LockError::AcquisitionFailed { .. })),
+        "a reader beside a writer: {taken:?}"
+    );
+    release(&h, &key, "w").await;
+}
+
 /// Release, extend and restore name one hold among several (owner and
 /// fence); a stale fence is refused; an extension changes only its hold.
 pub async fn each_hold_is_released_and_extended_on_its_own(h: Harness) {

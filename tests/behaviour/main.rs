@@ -332,6 +332,7 @@ mod kinds_suite {
                 permits_admit_n_and_serve_the_rest_in_order,
                 permits_released_into_a_queue_each_give_back_their_own,
                 each_hold_is_released_and_extended_on_its_own,
+                a_clone_of_another_kind_is_not_a_retry_of_the_hold,
                 kinds_that_cannot_meet_are_refused_and_never_queue,
                 the_layer_takes_shared_holds_and_permits,
                 shared_holds_and_permits_travel_by_token,

@@ -106,9 +106,12 @@ impl Entry {
             .unwrap_or(self.expires)
     }
 
-    /// A group hold that is `req`'s own attempt, refreshed (a retry).
+    /// A group hold that is `req`'s own attempt, refreshed (a retry). Of
+    /// its kind only: a request of another kind under the same owner and
+    /// attempt (a clone given another kind) is another acquisition, which
+    /// taken for this one would believe it held exclusive beside readers.
     pub(super) fn group_retry(&mut self, req: &AcquireRequest, now: Instant) -> Option<Lease> {
-        let group = self.group_mut()?;
+        let group = self.group_mut().filter(|g| g.kind == req.kind())?;
         let hold = group
             .holds
             .iter_mut()

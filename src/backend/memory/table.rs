@@ -17,7 +17,7 @@ use crate::backend::{HeldBy, Holder, Lease, LockStatus};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::metadata::LockMetadata;
-use crate::spec::{AcquireRequest, owners_match};
+use crate::spec::{AcquireRequest, LockKind, owners_match};
 
 /// Shards of the table: operations on different shards never contend.
 pub(super) const SHARDS: usize = 64;
@@ -150,11 +150,13 @@ impl Extra {
 }
 
 impl Entry {
-    /// Whether `req` is the holder's own attempt (a retry): same owner
-    /// token and same attempt. Another request naming the same owner is
-    /// not the holder.
+    /// Whether `req` is the exclusive holder's own attempt (a retry): same
+    /// owner token, same attempt, exclusive. Another request naming the
+    /// same owner is not the holder, nor one of another kind.
     pub(super) fn held_by(&self, req: &AcquireRequest) -> bool {
-        self.attempt == req.attempt() && owners_match(&self.owner, req.owner())
+        self.attempt == req.attempt()
+            && req.kind() == LockKind::Exclusive
+            && owners_match(&self.owner, req.owner())
     }
 
     /// Whether a retry of its request took over the hold under `fence`

@@ -260,7 +260,10 @@ BEGIN
       FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key AND d.expires_at > v_now;
     SELECT * INTO x FROM "{schema}"."{table}_holds" AS d
       WHERE d.key = p_key AND d.owner = p_owner AND d.attempt = p_attempt AND d.expires_at > v_now;
-    IF FOUND THEN
+    -- (Of this kind: a request of another kind under the same owner and
+    -- attempt is another acquisition, which taken for this one would
+    -- believe it held the lock exclusive beside readers.)
+    IF FOUND AND r.kind = p_kind AND r.permits IS NOT DISTINCT FROM p_permits THEN
       -- A retry of this hold's own attempt, or a waiter it was handed to:
       -- same fence, TTL refreshed from the clock, the grant claimed (as in
       -- _acquire).

@@ -70,10 +70,10 @@ local current = redis.call('GET', lock)
 local first = nil
 if current then
   local flag, f, a, grant, held_attempt, holder = parse(current)
-  if holder == owner and held_attempt == attempt then
+  if holder == owner and held_attempt == attempt and kind == '' then
     -- A retry of the holder's own attempt, or a waiter that was handed the
     -- lock: same fence, TTL refreshed. The same owner token with another
-    -- attempt is someone else (below). The hold is this call's now: a
+    -- attempt (or kind) is someone else (below). The hold is this call's now: a
     -- grant to another call's ticket (this request's first call, handed
     -- the lock and dropped before it read it) is no longer that ticket's
     -- to give back when it leaves (leave.lua), or it would release the
@@ -96,6 +96,12 @@ else
   local n = prune(now)
   local f = redis.call('HGET', holds, 'a' .. attempt .. ' ' .. owner)
   local value = f and redis.call('HGET', holds, f)
+  -- (Of this kind: a request of another kind under the same owner and
+  -- attempt is another acquisition, which taken for this one would
+  -- believe it held the lock exclusive beside readers.)
+  if value and redis.call('HGET', holds, 'k') ~= kind then
+    value = nil
+  end
   if value then
     local _, a, held_attempt, _, who = parse_hold(value)
     local expiry = string.format('%d', now + tonumber(ttl))

@@ -175,16 +175,18 @@ where
                 } => {
                     let mut result = ready!(future.poll(cx));
                     let http1 = *http1;
-                    // A response a server sends no body with (to a HEAD
-                    // request; 1xx, 204, 304): whatever body the handler
-                    // attached, hyper never reads it, and dropped unread
-                    // it released from a task of its own after the client
-                    // had the response. Released before it is returned.
+                    // A response an HTTP/1 server sends no body with (to a
+                    // HEAD request; 1xx, 204, 304): whatever body the
+                    // handler attached, hyper never reads it, and dropped
+                    // unread it released from a task of its own after the
+                    // client had the response. Released before it is
+                    // returned. (hyper's HTTP/2 server sends such a body.)
                     let bodiless = |status: http::StatusCode| {
-                        *head
-                            || status.is_informational()
-                            || status == http::StatusCode::NO_CONTENT
-                            || status == http::StatusCode::NOT_MODIFIED
+                        http1
+                            && (*head
+                                || status.is_informational()
+                                || status == http::StatusCode::NO_CONTENT
+                                || status == http::StatusCode::NOT_MODIFIED)
                     };
                     let mut guard = guard.take().expect("guard present until the response");
                     // Kept locks stay held after a response that leaves

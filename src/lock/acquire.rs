@@ -231,8 +231,9 @@ pub(crate) fn acquire_all(
         // and so does one key in both scopes. Named twice alike it is one
         // lock; as two kinds it is neither (taking the first let a request
         // that asked for the exclusive lock run beside another's shared
-        // hold); with other settings, neither (the first one's TTL, wait
-        // or release were taken, silently); in both scopes, neither.
+        // hold); with other settings, neither (the first one's TTL, wait,
+        // release, minimum hold or owner were taken, silently); in both
+        // scopes, neither.
         let clash = reqs.windows(2).find_map(|w| {
             let ((a, sa), (b, sb)) = (&w[0], &w[1]);
             if a.key() == b.key() {
@@ -245,7 +246,9 @@ pub(crate) fn acquire_all(
                     && a.max_wait() == b.max_wait()
                     && a.metadata() == b.metadata()
                     && sa.get_auto_release() == sb.get_auto_release()
-                    && sa.get_watchdog() == sb.get_watchdog();
+                    && sa.get_watchdog() == sb.get_watchdog()
+                    && sa.get_min_hold() == sb.get_min_hold()
+                    && sa.get_owner() == sb.get_owner();
                 (!alike).then_some(LockError::InvalidKey(
                     "a request cannot name one key twice with other settings",
                 ))

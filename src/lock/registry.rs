@@ -69,6 +69,13 @@ struct RegistryState {
 }
 
 impl RegistryState {
+    /// Whether a lock with this auto-release setting is refused because it
+    /// would be kept after a response whose head was built already (its
+    /// owner token would reach nobody: held by nobody until its TTL).
+    fn refuses_kept(&self, auto_release: bool) -> bool {
+        self.answered && !auto_release
+    }
+
     /// The error for `key`, which no slot holds: released by this request
     /// (by hand, or with its response), or never held by it.
     fn missing(&self, key: &str) -> LockError {
@@ -202,7 +209,7 @@ impl Locks {
         // while the body streams), its owner token would reach nobody: held
         // by nobody until its TTL. Refused (`cancel_auto_release` hands a
         // lock on to a job in this process).
-        if state.closed || (state.answered && !auto_release) {
+        if state.closed || state.refuses_kept(auto_release) {
             drop(watch);
             return Err(lock);
         }
@@ -228,7 +235,9 @@ impl Locks {
         let key = nfc(spec.get_key()).into_owned();
         {
             let mut state = self.state();
-            if state.closed {
+            // (Kept after an answer: refused before any wait, see
+            // `register`, which decides.)
+            if state.closed || state.refuses_kept(spec.get_auto_release()) {
                 return Err(LockError::AlreadyReleased);
             }
             // `get`, `release`, `extend` and `cancel_auto_release` name a

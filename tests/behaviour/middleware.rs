@@ -1436,6 +1436,8 @@ pub async fn one_key_in_both_scopes_is_refused(h: Harness) {
         LockSpec::global("k", TTL).max_wait(Duration::from_secs(1)),
         LockSpec::global("k", TTL).auto_release(false),
         LockSpec::global("k", TTL).watchdog(true),
+        LockSpec::global("k", TTL).min_hold(Duration::from_secs(1)),
+        LockSpec::global("k", TTL).owner("someone"),
     ];
     for other in settings {
         let twice = LockLayer::new(h.backend.clone(), move |_: &Request<Body>| {

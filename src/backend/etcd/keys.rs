@@ -375,6 +375,9 @@ pub(super) struct HeldKey {
     pub(super) fence: u64,
     pub(super) value: HolderValue,
     pub(super) raw_value: Vec<u8>,
+    /// Written again since it was made (an extension, a refresh, a claim):
+    /// some call has it.
+    pub(super) rewritten: bool,
 }
 
 impl HeldKey {
@@ -388,6 +391,7 @@ impl HeldKey {
             fence: u64::try_from(kv.create_revision()).ok()?,
             value: HolderValue::decode(kv.value())?,
             raw_value: kv.value().to_vec(),
+            rewritten: kv.mod_revision() != kv.create_revision(),
         })
     }
 }

@@ -41,6 +41,9 @@ pub(super) struct WaitGuard<'a> {
     /// The entry registered for a grant told in this process, and where
     /// that grant arrives (see `near`).
     near: Option<(Vec<u8>, mpsc::UnboundedReceiver<Told>)>,
+    /// The call answered with the hold of its request's other call (see
+    /// `wait.rs`): its entry only leaves the queue, nothing is given back.
+    pub(super) answered: bool,
 }
 
 /// The holder keys this process's acquire calls are waiting for now, with
@@ -93,6 +96,7 @@ impl<'a> WaitGuard<'a> {
             in_flight: false,
             until,
             near: None,
+            answered: false,
         }
     }
 
@@ -140,6 +144,7 @@ impl Drop for WaitGuard<'_> {
         let mine = std::mem::take(&mut self.mine);
         let until = self.until;
         let in_flight = self.in_flight;
+        let answered = self.answered;
         runtime.spawn(async move {
             let leave = Leave {
                 backend: &backend,
@@ -148,6 +153,7 @@ impl Drop for WaitGuard<'_> {
                 owner: &owner,
                 entry: &entry,
                 mine: &mine,
+                answered,
             };
             leave.now().await;
             // The call that queues the entry may still land (its reply was
@@ -171,6 +177,8 @@ struct Leave<'a> {
     owner: &'a str,
     entry: &'a [u8],
     mine: &'a [u8],
+    /// Only the entry goes (the call answered with the hold).
+    answered: bool,
 }
 
 impl Leave<'_> {
@@ -178,11 +186,23 @@ impl Leave<'_> {
     /// `backend/retry.rs`) until etcd answers.
     async fn now(&self) {
         let mut retry = Retry::new(self.backend.shared.conn.answers());
-        while let Err(LockError::BackendUnavailable(e)) = self
-            .backend
-            .leave(self.keys, self.owner, self.entry, self.mine)
-            .await
-        {
+        loop {
+            let left = if self.answered {
+                let end = self.backend.deadline();
+                let txn = self
+                    .backend
+                    .leaving(self.keys, self.owner, self.entry.to_vec());
+                let conn = &self.backend.shared.conn;
+                conn.txn("leaving the queue", txn, end).await.map(drop)
+            } else {
+                let backend = self.backend;
+                backend
+                    .leave(self.keys, self.owner, self.entry, self.mine)
+                    .await
+            };
+            let Err(LockError::BackendUnavailable(e)) = left else {
+                break;
+            };
             tracing::debug!(key = %self.key.digest(), error = %e, "leaving the lock queue failed; retrying");
             retry.pause().await;
         }
@@ -271,9 +291,12 @@ impl EtcdBackend {
     /// wrote that very value and keeps its expiry (a timer armed for another
     /// value, such as that of a grant the dropped call sent, says nothing of
     /// a hand-off to the entry); or one that a live call of this process
-    /// (such a retry) is waiting for, and will take. Given back only while
-    /// it stores the value read: a retry that took it over after the read
-    /// (its refresh rewrote it, keeping its fence) keeps it, and its timer.
+    /// (such a retry) is waiting for, and will take; or one written again
+    /// since the hand-off made it (a call has it: a retry's refresh, in
+    /// this process or another, an extension, a claim). Given back only
+    /// while it stores the value read: a retry that took it over after the
+    /// read (its refresh rewrote it, keeping its fence) keeps it, and its
+    /// timer.
     pub(super) async fn give_back_handed(
         &self,
         keys: &LockKeys,
@@ -284,7 +307,10 @@ impl EtcdBackend {
         let Some(h) = snapshot.hold(mine).cloned() else {
             return Ok(());
         };
-        if self.shared.expiries.tracks(&h.key, &h.raw_value) || self.shared.waits.has(mine) {
+        if h.rewritten
+            || self.shared.expiries.tracks(&h.key, &h.raw_value)
+            || self.shared.waits.has(mine)
+        {
             return Ok(());
         }
         let passed = self

@@ -191,3 +191,42 @@ async fn a_grant_a_retry_took_after_the_leave_read_it_is_not_passed_on() {
         "the leave passed on the hold the retry took"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_rewritten_since_its_hand_off_is_not_passed_on() {
+    let prefix = format!("leave-{}/", new_attempt_id());
+    let process = |prefix: &str| {
+        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+            .unwrap()
+            .prefix(prefix.to_owned())
+    };
+    let (backend, elsewhere) = (process(&prefix), process(&prefix));
+    let key = LockKey::global("k").unwrap();
+    backend
+        .acquire(&req(&key, "holder", Duration::ZERO))
+        .await
+        .unwrap();
+    let waiter = req(&key, "waiter", Duration::from_secs(20));
+    let until = SystemTime::now() + Duration::from_secs(20);
+    let keys = backend.keys(&key);
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    queue(&backend, &waiter, new_attempt_id(), until).await;
+    // Handed to the entry of a call of this process that is gone...
+    release(&backend, &key).await;
+    // ...and taken over by a retry of its request in another process (a
+    // refresh: same fence), before this process's leave reads it.
+    let retry = elsewhere.acquire(&waiter).await.unwrap();
+    let other = req(&key, "other", Duration::from_secs(20));
+    queue(&backend, &other, new_attempt_id(), until).await;
+    let read = backend.snapshot(&keys, backend.deadline()).await.unwrap();
+    backend
+        .give_back_handed(&keys, read, &mine, backend.deadline())
+        .await
+        .unwrap();
+    let status = backend.status(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (status.owner.as_str(), status.fence),
+        ("waiter", retry.fence),
+        "the leave passed on the hold a retry elsewhere took"
+    );
+}

@@ -257,13 +257,16 @@ impl EtcdBackend {
             };
             match seen {
                 Seen::Granted(lease, queued) => {
-                    // Still queued: the guard leaves the queue as it drops
-                    // (and finds the hold ours, kept by the timer armed for
-                    // it). Left there, the entry would be handed the lock
-                    // again once it came to the head, for no call: held on
-                    // our lease, with no timer, as long as this process
-                    // lives.
-                    if !queued {
+                    // Still queued: the guard takes the entry out of the
+                    // queue as it drops, and gives nothing back (the hold
+                    // is ours; its other call, here or in another process,
+                    // may have rewritten it since our read). Left there,
+                    // the entry would be handed the lock again once it came
+                    // to the head, for no call: held on our lease, with no
+                    // timer, as long as this process lives.
+                    if queued {
+                        guard.answered = true;
+                    } else {
                         guard.entry = None;
                     }
                     return Ok(lease);

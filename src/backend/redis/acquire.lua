@@ -77,8 +77,10 @@ if current then
     -- grant to another call's ticket (this request's first call, handed
     -- the lock and dropped before it read it) is no longer that ticket's
     -- to give back when it leaves (leave.lua), or it would release the
-    -- hold under this call.
-    if grant ~= '-' then
+    -- hold under this call. Nor this call's (its own 'drop' leave would
+    -- release it under that other call, if that one read it): nobody's. A
+    -- grant to this call's own ticket stays its own to give back.
+    if grant ~= '-' and grant ~= ticket then
       redis.call('SET', lock,
         string.format('%s %s %s - %s %s', flag, f, a, held_attempt, holder), 'PX', ttl)
     else
@@ -103,11 +105,14 @@ else
     value = nil
   end
   if value then
-    local _, a, held_attempt, _, who = parse_hold(value)
+    local _, a, held_attempt, grant, who = parse_hold(value)
     local expiry = string.format('%d', now + tonumber(ttl))
-    -- This call's now, as above: no ticket's to give back.
+    -- This call's now, as above: no other ticket's to give back.
+    if grant ~= ticket then
+      grant = '-'
+    end
     redis.call('HSET', holds, f,
-      string.format('%s %s %s - %s', expiry, a, held_attempt, who))
+      string.format('%s %s %s %s %s', expiry, a, held_attempt, grant, who))
     redis.call('ZADD', expiries, expiry, f)
     keep_holds(tonumber(ttl))
     dequeue()

@@ -647,6 +647,15 @@ MUTANTS = [
     ("etcd-leave-gives-back-a-rewritten-hold", "src/backend/etcd/leave.rs",
      "        if h.rewritten\n",
      "        if false\n"),
+    # A waiting call's own attempt took the lock naming no ticket: dropped
+    # before it read the reply, its leave left the lock held until its TTL
+    # (redis leave_test: a_lock_a_dropped_waiters_own_attempt_took_is_given_back).
+    ("redis-own-take-names-no-ticket", "src/backend/redis/ops.rs",
+     "        let sent = acquire_args(&mut inv, req, ttl_ms, ticket.as_deref());\n",
+     "        let sent = acquire_args(&mut inv, req, ttl_ms, ticket.as_deref().filter(|_| false));\n"),
+    ("redis-own-slow-take-names-no-ticket", "src/backend/redis/acquire.lua",
+     "        f = take(owner, attempt, ttl, now, '0', grant_mine)\n",
+     "        f = take(owner, attempt, ttl, now, '0', '-')\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),
@@ -684,8 +693,8 @@ MUTANTS = [
      "        while Instant::now() < deadline {\n",
      "        sleep_until(deadline).await;\n        while Instant::now() < deadline {\n"),
     ("etcd-leave-passes-on-a-live-retrys-grant", "src/backend/etcd/leave.rs",
-     " || self.shared.waits.has(mine) {",
-     " || false {"),
+     "            || self.shared.waits.has(mine)\n",
+     "            || false\n"),
     ("etcd-leave-trusts-any-timer", "src/backend/etcd/expiry.rs",
      ".is_some_and(|t| t.iter().any(|t| *t.value == *value))",
      ".is_some_and(|t| !t.is_empty() || value.is_empty())"),

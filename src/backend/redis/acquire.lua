@@ -2,9 +2,9 @@
 -- fence (the lock's own counter of versions before per-slot counters),
 -- holds (shared holds and permits), then, in the variant for shared holds
 -- and permits, their expiries (keys.rs: the exclusive acquire names it)
--- ARGV = ttl ms, "<caller's clock ms> - <attempt> <owner>" (the tail of the
--- value the fast path stores: one argument less than sending them apart,
--- which is cheaper), then, for a waiter: wait ms (0 = do not queue), waiter
+-- ARGV = ttl ms, "<caller's clock ms> <grant> <attempt> <owner>" (the tail
+-- of the value the fast path stores: one argument less than sending them
+-- apart, which is cheaper; grant: a waiter's ticket, else '-'), then, for a waiter: wait ms (0 = do not queue), waiter
 -- id, channel ('' for none); in the variant for shared holds and permits
 -- (scripts.rs), then the kind ('s' or 'p<n>').
 -- Returns the fence (an integer) when taken on the fast path (free, nobody
@@ -47,7 +47,9 @@ local lock, fence, queue, waiters, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], K
 -- needs it) and names it beside the holds (same hash tag, same slot).
 local expiries = KEYS[7] or holds .. 'e'
 local ttl = ARGV[1]
-local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
+-- A hold this call takes is its ticket's to give back (leave.lua), should
+-- the call be dropped before it reads this reply; '-': nobody's.
+local grant_mine, attempt, owner = string.match(ARGV[2], '^%d+ (%S+) (%S+) (.+)$')
 -- '' exclusive; the variant for other kinds reads it from ARGV[6].
 local kind = ''
 -- This caller's queue ticket, if it is a waiter.
@@ -143,9 +145,9 @@ else
     if empty and fits(kind, held, n) then
       local f
       if kind == '' then
-        f = take(owner, attempt, ttl, now, '0', '-')
+        f = take(owner, attempt, ttl, now, '0', grant_mine)
       else
-        f = add_hold(kind, owner, attempt, ttl, now, '-')
+        f = add_hold(kind, owner, attempt, ttl, now, grant_mine)
       end
       dequeue()
       return {1, f, now, now}

@@ -47,7 +47,7 @@ impl RedisBackend {
         let mut watch = wake.watch_flight(id, slot, end, self.op_timeout).await?;
         let mut inv = self.scripts().flight_begin.prepare_invoke();
         self.keys(&mut inv, req.key(), Keys::Flight);
-        let sent = acquire_args(&mut inv, req, ceil_ms(req.ttl()));
+        let sent = acquire_args(&mut inv, req, ceil_ms(req.ttl()), None);
         inv.arg(0)
             .arg(id)
             .arg(wake.channel(slot).as_ref())

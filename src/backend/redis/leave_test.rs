@@ -92,3 +92,64 @@ async fn a_dropped_waiters_leave_goes_when_redis_answers_again() {
     );
     assert_eq!(queued(&server), 0);
 }
+
+/// A waiting call's own attempt takes the lock (free, nobody queued: the
+/// fast path; or the slow path's take), and the call is dropped before it
+/// reads the reply: its 'drop' leave gives the lock back. The hold names
+/// the call's ticket as its grant; it used to name nobody ('-'), and the
+/// leave left it held until its TTL (a custom owner has no other cleanup:
+/// a fresh one's owner-only release does not apply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_a_dropped_waiters_own_attempt_took_is_given_back() {
+    use super::ops::{Attempt, LeaveMode, Left};
+    use crate::spec::LockKind;
+    let server = RedisServer::start();
+    let backend = RedisBackend::from_url(&server.url()).unwrap();
+    let ttl = Duration::from_secs(30);
+    let end = || Instant::now() + Duration::from_secs(5);
+    for (name, kind, slow) in [
+        ("x", LockKind::Exclusive, false),
+        ("s", LockKind::Shared, false),
+        // A key with a queue left (an entry past its deadline, never
+        // granted): the slow path's take.
+        ("q", LockKind::Exclusive, true),
+    ] {
+        let key = LockKey::global(name).unwrap();
+        if slow {
+            // A holder that runs out (on Redis's clock) with a waiter whose
+            // max wait ended queued behind it: the key has a queue, and no
+            // holder, when the attempt comes.
+            let short = Duration::from_millis(20);
+            let gone = AcquireRequest::new(key.clone(), "gone", short, Duration::ZERO).unwrap();
+            backend.acquire(&gone).await.unwrap();
+            let waiter =
+                AcquireRequest::new(key.clone(), "late", ttl, Duration::from_millis(1)).unwrap();
+            let id = backend.shared.wake.next_id();
+            let queued = backend.attempt(&waiter, 30_000, Some((1, id)), end()).await;
+            assert!(matches!(queued, Ok(Attempt::Busy { .. })), "queued");
+            sleep(short * 3).await;
+        }
+        let req = AcquireRequest::new(key.clone(), "custom-owner", ttl, Duration::from_secs(20))
+            .unwrap()
+            .with_kind(kind)
+            .unwrap();
+        let id = backend.shared.wake.next_id();
+        let taken = backend
+            .attempt(&req, 30_000, Some((20_000, id)), end())
+            .await;
+        assert!(matches!(taken, Ok(Attempt::Acquired(_))), "{name}: taken");
+        // The call went away before it read that reply.
+        let left = backend
+            .leave(&key, "custom-owner", id, LeaveMode::DropNow, ttl, end())
+            .await
+            .unwrap();
+        assert!(
+            matches!(left, Left::Dropped),
+            "{name}: the hold was not its to give back"
+        );
+        assert!(
+            backend.status(&key).await.unwrap().is_none(),
+            "{name}: held by nobody"
+        );
+    }
+}

@@ -70,9 +70,13 @@
 //!
 //! `flag` is `1` once someone queued behind the holder (so only then does a
 //! release look at the queue). A waiter's ticket is `<waiter id>@<channel>`,
-//! unique to one acquire call; `grant` is the ticket of the waiter a lock was
-//! handed to, else `-`. `attempt` is [`AcquireRequest::attempt`]: an acquire
-//! is a retry of the holder's own only when owner and attempt both match.
+//! unique to one acquire call; `grant` is the ticket of the waiting call a
+//! hold is that call's to give back should it be dropped before it reads
+//! its grant (a waiter the lock was handed to, or whose own attempt took
+//! it), else `-` (a call that does not wait, or a retry of the same request
+//! that took the hold over). `attempt` is [`AcquireRequest::attempt`]: an
+//! acquire is a retry of the holder's own only when owner, attempt and kind
+//! match.
 //! The queue keys expire one second after the last waiter's deadline. All
 //! keys of one lock share the hash tag `{E}` (with `\`, `{`, `}` escaped in
 //! `E`), so every script touches one cluster slot. Each backend (with its

@@ -52,8 +52,11 @@ pub(super) enum Left {
 }
 
 /// Acquire's first two arguments (a flight's begin's too): the TTL and the
-/// stored value's tail, "<acquired ms> - <attempt> <owner>" (one argument for
-/// all: each argument costs the server time). Returns when it was sent: our
+/// stored value's tail, "<acquired ms> <grant> <attempt> <owner>" (one
+/// argument for all: each argument costs the server time), where `grant` is
+/// the caller's queue ticket when it waits ("<id>@<channel>": a hold it takes
+/// is then its ticket's to give back, should the call be dropped before it
+/// reads the reply), else "-". Returns when it was sent: our
 /// clock is only stored for `status` to show; the lease counts from it too,
 /// which errs on the early side (the server's TTL starts when the script
 /// runs, after this).
@@ -61,10 +64,15 @@ pub(super) fn acquire_args(
     inv: &mut Invocation<'_>,
     req: &AcquireRequest,
     ttl_ms: u64,
+    ticket: Option<&str>,
 ) -> SystemTime {
     let sent_ms = unix_ms(SystemTime::now());
-    inv.arg(ttl_ms)
-        .arg(format!("{sent_ms} - {} {}", req.attempt(), req.owner()));
+    let grant = ticket.unwrap_or("-");
+    inv.arg(ttl_ms).arg(format!(
+        "{sent_ms} {grant} {} {}",
+        req.attempt(),
+        req.owner()
+    ));
     server_time(sent_ms)
 }
 
@@ -124,11 +132,13 @@ impl RedisBackend {
             Some(_) => Keys::AllAndIndex,
         };
         let slot = self.keys(&mut inv, req.key(), keys);
-        let sent = acquire_args(&mut inv, req, ttl_ms);
+        let channel = self.shared.wake.channel(slot);
+        let ticket = queue
+            .filter(|&(wait_ms, _)| wait_ms > 0)
+            .map(|(_, id)| format!("{id}@{channel}"));
+        let sent = acquire_args(&mut inv, req, ttl_ms, ticket.as_deref());
         if let Some((wait_ms, id)) = queue {
-            inv.arg(wait_ms)
-                .arg(id)
-                .arg(self.shared.wake.channel(slot).as_ref());
+            inv.arg(wait_ms).arg(id).arg(channel.as_ref());
         } else if kind.is_some() {
             // No wait, no ticket: the kind comes sixth.
             inv.arg(0).arg("").arg("");

@@ -51,11 +51,11 @@ const KINDS_FAST_MARK: &str = "  -- @kinds-fast-path\n";
 const KINDS_FAST_PATH: &str = "  do
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local attempt, owner = string.match(ARGV[2], '^%d+ %- (%S+) (.+)$')
+    local grant, attempt, owner = string.match(ARGV[2], '^%d+ (%S+) (%S+) (.+)$')
     local f = string.format('%d', redis.call('INCR', KEYS[2]))
     local expiry = string.format('%d', now + tonumber(ARGV[1]))
     redis.call('HSET', KEYS[6], 'k', ARGV[6],
-      f, string.format('%s %d %s - %s', expiry, now, attempt, owner),
+      f, string.format('%s %d %s %s %s', expiry, now, attempt, grant, owner),
       'a' .. attempt .. ' ' .. owner, f)
     redis.call('ZADD', KEYS[7], expiry, f)
     redis.call('PEXPIRE', KEYS[6], 2 * ARGV[1])

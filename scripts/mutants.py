@@ -656,6 +656,12 @@ MUTANTS = [
     ("redis-own-slow-take-names-no-ticket", "src/backend/redis/acquire.lua",
      "        f = take(owner, attempt, ttl, now, '0', grant_mine)\n",
      "        f = take(owner, attempt, ttl, now, '0', '-')\n"),
+    # A retry took the hold handed to its request's other call, leaving its
+    # own idle for a TTL (postgres_races:
+    # a_retry_takes_the_hold_handed_to_its_own_ticket).
+    ("postgres-retry-takes-the-oldest-hold", "src/backend/postgres/functions.sql",
+     "      ORDER BY (d.granted_to IS NOT DISTINCT FROM p_channel || ' ' || p_ticket) DESC,\n               (d.granted_to IS NULL) DESC, d.fence DESC\n      LIMIT 1;",
+     "      ORDER BY d.fence LIMIT 1;"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

@@ -1442,3 +1442,52 @@ async fn an_extend_that_waited_past_the_ttl_never_revives_the_lock() {
         );
     }
 }
+
+/// Two calls of one request (same owner and attempt: a retry sent while the
+/// first still waits), shared, queued apart behind a writer: the release
+/// hands each its own hold. The second's re-check takes the hold handed to
+/// its own ticket. (It took the oldest, the first's, and the hold handed to
+/// it was left naming a ticket whose notification nobody would hear once
+/// the call returned: idle for a TTL, keeping writers out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_takes_the_hold_handed_to_its_own_ticket() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let s = session(&server).await;
+    let key = "g:twins";
+    let acquire = "SELECT code, fence FROM tower_lock.locks_acquire($1, $2, $3, 30000, $4, 'ch', $5, $6, NULL)";
+    let holder = s
+        .query_one(acquire, &[&key, &"holder", &1i64, &0i64, &0i64, &0i16])
+        .await
+        .unwrap();
+    let fence: i64 = holder.get(1);
+    for ticket in [11i64, 12] {
+        let queued = s
+            .query_one(acquire, &[&key, &"twin", &2i64, &10_000i64, &ticket, &1i16])
+            .await
+            .unwrap();
+        assert_eq!(queued.get::<_, i32>(0), 0, "ticket {ticket}: queued");
+    }
+    s.query_one(
+        "SELECT tower_lock.locks_release($1, 'holder', $2)",
+        &[&key, &fence],
+    )
+    .await
+    .unwrap();
+    let handed = |ticket: &str| {
+        format!(
+            "SELECT fence FROM tower_lock.locks_holds WHERE key = $1 AND granted_to = 'ch {ticket}'"
+        )
+    };
+    let second: i64 = s.query_one(&handed("12"), &[&key]).await.unwrap().get(0);
+    let retry = s
+        .query_one(acquire, &[&key, &"twin", &2i64, &10_000i64, &12i64, &1i16])
+        .await
+        .unwrap();
+    assert_eq!(retry.get::<_, i32>(0), 1);
+    assert_eq!(
+        retry.get::<_, i64>(1),
+        second,
+        "the re-check took the hold handed to the other call"
+    );
+}

@@ -258,8 +258,15 @@ BEGIN
   ELSE
     SELECT count(*), min(d.expires_at) INTO v_live, v_first
       FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key AND d.expires_at > v_now;
+    -- (Two calls of one request, queued apart, can each be handed a hold:
+    -- a call takes the one handed to its own ticket, else one nobody was
+    -- handed, else the newest. Taking another's, it left its own naming a
+    -- ticket whose notification it no longer heard: idle for a TTL.)
     SELECT * INTO x FROM "{schema}"."{table}_holds" AS d
-      WHERE d.key = p_key AND d.owner = p_owner AND d.attempt = p_attempt AND d.expires_at > v_now;
+      WHERE d.key = p_key AND d.owner = p_owner AND d.attempt = p_attempt AND d.expires_at > v_now
+      ORDER BY (d.granted_to IS NOT DISTINCT FROM p_channel || ' ' || p_ticket) DESC,
+               (d.granted_to IS NULL) DESC, d.fence DESC
+      LIMIT 1;
     -- (Of this kind: a request of another kind under the same owner and
     -- attempt is another acquisition, which taken for this one would
     -- believe it held the lock exclusive beside readers.)

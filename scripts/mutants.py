@@ -662,6 +662,12 @@ MUTANTS = [
     ("postgres-retry-takes-the-oldest-hold", "src/backend/postgres/functions.sql",
      "      ORDER BY (d.granted_to IS NOT DISTINCT FROM p_channel || ' ' || p_ticket) DESC,\n               (d.granted_to IS NULL) DESC, d.fence DESC\n      LIMIT 1;",
      "      ORDER BY d.fence LIMIT 1;"),
+    # A claim of the only shared hold emptied the expiry index (deleted) and
+    # made it again without a TTL (redis_kinds:
+    # a_claimed_only_hold_keeps_its_index_expiring).
+    ("redis-claim-index-made-without-ttl", "src/backend/redis/claim.lua",
+     "    redis.call('ZADD', expiries, expiry, f)\n    drop_hold(old, value)\n",
+     "    drop_hold(old, value)\n    redis.call('ZADD', expiries, expiry, f)\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

@@ -161,3 +161,30 @@ async fn releasing_a_hold_that_ran_out_is_refused() {
         .await
         .unwrap();
 }
+
+/// A restore (a claim) of the only shared hold moves it to a new fence; its
+/// expiry index keeps its TTL. (The old entry went first, emptying the
+/// index, which Redis deletes; the new one made it again without a TTL:
+/// kept forever if that hold then ran out unreleased.)
+#[tokio::test]
+async fn a_claimed_only_hold_keeps_its_index_expiring() {
+    use tower_lock::backend::LockBackend;
+    let server = RedisServer::start();
+    let backend = RedisBackend::from_url(&server.url()).unwrap();
+    let key = LockKey::global("claimed").unwrap();
+    let req = AcquireRequest::new(key.clone(), "o", Duration::from_secs(30), Duration::ZERO)
+        .unwrap()
+        .with_kind(LockKind::Shared)
+        .unwrap();
+    let held = backend.acquire(&req).await.unwrap();
+    let claimed = backend
+        .claim(&key, Holder::new("o", held.fence), 4242)
+        .await
+        .unwrap();
+    assert!(claimed.fence > held.fence);
+    let ttl: i64 = server
+        .cmd(&["PTTL", "lock:{g:claimed}:he"])
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "the expiry index lost its TTL: {ttl}");
+}

@@ -44,14 +44,16 @@ if not current then
     local old = f
     -- The metadata belongs to the acquisition: it follows the new fence.
     local meta = redis.call('HGET', holds, 'm' .. old)
-    drop_hold(old, value)
     f = string.format('%d', next_fence())
+    -- The new expiry first: the index never empties, which would delete
+    -- it, and the ZADD make it again without its TTL (kept forever).
+    redis.call('ZADD', expiries, expiry, f)
+    drop_hold(old, value)
     redis.call('HSET', holds, f, string.format('%s %s %s %s %s', expiry, a, ARGV[3], grant, who),
       'a' .. ARGV[3] .. ' ' .. who, f)
     if meta then
       redis.call('HSET', holds, 'm' .. f, meta)
     end
-    redis.call('ZADD', expiries, expiry, f)
   end
   return {1, f, a, tonumber(expiry) - now, now}
 end

@@ -668,6 +668,15 @@ MUTANTS = [
     ("redis-claim-index-made-without-ttl", "src/backend/redis/claim.lua",
      "    redis.call('ZADD', expiries, expiry, f)\n    drop_hold(old, value)\n",
      "    drop_hold(old, value)\n    redis.call('ZADD', expiries, expiry, f)\n"),
+    # A hold a waiting call takes directly named no ticket: dropped before it
+    # read the reply, its leave left the lock held until its TTL
+    # (postgres_races: a_lock_a_dropped_waiters_own_attempt_took_is_given_back).
+    ("postgres-own-take-names-no-ticket", "src/backend/postgres/functions.sql",
+     "  -- should the call be dropped before it reads this reply.\n  v_grant text := CASE WHEN p_wait_ms > 0",
+     "  -- should the call be dropped before it reads this reply.\n  v_grant text := CASE WHEN false"),
+    ("postgres-own-kind-take-names-no-ticket", "src/backend/postgres/functions.sql",
+     "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN p_wait_ms > 0",
+     "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN false"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

@@ -1491,3 +1491,113 @@ async fn a_retry_takes_the_hold_handed_to_its_own_ticket() {
         "the re-check took the hold handed to the other call"
     );
 }
+
+/// A waiting call whose own attempt takes the lock (free when it came; one
+/// more hold beside readers; free once a holder ran out with only a dead
+/// waiter queued), dropped before it reads the reply: its leave gives the
+/// lock back. The hold names the call's ticket, as a hand-off to it does;
+/// it named nobody, and a custom owner's lock stayed until its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_a_dropped_waiters_own_attempt_took_is_given_back() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let s = session(&server).await;
+    let acquire =
+        "SELECT code FROM tower_lock.locks_acquire($1, $2, $3, $4, $5, 'ch', $6, $7, NULL)";
+    let leave = "SELECT code FROM tower_lock.locks_leave($1, 'waiter', 'ch', $2, false)";
+    let held = "SELECT count(*) FROM tower_lock.locks_holds WHERE key = $1 AND owner = 'waiter'";
+    for (key, kind, setup) in [
+        ("g:free", 0i16, ""),
+        ("g:free-shared", 1, ""),
+        ("g:beside", 1, "reader"),
+        ("g:reclaim", 0, "expired"),
+        ("g:after-readers", 0, "reader-expired"),
+        ("g:after-readers-shared", 1, "reader-expired"),
+    ] {
+        match setup {
+            "reader" => {
+                let r = s
+                    .query_one(
+                        acquire,
+                        &[&key, &"reader", &1i64, &30_000i64, &0i64, &0i64, &1i16],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.get::<_, i32>(0), 1);
+            }
+            "reader-expired" => {
+                // A reader whose hold ran out (its expiry set in the past:
+                // the key's row is a shared one, nobody holds it).
+                let r = s
+                    .query_one(
+                        acquire,
+                        &[&key, &"reader", &1i64, &30_000i64, &0i64, &0i64, &1i16],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.get::<_, i32>(0), 1);
+                run_out(&s, key).await;
+            }
+            "expired" => {
+                // A holder that ran out, a waiter whose max wait ended.
+                let r = s
+                    .query_one(
+                        acquire,
+                        &[&key, &"gone", &1i64, &30_000i64, &0i64, &0i64, &0i16],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.get::<_, i32>(0), 1);
+                let r = s
+                    .query_one(
+                        acquire,
+                        &[&key, &"late", &2i64, &30_000i64, &10_000i64, &5i64, &0i16],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.get::<_, i32>(0), 0);
+                run_out(&s, key).await;
+            }
+            _ => {}
+        }
+        let took = s
+            .query_one(
+                acquire,
+                &[
+                    &key, &"waiter", &9i64, &30_000i64, &10_000i64, &21i64, &kind,
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(took.get::<_, i32>(0), 1, "{key}: taken");
+        let left = s.query_one(leave, &[&key, &21i64]).await.unwrap();
+        assert_eq!(left.get::<_, i32>(0), 2, "{key}: not given back");
+        let exclusive: i64 = s
+            .query_one(
+                "SELECT count(*) FROM tower_lock.locks WHERE key = $1 AND owner = 'waiter'",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let holds: i64 = s.query_one(held, &[&key]).await.unwrap().get(0);
+        assert_eq!((exclusive, holds), (0, 0), "{key}: still held");
+    }
+}
+
+/// Everything of `key` runs out now: its holder, holds and waiters' waits
+/// (their times set in the past, as if their TTLs and max waits had ended).
+async fn run_out(s: &Client, key: &str) {
+    for table in ["locks", "locks_holds"] {
+        let q = format!(
+            "UPDATE tower_lock.{table} SET expires_at = now() - interval '1 second' WHERE key = $1"
+        );
+        s.execute(&q, &[&key]).await.unwrap();
+    }
+    s.execute(
+        "UPDATE tower_lock.locks_waiters SET deadline = now() - interval '1 second' WHERE key = $1",
+        &[&key],
+    )
+    .await
+    .unwrap();
+}

@@ -227,6 +227,9 @@ DECLARE
   v_first timestamptz;
   v_fits boolean;
   v_fence bigint;
+  -- As in _acquire: a hold a waiting call takes names its ticket.
+  v_grant text := CASE WHEN p_wait_ms > 0 AND p_ticket IS NOT NULL
+                       THEN p_channel || ' ' || p_ticket END;
   r "{schema}"."{table}"%ROWTYPE;
   x "{schema}"."{table}_holds"%ROWTYPE;
   h record;
@@ -310,12 +313,13 @@ BEGIN
       UPDATE "{schema}"."{table}" AS l SET
           owner = p_owner, attempt = p_attempt, fence = v_fence,
           acquired_at = v_now, expires_at = v_now + v_ttl,
-          queued = false, granted_to = NULL, kind = 0, permits = NULL
+          queued = false, granted_to = v_grant, kind = 0, permits = NULL
         WHERE l.key = p_key;
       DELETE FROM "{schema}"."{table}_holds" AS d WHERE d.key = p_key;
     ELSE
-      INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
-        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl);
+      INSERT INTO "{schema}"."{table}_holds"
+          (key, fence, owner, attempt, acquired_at, expires_at, granted_to)
+        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl, v_grant);
       UPDATE "{schema}"."{table}" AS l SET
           owner = '', attempt = 0, fence = v_fence, acquired_at = v_now,
           expires_at = CASE WHEN v_live > 0 THEN greatest(l.expires_at, v_now + v_ttl)
@@ -369,6 +373,10 @@ DECLARE
   v_live bigint;
   v_mine boolean;
   v_fence bigint;
+  -- A hold a waiting call takes is its ticket's to give back (_leave),
+  -- should the call be dropped before it reads this reply.
+  v_grant text := CASE WHEN p_wait_ms > 0 AND p_ticket IS NOT NULL
+                       THEN p_channel || ' ' || p_ticket END;
   r "{schema}"."{table}"%ROWTYPE;
   h record;
 BEGIN
@@ -378,11 +386,12 @@ BEGIN
     -- Fast path: free (as the acquire statement's own, see _redraw). A
     -- shared or permit hold puts the key's anchor row in with its hold.
     INSERT INTO "{schema}"."{table}" AS l
-        (key, owner, attempt, fence, acquired_at, expires_at, kind, permits)
+        (key, owner, attempt, fence, acquired_at, expires_at, kind, permits, granted_to)
       VALUES (p_key, CASE WHEN p_kind = 0 THEN p_owner ELSE '' END,
               CASE WHEN p_kind = 0 THEN p_attempt ELSE 0 END,
               nextval('"{schema}"."{table}_fence"'),
-              v_now, v_now + v_ttl, p_kind, p_permits)
+              v_now, v_now + v_ttl, p_kind, p_permits,
+              CASE WHEN p_kind = 0 THEN v_grant END)
       ON CONFLICT (key) DO NOTHING
       RETURNING l.fence INTO fence;
     IF FOUND THEN
@@ -390,8 +399,9 @@ BEGIN
         fence := "{schema}"."{table}_redraw"(p_key, fence);
       END IF;
       IF p_kind <> 0 THEN
-        INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
-          VALUES (p_key, fence, p_owner, p_attempt, v_now, v_now + v_ttl);
+        INSERT INTO "{schema}"."{table}_holds"
+            (key, fence, owner, attempt, acquired_at, expires_at, granted_to)
+          VALUES (p_key, fence, p_owner, p_attempt, v_now, v_now + v_ttl, v_grant);
       END IF;
       code := 1;
       acquired_us := now_us;
@@ -413,8 +423,9 @@ BEGIN
       FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
     IF NOT v_mine AND (p_kind = 1 OR v_live < p_permits) THEN
       v_fence := nextval('"{schema}"."{table}_fence"');
-      INSERT INTO "{schema}"."{table}_holds" (key, fence, owner, attempt, acquired_at, expires_at)
-        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl);
+      INSERT INTO "{schema}"."{table}_holds"
+          (key, fence, owner, attempt, acquired_at, expires_at, granted_to)
+        VALUES (p_key, v_fence, p_owner, p_attempt, v_now, v_now + v_ttl, v_grant);
       UPDATE "{schema}"."{table}" AS l SET
           fence = v_fence, acquired_at = v_now,
           expires_at = greatest(l.expires_at, v_now + v_ttl)
@@ -480,7 +491,7 @@ BEGIN
           owner = p_owner, attempt = p_attempt,
           fence = nextval('"{schema}"."{table}_fence"'),
           acquired_at = v_now, expires_at = v_now + v_ttl,
-          queued = false, granted_to = NULL
+          queued = false, granted_to = v_grant
         WHERE l.key = p_key
         RETURNING l.fence INTO fence;
       code := 1;

@@ -677,6 +677,11 @@ MUTANTS = [
     ("postgres-own-kind-take-names-no-ticket", "src/backend/postgres/functions.sql",
      "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN p_wait_ms > 0",
      "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN false"),
+    # A waiting call of a request whose twin was handed the lock waited out
+    # its max wait (behaviour: a_waiting_retry_answers_with_its_twins_grant).
+    ("memory-twin-waits-out-its-max-wait", "src/backend/memory/queue.rs",
+     "        if occupied.get().holds_for(req, now) {\n",
+     "        if false && occupied.get().holds_for(req, now) {\n"),
     ("etcd-release-without-hand-off", "src/backend/etcd/ops.rs",
      "            .when([when, keys.nobody_queued()])",
      "            .when([when])"),

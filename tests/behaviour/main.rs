@@ -176,6 +176,7 @@ for_each_backend! {
             release_checks_owner,
             one_owner_token_never_makes_two_holders,
             a_dropped_call_never_gives_back_the_hold_its_retry_took,
+            a_waiting_retry_answers_with_its_twins_grant,
             // The waiting queue.
             release_hands_the_lock_to_the_oldest_waiter_at_once,
             waiters_are_served_in_the_order_they_came,

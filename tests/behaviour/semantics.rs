@@ -364,6 +364,45 @@ pub async fn a_dropped_call_never_gives_back_the_hold_its_retry_took(h: Harness)
     }
 }
 
+/// (16.3) Two calls of one request waiting at once (a retry sent while the
+/// first still waits): once the lock is handed to one, the other answers
+/// with that same hold, well within its max wait, and leaves the queue. (On
+/// memory it waited out its whole max wait, a live waiter all along.)
+pub async fn a_waiting_retry_answers_with_its_twins_grant(h: Harness) {
+    let key = gkey("k");
+    let ttl = Duration::from_secs(30);
+    h.backend
+        .acquire(&areq(&key, "holder", ttl, Duration::ZERO))
+        .await
+        .unwrap();
+    let req = areq(&key, "client", ttl, Duration::from_secs(60));
+    let call = |req: &tower_lock::backend::AcquireRequest| {
+        let (backend, req) = (h.backend.clone(), req.clone());
+        tokio::spawn(async move { backend.acquire(&req).await })
+    };
+    let first = call(&req);
+    h.until_queued(&key, 1).await;
+    let second = call(&req);
+    h.until_queued(&key, 2).await;
+    h.backend
+        .release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    let a = first.await.unwrap().unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the retry waited on for its max wait")
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.fence, b.fence, "one hold answers both calls");
+    h.until_queue_is(&key, 0).await;
+    h.backend
+        .release(&key, Holder::new("client", a.fence))
+        .await
+        .unwrap();
+    assert_released(&h, &key).await;
+}
+
 /// (16.3) One owner token never makes two holders: a retry of the same
 /// acquisition (the same request, or a clone of it) gets the same lease,
 /// while another request that merely names the same owner finds the lock

@@ -125,15 +125,23 @@ impl Inner {
         }
     }
 
-    /// For a queued waiter whose holder's expiry has passed: hand an expired
-    /// lock to the head of the queue (every waiter keeps its place), or
-    /// learn the holder's new expiry (extended, or handed to another).
-    pub(super) fn recheck(&self, key: &LockKey) -> Recheck {
+    /// For a queued waiter of `req` whose holder's expiry has passed: hand
+    /// an expired lock to the head of the queue (every waiter keeps its
+    /// place), or learn the holder's new expiry (extended, or handed to
+    /// another). `Gone` also when the lock is held for `req` itself: handed
+    /// to another call of the same request (its retry, queued apart), which
+    /// this call then answers with as a retry, at once rather than at its
+    /// max wait.
+    pub(super) fn recheck(&self, req: &AcquireRequest) -> Recheck {
         let now = Instant::now();
+        let key = req.key();
         let (hash, mut shard) = self.shard(key, now);
         let Some(mut occupied) = shard.find_entry(hash, key) else {
             return Recheck::Gone;
         };
+        if occupied.get().holds_for(req, now) {
+            return Recheck::Gone;
+        }
         if settle(&self.fence, occupied.get_mut(), now) {
             let at = occupied.get().earliest_expiry();
             shard.expires_at(at);
@@ -259,7 +267,7 @@ pub(super) async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease
                 }
                 () = nudge.notified() => {
                     // The expiry moved earlier: sleep until the new one.
-                    match inner.recheck(req.key()) {
+                    match inner.recheck(req) {
                         Recheck::HeldUntil(at) => holder_expires = at,
                         Recheck::Gone => {
                             if let Some(lease) = slot.leave() {
@@ -275,7 +283,7 @@ pub(super) async fn acquire(inner: &Inner, req: &AcquireRequest) -> Result<Lease
                         // on if it did expire (to the head of the queue,
                         // maybe us), else wait for its new expiry. Nobody
                         // leaves the queue for it.
-                        match inner.recheck(req.key()) {
+                        match inner.recheck(req) {
                             Recheck::HeldUntil(at) => {
                                 holder_expires = at;
                                 continue;

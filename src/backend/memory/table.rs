@@ -159,6 +159,22 @@ impl Entry {
             && owners_match(&self.owner, req.owner())
     }
 
+    /// Whether `req`'s own acquisition holds the lock, live: a retry of it
+    /// is answered at once (see `group_retry` and the exclusive retry).
+    pub(super) fn holds_for(&self, req: &AcquireRequest, now: Instant) -> bool {
+        match self.group() {
+            Some(g) => {
+                g.kind == req.kind()
+                    && g.holds.iter().any(|h| {
+                        h.expires > now
+                            && h.attempt == req.attempt()
+                            && owners_match(&h.owner, req.owner())
+                    })
+            }
+            None => self.expires > now && self.held_by(req),
+        }
+    }
+
     /// Whether a retry of its request took over the hold under `fence`
     /// (exclusive, or one of the group): a hand-off to a call of that
     /// request that then went away without reading it is not that call's

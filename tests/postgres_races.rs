@@ -1601,3 +1601,38 @@ async fn run_out(s: &Client, key: &str) {
     .await
     .unwrap();
 }
+
+/// A waiting call on a free key takes it at its first attempt (the acquire
+/// statement's own fast path), and the reply is lost: the call fails, and
+/// its leave gives the lock back. The row named no ticket, so the leave gave
+/// nothing back and the lock stayed until its TTL (a custom owner: nothing
+/// releases by owner after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_calls_take_whose_reply_was_lost_is_given_back() {
+    let (_server, direct, proxy, b) = behind_a_proxy(2).await;
+    // A wait first, so that the backend listens (a waiting call's attempts
+    // then carry its ticket).
+    direct
+        .acquire(&req("warm", "holder", 60 * SEC, Duration::ZERO))
+        .await
+        .unwrap();
+    let waited = b.acquire(&req("warm", "w", 60 * SEC, 300 * ms(1))).await;
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "{waited:?}"
+    );
+    proxy.blackhole_open_replies();
+    let taken = b.acquire(&req("lost", "worker-1", 60 * SEC, 5 * SEC)).await;
+    assert!(
+        matches!(taken, Err(LockError::BackendUnavailable(_))),
+        "{taken:?}"
+    );
+    assert!(
+        direct.status(&key("lost")).await.unwrap().is_some(),
+        "the acquire ran on the server"
+    );
+    direct
+        .acquire(&req("lost", "probe", 30 * SEC, 5 * SEC))
+        .await
+        .expect("the lock stayed with the call whose reply was lost");
+}

@@ -95,12 +95,18 @@ fn texts(names: &Names) -> [String; COUNT] {
         // Acquire: a free key's row goes in under a fence drawn in its
         // VALUES; when another fence was drawn since (its RETURNING looks,
         // once the row is in), `_redraw` draws a newer one (see there): a
-        // second write, only when calls on other keys came in between.
+        // second write, only when calls on other keys came in between. A
+        // waiting caller's row names its ticket (`granted_to`), as
+        // `_acquire`'s own fast path does: its leave gives it back should
+        // the call be dropped before it reads the reply.
         format!(
             "WITH fast AS ( \
-               INSERT INTO {table} AS l (key, owner, attempt, fence, acquired_at, expires_at) \
+               INSERT INTO {table} AS l \
+                 (key, owner, attempt, fence, acquired_at, expires_at, granted_to) \
                VALUES ($1::text, $2::text, $3::bigint, nextval('{fence}'), now(), \
-                       now() + $4::bigint * interval '1 millisecond') \
+                       now() + $4::bigint * interval '1 millisecond', \
+                       CASE WHEN $5::bigint > 0 AND $7::bigint IS NOT NULL \
+                            THEN $6::text || ' ' || $7::bigint END) \
                ON CONFLICT (key) DO NOTHING \
                RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest) \
              SELECT 1, CASE WHEN newest THEN fence ELSE {redraw}($1, fence) END, \

@@ -116,18 +116,20 @@ async fn a_lock_a_dropped_waiters_own_attempt_took_is_given_back() {
     ] {
         let key = LockKey::global(name).unwrap();
         if slow {
-            // A holder that runs out (on Redis's clock) with a waiter whose
-            // max wait ended queued behind it: the key has a queue, and no
-            // holder, when the attempt comes.
-            let short = Duration::from_millis(20);
-            let gone = AcquireRequest::new(key.clone(), "gone", short, Duration::ZERO).unwrap();
+            // A holder that ran out (its key gone, as at its TTL) with a
+            // waiter whose max wait ended queued behind it: the key has a
+            // queue, and no holder, when the attempt comes.
+            let gone = AcquireRequest::new(key.clone(), "gone", ttl, Duration::ZERO).unwrap();
             backend.acquire(&gone).await.unwrap();
-            let waiter =
-                AcquireRequest::new(key.clone(), "late", ttl, Duration::from_millis(1)).unwrap();
+            let wait = Duration::from_millis(50);
+            let waiter = AcquireRequest::new(key.clone(), "late", ttl, wait).unwrap();
             let id = backend.shared.wake.next_id();
-            let queued = backend.attempt(&waiter, 30_000, Some((1, id)), end()).await;
+            let queued = backend
+                .attempt(&waiter, 30_000, Some((50, id)), end())
+                .await;
             assert!(matches!(queued, Ok(Attempt::Busy { .. })), "queued");
-            sleep(short * 3).await;
+            sleep(wait * 2).await;
+            assert_eq!(server.cmd(&["DEL", &format!("lock:{{g:{name}}}")]), "1");
         }
         let req = AcquireRequest::new(key.clone(), "custom-owner", ttl, Duration::from_secs(20))
             .unwrap()

@@ -677,6 +677,15 @@ MUTANTS = [
     ("postgres-own-statement-take-names-no-ticket", "src/backend/postgres/statements.rs",
      "                       CASE WHEN $5::bigint > 0 AND $7::bigint IS NOT NULL \\\n",
      "                       CASE WHEN false AND $7::bigint IS NOT NULL \\\n"),
+    # A claiming leave whose reply was lost: the plain leave after it did not
+    # match the claimed grant ('c …'), held until its TTL (postgres_races:
+    # a_claim_whose_reply_was_lost_is_given_back_by_the_leave_after_it).
+    ("postgres-leave-ignores-its-lost-claim", "src/backend/postgres/functions.sql",
+     "          OR r.granted_to = 'c ' || p_channel || ' ' || p_ticket) THEN\n",
+     "          OR (p_claim AND r.granted_to = 'c ' || p_channel || ' ' || p_ticket)) THEN\n"),
+    ("postgres-hold-leave-ignores-its-lost-claim", "src/backend/postgres/functions.sql",
+     "             OR y.granted_to = 'c ' || p_channel || ' ' || p_ticket);\n",
+     "             OR (p_claim AND y.granted_to = 'c ' || p_channel || ' ' || p_ticket));\n"),
     ("postgres-own-kind-take-names-no-ticket", "src/backend/postgres/functions.sql",
      "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN p_wait_ms > 0",
      "  -- As in _acquire: a hold a waiting call takes names its ticket.\n  v_grant text := CASE WHEN false"),

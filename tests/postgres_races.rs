@@ -1636,3 +1636,53 @@ async fn a_waiting_calls_take_whose_reply_was_lost_is_given_back() {
         .await
         .expect("the lock stayed with the call whose reply was lost");
 }
+
+/// A waiter gives up as it is handed the lock: its claiming leave lands
+/// (the grant marked claimed) but the reply is lost, so the call fails, and
+/// the plain leave its failure sends gives the lock back. That leave
+/// matched only an unclaimed grant, and the lock stayed until its TTL with
+/// a caller that never had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_was_lost_is_given_back_by_the_leave_after_it() {
+    let server = PgServer::start();
+    let _migrated = backend(&server.url()).await;
+    let s = session(&server).await;
+    let acquire = "SELECT code, fence FROM tower_lock.locks_acquire($1, $2, $3, 30000, $4, 'ch', $5, $6, NULL)";
+    for (key, kind) in [("g:cx", 0i16), ("g:cs", 1)] {
+        let holder = s
+            .query_one(acquire, &[&key, &"holder", &1i64, &0i64, &0i64, &0i16])
+            .await
+            .unwrap();
+        let fence: i64 = holder.get(1);
+        let queued = s
+            .query_one(
+                acquire,
+                &[&key, &"waiter", &2i64, &10_000i64, &31i64, &kind],
+            )
+            .await
+            .unwrap();
+        assert_eq!(queued.get::<_, i32>(0), 0, "{key}: queued");
+        s.query_one(
+            "SELECT tower_lock.locks_release($1, 'holder', $2)",
+            &[&key, &fence],
+        )
+        .await
+        .unwrap();
+        let leave = "SELECT code FROM tower_lock.locks_leave($1, 'waiter', 'ch', 31, $2)";
+        let claimed = s.query_one(leave, &[&key, &true]).await.unwrap();
+        assert_eq!(claimed.get::<_, i32>(0), 1, "{key}: claimed");
+        // (That reply lost: the call failed, and its guard leaves.)
+        let left = s.query_one(leave, &[&key, &false]).await.unwrap();
+        assert_eq!(left.get::<_, i32>(0), 2, "{key}: not given back");
+        let held: i64 = s
+            .query_one(
+                "SELECT (SELECT count(*) FROM tower_lock.locks WHERE key = $1 AND owner = 'waiter') \
+                 + (SELECT count(*) FROM tower_lock.locks_holds WHERE key = $1 AND owner = 'waiter')",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(held, 0, "{key}: still held");
+    }
+}

@@ -800,10 +800,13 @@ BEGIN
     -- A shared/permit key: the hold handed to this call, if any, else what
     -- its leaving lets through (readers queued behind a writer that gave
     -- up join the readers holding).
+    -- (Claimed already, 'c …': a claiming leave of this call landed and
+    -- its reply was lost. A claim again answers it; a plain leave, which
+    -- follows when the call failed, gives it back: the call never had it.)
     SELECT * INTO x FROM "{schema}"."{table}_holds" AS y
       WHERE y.key = p_key AND y.owner = p_owner AND y.expires_at > v_now
         AND (y.granted_to = p_channel || ' ' || p_ticket
-             OR (p_claim AND y.granted_to = 'c ' || p_channel || ' ' || p_ticket));
+             OR y.granted_to = 'c ' || p_channel || ' ' || p_ticket);
     IF FOUND AND p_claim THEN
       UPDATE "{schema}"."{table}_holds" AS y SET granted_to = 'c ' || p_channel || ' ' || p_ticket
         WHERE y.key = p_key AND y.fence = x.fence;
@@ -829,7 +832,7 @@ BEGIN
   END IF;
   IF r.key IS NOT NULL AND r.expires_at > v_now AND r.owner = p_owner
      AND (r.granted_to = p_channel || ' ' || p_ticket
-          OR (p_claim AND r.granted_to = 'c ' || p_channel || ' ' || p_ticket)) THEN
+          OR r.granted_to = 'c ' || p_channel || ' ' || p_ticket) THEN
     IF p_claim THEN
       -- Claimed (as in _acquire): never passed on after this.
       UPDATE "{schema}"."{table}" AS l SET granted_to = 'c ' || p_channel || ' ' || p_ticket

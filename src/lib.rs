@@ -69,9 +69,9 @@
 //! | `LOCK_INVALID_HEADER`, `LOCK_NOT_ALLOWED` | 400 | a client-directed lock ([`ClientLocks`]) with a bad header, or over the server's limits |
 //! | `LOCK_NOT_FOUND` | 404 | release/extend of a lock that is not held |
 //! | `LOCK_OWNERSHIP_MISMATCH` | 409 | release/extend with another owner's token |
-//! | `LOCK_INVALID_KIND` | 400 | zero or more than 1024 permits, a `Lock-Mode` header that names no kind |
+//! | `LOCK_INVALID_KIND` | 400 | zero or more than 1024 permits, a `Lock-Mode` header that names no kind, one key named as two kinds |
 //! | `LOCK_KIND_MISMATCH` | 409 | the key is held under another kind (permits beside shared/exclusive holds, another number of permits) |
-//! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks |
+//! | `LOCK_ALREADY_RELEASED` | 410 | [`Locks::release`] of a lock this request already released, or [`Locks`] used after the response released its locks, or [`Locks::acquire`] of a lock kept after the response (auto-release off) once the handler has answered |
 //! | `LOCK_LAYER_MISSING` | 500 | the [`Locks`] or [`HeldLock`] extractor behind no [`LockLayer`] (see [`MissingLocks`]) |
 //! | `LOCK_NOT_REQUESTED` | 500 | the same on a request the layer named no lock for |
 //! | `LOCK_INVALID_CONFIG` | — | a backend configured wrongly, where it is built (never from the layer) |

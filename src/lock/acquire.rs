@@ -232,8 +232,8 @@ pub(crate) fn acquire_all(
         // lock; as two kinds it is neither (taking the first let a request
         // that asked for the exclusive lock run beside another's shared
         // hold); with other settings, neither (the first one's TTL, wait,
-        // release, minimum hold or owner were taken, silently); in both
-        // scopes, neither.
+        // release, watchdog, minimum hold, owner or metadata were taken,
+        // silently); in both scopes, neither.
         let clash = reqs.windows(2).find_map(|w| {
             let ((a, sa), (b, sb)) = (&w[0], &w[1]);
             if a.key() == b.key() {

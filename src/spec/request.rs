@@ -149,7 +149,7 @@ impl AcquireRequest {
     ///
     /// A backend keeps it with the lock and treats an acquire as a retry of
     /// the holder's own (same lease, same fence, TTL refreshed) only when
-    /// both the owner token **and** the attempt match: clones of one request
+    /// the owner token, the attempt **and** the kind match: clones of one request
     /// are one attempt, so a call retried after a lost reply is recognised,
     /// while a second request that merely names the same owner token finds
     /// the lock busy. Two requests holding one lock with one fence would

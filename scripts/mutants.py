@@ -409,7 +409,7 @@ MUTANTS = [
     ("memory-release-without-hand-off", "src/backend/memory/table.rs",
      "                } else {\n                    self.hand_off(entry)\n                };",
      "                } else {\n                    false && self.hand_off(entry)\n                };"),
-    ("memory-retry-by-owner-only", "src/backend/memory/table.rs",
+    ("memory-retry-by-owner-only", "src/backend/memory/retry.rs",
      "        self.attempt == req.attempt()\n",
      "        true\n"),
     ("memory-release-ignores-owner", "src/backend/memory/table.rs",
@@ -611,7 +611,7 @@ MUTANTS = [
      "Giving::Fence(&h.key, h.fence)"),
     # A rewrite of our holder key taken for a hand-off to our entry
     # (wait_test: a_rewrite_of_our_holder_key_is_not_a_hand_off).
-    ("etcd-rewrite-taken-for-a-hand-off", "src/backend/etcd/wait.rs",
+    ("etcd-rewrite-taken-for-a-hand-off", "src/backend/etcd/place.rs",
      "                && kv.create_revision() == kv.mod_revision()\n",
      ""),
     # A lock kept after the response, taken once the handler answered: its
@@ -632,7 +632,7 @@ MUTANTS = [
     ("memory-retry-of-any-kind", "src/backend/memory/group.rs",
      ".filter(|g| g.kind == req.kind())",
      ""),
-    ("memory-exclusive-retry-of-any-kind", "src/backend/memory/table.rs",
+    ("memory-exclusive-retry-of-any-kind", "src/backend/memory/retry.rs",
      "            && req.kind() == LockKind::Exclusive\n",
      ""),
     ("redis-retry-of-any-kind", "src/backend/redis/acquire.lua",
@@ -751,7 +751,7 @@ MUTANTS = [
      "            if self.pass_on(&keys, snapshot, from, &[], end).await? != Passed::Done || true {"),
     # A waiter's watch, kept across a re-join, delivering the hand-off to
     # the entry it lost (the checker's etcd seed 2012; the lib's wait_test).
-    ("etcd-waiter-takes-a-stale-hand-off", "src/backend/etcd/wait.rs",
+    ("etcd-waiter-takes-a-stale-hand-off", "src/backend/etcd/place.rs",
      "                && kv.mod_revision() > place.read_at\n",
      ""),
     ("kinds-etcd-mismatch-not-refused", "src/backend/etcd/take.rs",

@@ -94,9 +94,11 @@ mod lookup;
 mod near;
 mod ops;
 mod passing;
+mod place;
 #[cfg(test)]
 mod retry_test;
 mod take;
+mod values;
 mod wait;
 mod watch;
 

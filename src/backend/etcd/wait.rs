@@ -22,7 +22,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::{Instant, sleep_until};
 
 use super::EtcdBackend;
@@ -32,7 +32,8 @@ use super::keys::{HeldKey, LockKeys, Waiter};
 use super::kinds::{earliest_end, fits};
 use super::leave::WaitGuard;
 use super::near::Told;
-use super::ops::{Attempt, Queued, kvs_at, revision};
+use super::ops::{Attempt, kvs_at, revision};
+use super::place::{Place, Target, handed_over, jitter};
 use super::watch::Note;
 use crate::backend::Lease;
 use crate::error::LockError;
@@ -41,69 +42,6 @@ use crate::spec::{AcquireRequest, MAX_TTL};
 /// First and largest interval of the safety-net re-read while waiting.
 const RECHECK_FIRST: Duration = Duration::from_millis(250);
 const RECHECK_MAX: Duration = Duration::from_secs(2);
-
-/// Where a waiter stands, as last read.
-struct Place {
-    entry: Vec<u8>,
-    /// Its create revision.
-    revision: i64,
-    /// The entry just before it; `None`: it is the oldest.
-    before: Option<Vec<u8>>,
-    /// Watch from the revision after this one.
-    read_at: i64,
-}
-
-impl Place {
-    /// Told that the entry is the oldest as read at revision `at`: whether
-    /// that is news (an older read said it had a predecessor).
-    fn heads(&mut self, at: i64) -> bool {
-        if self.before.is_none() || at <= self.read_at {
-            return false;
-        }
-        self.before = None;
-        self.read_at = at;
-        true
-    }
-}
-
-impl From<Queued> for Place {
-    fn from(q: Queued) -> Self {
-        Place {
-            entry: q.entry,
-            revision: q.revision,
-            before: q.before,
-            read_at: q.revision,
-        }
-    }
-}
-
-/// What a waiter watches: the entry just before its own, or (the oldest)
-/// the holders' range.
-#[derive(Clone, PartialEq, Eq)]
-enum Target {
-    Before(Vec<u8>),
-    Holders(Vec<u8>, Vec<u8>),
-}
-
-impl Target {
-    fn of(place: &Place, keys: &LockKeys) -> Self {
-        match &place.before {
-            Some(before) => Target::Before(before.clone()),
-            None => {
-                let (start, stop) = keys.holders();
-                Target::Holders(start, stop)
-            }
-        }
-    }
-
-    /// The key and range end to watch.
-    fn into_parts(self) -> (Vec<u8>, Option<Vec<u8>>) {
-        match self {
-            Target::Before(key) => (key, None),
-            Target::Holders(start, stop) => (start, Some(stop)),
-        }
-    }
-}
 
 /// What a read of the queue found for a waiter.
 enum Seen {
@@ -477,38 +415,6 @@ impl EtcdBackend {
             retry_after: Some(earliest_end(&holders)),
         })
     }
-}
-
-/// The put of our holder key among `events`, if it is news to a waiter at
-/// `place`: a hand-off to its entry creates the key (a put that rewrites
-/// it, an extension or a refresh of a hold of this request's other call,
-/// is no grant to this entry: taken as one, it left the entry queued, to be
-/// granted again later for no call), and comes after its last read (which
-/// would have seen it). One at or before that read is stale: a watch kept across
-/// a re-join can still deliver the hand-off to the entry we had before,
-/// since lost (the lock was force-released or ran out while this process
-/// stood still). Taken as a grant, it answered with a lease already over
-/// and left the new entry queued, to be granted to nobody (a hold of the
-/// owner's that nobody knew of, until its TTL).
-fn handed_over<'e>(
-    events: &'e [(bool, KeyValue)],
-    mine: &[u8],
-    place: &Place,
-) -> Option<&'e KeyValue> {
-    events
-        .iter()
-        .find(|(put, kv)| {
-            *put && kv.key() == mine
-                && kv.create_revision() == kv.mod_revision()
-                && kv.mod_revision() > place.read_at
-        })
-        .map(|(_, kv)| kv)
-}
-
-/// `d` scaled by a random factor in [0.5, 1).
-fn jitter(d: Duration) -> Duration {
-    let fraction = 0.5 + (crate::spec::new_attempt_id() >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
-    d.mul_f64(fraction)
 }
 
 #[cfg(test)]

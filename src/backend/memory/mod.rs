@@ -26,6 +26,7 @@
 mod flight;
 mod group;
 mod queue;
+mod retry;
 mod sweep;
 mod table;
 mod take;

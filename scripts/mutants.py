@@ -600,9 +600,9 @@ MUTANTS = [
     ("redis-hold-retry-leaves-the-grant-to-the-ticket", "src/backend/redis/acquire.lua",
      "    if grant ~= ticket then\n      grant = '-'\n",
      "    if false then\n      grant = '-'\n"),
-    ("etcd-shared-retry-rewrites-its-hold", "src/backend/etcd/take.rs",
-     "            if kind == LockKind::Shared {\n",
-     "            if false && kind == LockKind::Shared {\n"),
+    ("etcd-shared-retry-rewrites-its-hold", "src/backend/etcd/kinds.rs",
+     "                when.push(Compare::create_revision(holder, CompareOp::Equal, 0));\n",
+     ""),
     # A dropped waiter's leave gave back the hold it read by its fence: a
     # retry of the request that took the hold over after that read lost it
     # (leave_test: a_grant_a_retry_took_after_the_leave_read_it_is_not_passed_on).

@@ -112,15 +112,29 @@ impl LockKeys {
         }
     }
 
-    /// When a newcomer of `kind` may take a hold at once. `room_at`: for a
-    /// permit, the revision of a read that saw fewer than `n` held and
-    /// nobody queued (without one, only a free key is taken at once).
-    pub(super) fn grant_when(&self, kind: LockKind, room_at: Option<i64>) -> Vec<Compare> {
+    /// When a newcomer of `kind` may take a hold at once, under holder key
+    /// `holder`. `room_at`: for a permit, the revision of a read that saw
+    /// fewer than `n` held and nobody queued (without one, only a free key
+    /// is taken at once).
+    pub(super) fn grant_when(
+        &self,
+        kind: LockKind,
+        holder: &[u8],
+        room_at: Option<i64>,
+    ) -> Vec<Compare> {
         let mut when = match (kind, room_at) {
             (LockKind::Shared, _) => {
                 let (start, end) = self.kind_range(LockKind::Exclusive);
                 let mut when = self.no_other_family(kind);
                 when.push(empty(start, end));
+                // Not ours already: a retry of a shared hold (a lost reply,
+                // or a twin call of this request handed it) meets the
+                // conditions above too, and its put would rewrite the hold
+                // under its old create revision (the fence) while reporting
+                // the new revision as the fence; the attempt's refresh
+                // answers it instead. (Exclusive: the key must be free; a
+                // permit: no hold written since the read.)
+                when.push(Compare::create_revision(holder, CompareOp::Equal, 0));
                 when
             }
             (LockKind::Permits(_), Some(at)) => {

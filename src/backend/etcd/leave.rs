@@ -186,23 +186,13 @@ impl Leave<'_> {
     /// `backend/retry.rs`) until etcd answers.
     async fn now(&self) {
         let mut retry = Retry::new(self.backend.shared.conn.answers());
-        loop {
-            let left = if self.answered {
-                let end = self.backend.deadline();
-                let txn = self
-                    .backend
-                    .leaving(self.keys, self.owner, self.entry.to_vec());
-                let conn = &self.backend.shared.conn;
-                conn.txn("leaving the queue", txn, end).await.map(drop)
-            } else {
-                let backend = self.backend;
-                backend
-                    .leave(self.keys, self.owner, self.entry, self.mine)
-                    .await
-            };
-            let Err(LockError::BackendUnavailable(e)) = left else {
-                break;
-            };
+        // (Answered with the hold: nothing of it to give back.)
+        let give_back = (!self.answered).then_some(self.mine);
+        while let Err(LockError::BackendUnavailable(e)) = self
+            .backend
+            .leave(self.keys, self.owner, self.entry, give_back)
+            .await
+        {
             tracing::debug!(key = %self.key.digest(), error = %e, "leaving the lock queue failed; retrying");
             retry.pause().await;
         }
@@ -270,17 +260,20 @@ impl Leave<'_> {
 
 impl EtcdBackend {
     /// Leave the queue for good: delete the entry, and pass the lock on if
-    /// it was handed to us (holder key `mine`).
+    /// it was handed to us (holder key `mine`, when given).
     async fn leave(
         &self,
         keys: &LockKeys,
         owner: &str,
         entry: &[u8],
-        mine: &[u8],
+        mine: Option<&[u8]>,
     ) -> Result<(), LockError> {
         let end = self.deadline();
         let txn = self.leaving(keys, owner, entry.to_vec());
         self.shared.conn.txn("leaving the queue", txn, end).await?;
+        let Some(mine) = mine else {
+            return Ok(());
+        };
         let snapshot = self.snapshot(keys, end).await?;
         self.give_back_handed(keys, snapshot, mine, end).await
     }

@@ -4,9 +4,7 @@
 
 use std::time::SystemTime;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
 use super::EtcdBackend;
@@ -17,7 +15,7 @@ use super::kinds::{earliest_end, fits, mismatched};
 use super::ops::{Attempt, Queued, fence_is, kvs_at, revision};
 use crate::backend::Lease;
 use crate::error::LockError;
-use crate::spec::{AcquireRequest, LockKind};
+use crate::spec::AcquireRequest;
 
 impl EtcdBackend {
     /// One acquire attempt; `queue` is the entry id of a waiter, which joins
@@ -90,21 +88,7 @@ impl EtcdBackend {
                     .and_then(joining);
                 busy.push(TxnOp::txn(join));
             }
-            let mut when = keys.grant_when(kind, room_at);
-            if kind == LockKind::Shared {
-                // Not ours already: a retry of a shared hold (a lost reply,
-                // or a twin call of this request handed it) meets the
-                // shared grant's conditions too, and its put would rewrite
-                // the hold under its old create revision (the fence) while
-                // reporting the new revision as the fence. The refresh
-                // below answers it instead. (Exclusive: the key must be
-                // free; a permit: no hold written since the read.)
-                when.push(Compare::create_revision(
-                    holder_key.clone(),
-                    CompareOp::Equal,
-                    0,
-                ));
-            }
+            let when = keys.grant_when(kind, &holder_key, room_at);
             let txn = Txn::new().when(when).and_then(granted).or_else(busy);
             let granting = (holder_key.as_slice(), value.as_slice());
             let reply = match self

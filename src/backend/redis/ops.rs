@@ -132,12 +132,14 @@ impl RedisBackend {
             Some(_) => Keys::AllAndIndex,
         };
         let slot = self.keys(&mut inv, req.key(), keys);
-        let channel = self.shared.wake.channel(slot);
-        let ticket = queue
-            .filter(|&(wait_ms, _)| wait_ms > 0)
-            .map(|(_, id)| format!("{id}@{channel}"));
+        // (The channel only for a waiter: a cluster's is made per slot.)
+        let channel = queue.map(|_| self.shared.wake.channel(slot));
+        let ticket = match (queue, &channel) {
+            (Some((wait_ms, id)), Some(channel)) if wait_ms > 0 => Some(format!("{id}@{channel}")),
+            _ => None,
+        };
         let sent = acquire_args(&mut inv, req, ttl_ms, ticket.as_deref());
-        if let Some((wait_ms, id)) = queue {
+        if let (Some((wait_ms, id)), Some(channel)) = (queue, &channel) {
             inv.arg(wait_ms).arg(id).arg(channel.as_ref());
         } else if kind.is_some() {
             // No wait, no ticket: the kind comes sixth.

@@ -375,15 +375,26 @@ pub fn parse_nodes(text: &str) -> Vec<NodeInfo> {
         .collect()
 }
 
-/// A port that is free, and whose cluster bus port (+10000) is free too.
+/// A port that is free, and whose cluster bus port (+10000) is free too,
+/// never handed out before in this process: a port is free only until its
+/// node binds it, and two tests starting clusters at once could otherwise
+/// be given the same one (the second node then failed to bind, and its
+/// readiness check found the first test's node on that port: CI failed
+/// with "node is not empty" when creating the second cluster).
 fn free_ports() -> u16 {
+    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     for _ in 0..1000 {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let port = listener.local_addr().unwrap().port();
         if port > 55_000 {
             continue;
         }
+        let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.contains(&port) || taken.contains(&(port + 10_000)) {
+            continue;
+        }
         if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            taken.extend([port, port + 10_000]);
             return port;
         }
     }

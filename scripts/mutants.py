@@ -1037,6 +1037,56 @@ MUTANTS = [
     ("apalis-unreachable-backend-aborted", "src/job/apalis.rs",
      "        JobError::Lock(e @ LockError::BackendUnavailable(_)) => Box::new(e),\n",
      ""),
+    # PostgreSQL's fast paths for shared holds and permits in front of the
+    # functions (MUTANTS_TESTS="postgres_races behaviour" MUTANTS_FILTER="the_last_holds
+    # a_stalled_acquire take_whose_reply postgres::" scripts/mutants.py postgres-kinds-fast).
+    # A release deciding on what it saw before it waited for the key's row
+    # (one statement): the last two holds released together keep the row.
+    ("postgres-kinds-fast-release-in-one-statement", "src/backend/postgres/functions.sql",
+     """    DELETE FROM "{schema}"."{table}_holds" AS x USING a
+      WHERE x.key = a.key AND x.owner = p_owner AND x.fence = p_fence
+      RETURNING x.expires_at INTO r.expires_at;
+    IF FOUND THEN
+      WITH gone AS (
+        DELETE FROM "{schema}"."{table}" AS l
+          WHERE l.key = p_key
+            AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
+                            WHERE y.key = p_key AND y.expires_at > v_now)
+          RETURNING l.key)
+      DELETE FROM "{schema}"."{table}_holds" AS x USING gone WHERE x.key = gone.key;
+""",
+     """    , d AS (DELETE FROM "{schema}"."{table}_holds" AS x USING a
+      WHERE x.key = a.key AND x.owner = p_owner AND x.fence = p_fence
+      RETURNING x.expires_at, x.fence),
+      gone AS (
+        DELETE FROM "{schema}"."{table}" AS l USING d
+          WHERE l.key = p_key
+            AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
+                            WHERE y.key = p_key AND y.fence <> d.fence AND y.expires_at > v_now)
+          RETURNING l.key),
+      rest AS (DELETE FROM "{schema}"."{table}_holds" AS x USING gone, d
+               WHERE x.key = gone.key AND x.fence <> d.fence)
+    SELECT d.expires_at INTO r.expires_at FROM d;
+    IF FOUND THEN
+"""),
+    ("postgres-kinds-fast-release-ignores-the-queue", "src/backend/postgres/functions.sql",
+     "        WHERE l.key = p_key AND l.kind <> 0 AND NOT l.queued FOR UPDATE)",
+     "        WHERE l.key = p_key AND l.kind <> 0 FOR UPDATE)"),
+    ("postgres-kinds-fast-release-ignores-owner", "src/backend/postgres/functions.sql",
+     "      WHERE x.key = a.key AND x.owner = p_owner AND x.fence = p_fence",
+     "      WHERE x.key = a.key AND x.fence = p_fence"),
+    ("postgres-kinds-fast-release-keeps-the-last-row", "src/backend/postgres/functions.sql",
+     "            AND NOT EXISTS (SELECT 1 FROM \"{schema}\".\"{table}_holds\" AS y\n                            WHERE y.key = p_key AND y.expires_at > v_now)\n          RETURNING l.key)",
+     "            AND false\n          RETURNING l.key)"),
+    ("postgres-kinds-fast-release-drops-a-live-row", "src/backend/postgres/functions.sql",
+     "            AND NOT EXISTS (SELECT 1 FROM \"{schema}\".\"{table}_holds\" AS y\n                            WHERE y.key = p_key AND y.expires_at > v_now)\n          RETURNING l.key)",
+     "          RETURNING l.key)"),
+    ("postgres-kinds-fast-acquire-fence-drawn-before-the-insert", "src/backend/postgres/statements.rs",
+     "RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest), \\",
+     "RETURNING l.fence, true AS newest), \\"),
+    ("postgres-kinds-fast-acquire-names-no-ticket", "src/backend/postgres/statements.rs",
+     "                      CASE WHEN $5::bigint > 0 AND $7::bigint IS NOT NULL \\\n                           THEN",
+     "                      CASE WHEN false AND $7::bigint IS NOT NULL \\\n                           THEN"),
 ]
 
 

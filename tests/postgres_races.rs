@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 use tower_lock::backend::postgres::PostgresBackend;
 use tower_lock::backend::{AcquireRequest, FlightStart, Holder, Lease};
-use tower_lock::{JobSpec, LockBackend, LockError, LockKey, OwnedLock, SharedBackend};
+use tower_lock::{JobSpec, LockBackend, LockError, LockKey, LockKind, OwnedLock, SharedBackend};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -369,11 +369,63 @@ async fn a_writer_handed_a_lock_whose_readers_expired_reports_its_whole_ttl() {
     assert_eq!(lease.lasts(), ttl);
 }
 
+/// A key's last two holds released at the same moment, each release held
+/// up behind a row lock (so each read the holds before the other's
+/// release committed): the second to run still sees the first's release
+/// and drops the key's row with the last hold. Decided on what a release
+/// saw before it waited, each would keep the row for the other's hold, and
+/// a free key would keep a row (and its kind) until the sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_holds_released_together_leave_no_row() {
+    let server = PgServer::start();
+    // Two instances: their releases wait in the server side by side, not
+    // one behind the other on a shared connection.
+    let (a, b) = (backend(&server.url()).await, backend(&server.url()).await);
+    let shared = |owner: &str| {
+        req("k", owner, 30 * SEC, Duration::ZERO)
+            .with_kind(tower_lock::LockKind::Shared)
+            .unwrap()
+    };
+    let first = a.acquire(&shared("first")).await.unwrap();
+    let second = b.acquire(&shared("second")).await.unwrap();
+
+    let s = session(&server).await;
+    s.batch_execute("BEGIN; SELECT 1 FROM tower_lock.locks WHERE key = 'g:k' FOR UPDATE")
+        .await
+        .unwrap();
+    let releases =
+        [(a, "first", first.fence), (b, "second", second.fence)].map(|(backend, owner, fence)| {
+            tokio::spawn(async move { backend.release(&key("k"), Holder::new(owner, fence)).await })
+        });
+    blocked_on_a_row(&server, 2).await;
+    s.batch_execute("COMMIT").await.unwrap();
+    for release in releases {
+        release.await.unwrap().unwrap();
+    }
+
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM tower_lock.locks WHERE key = 'g:k'"
+        ),
+        0,
+        "the key's row outlived its last hold"
+    );
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM tower_lock.locks_holds WHERE key = 'g:k'"
+        ),
+        0
+    );
+}
+
 /// An acquire that stalls before its row goes in (a slow trigger stands in
 /// for a stalled server process) while another acquisition is granted and
 /// force-released: when it goes on, its fence is higher than that one's.
-/// Through the acquire statement's fast path, and through the function
-/// alone (a single-flight's begin).
+/// Through the acquire statement's fast path, through the function alone
+/// (a single-flight's begin), and through the shared acquire statement's
+/// fast path (its hold goes in under the key's redrawn fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_acquire_never_holds_with_an_older_fence() {
     let server = PgServer::start();
@@ -383,20 +435,29 @@ async fn a_stalled_acquire_never_holds_with_an_older_fence() {
     server.psql(
         "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-           IF NEW.owner = 'stalled' THEN PERFORM pg_advisory_xact_lock(42); END IF;
+           -- (A shared hold's key row names no owner.)
+           IF NEW.owner = 'stalled' OR (NEW.owner = '' AND NEW.key = 'g:s') THEN
+             PERFORM pg_advisory_xact_lock(42);
+           END IF;
            RETURN NEW;
          END $$;
          CREATE TRIGGER stall BEFORE INSERT ON tower_lock.locks
            FOR EACH ROW EXECUTE FUNCTION stall();",
     );
     let gate = session(&server).await;
-    for (name, flight) in [("k", false), ("f", true)] {
+    for (name, flight, kind) in [
+        ("k", false, LockKind::Exclusive),
+        ("f", true, LockKind::Exclusive),
+        ("s", false, LockKind::Shared),
+    ] {
         gate.batch_execute("SELECT pg_advisory_lock(42)")
             .await
             .unwrap();
         let stalled = tokio::spawn({
             let b = b.clone();
-            let r = req(name, "stalled", 30 * SEC, Duration::ZERO);
+            let r = req(name, "stalled", 30 * SEC, Duration::ZERO)
+                .with_kind(kind)
+                .unwrap();
             async move {
                 if !flight {
                     return b.acquire(&r).await;
@@ -1609,6 +1670,17 @@ async fn run_out(s: &Client, key: &str) {
 /// releases by owner after it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_calls_take_whose_reply_was_lost_is_given_back() {
+    a_take_whose_reply_was_lost(LockKind::Exclusive).await;
+}
+
+/// The same through the shared acquire statement's own fast path (the
+/// key's row and the hold go in together; the hold names the ticket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_calls_shared_take_whose_reply_was_lost_is_given_back() {
+    a_take_whose_reply_was_lost(LockKind::Shared).await;
+}
+
+async fn a_take_whose_reply_was_lost(kind: LockKind) {
     let (_server, direct, proxy, b) = behind_a_proxy(2).await;
     // A wait first, so that the backend listens (a waiting call's attempts
     // then carry its ticket).
@@ -1622,7 +1694,13 @@ async fn a_waiting_calls_take_whose_reply_was_lost_is_given_back() {
         "{waited:?}"
     );
     proxy.blackhole_open_replies();
-    let taken = b.acquire(&req("lost", "worker-1", 60 * SEC, 5 * SEC)).await;
+    let taken = b
+        .acquire(
+            &req("lost", "worker-1", 60 * SEC, 5 * SEC)
+                .with_kind(kind)
+                .unwrap(),
+        )
+        .await;
     assert!(
         matches!(taken, Err(LockError::BackendUnavailable(_))),
         "{taken:?}"

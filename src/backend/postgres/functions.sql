@@ -536,12 +536,34 @@ DECLARE
   r "{schema}"."{table}"%ROWTYPE;
   h record;
 BEGIN
-  -- Fast path: ours, live, nobody queued.
-  DELETE FROM "{schema}"."{table}" AS l
-    WHERE l.key = p_key AND l.owner = p_owner AND (p_fence IS NULL OR l.fence = p_fence)
-      AND l.expires_at > v_now AND NOT l.queued AND l.kind = 0;
-  IF FOUND THEN
-    RETURN 1;
+  -- (An exclusive lock of ours, live, with nobody queued: the release
+  -- statement's own fast path, in front of this function, deleted it.)
+  -- Fast path: one hold of a shared/permit key, named by its fence, with
+  -- nobody queued, so nobody to hand the room to. Two statements: the
+  -- first locks the key's row and deletes the hold, under a snapshot taken
+  -- before it waited for the row; the second, under a snapshot taken with
+  -- the row ours, sees every hold committed meanwhile and every hold
+  -- released meanwhile, and drops the row with the last live hold (and
+  -- the holds that ran out with it). In one statement, two releases of a
+  -- key's last two holds, each behind the other's row lock, would each
+  -- still see the other's hold, and leave the row behind with none.
+  IF p_fence IS NOT NULL THEN
+    WITH a AS (
+      SELECT l.key FROM "{schema}"."{table}" AS l
+        WHERE l.key = p_key AND l.kind <> 0 AND NOT l.queued FOR UPDATE)
+    DELETE FROM "{schema}"."{table}_holds" AS x USING a
+      WHERE x.key = a.key AND x.owner = p_owner AND x.fence = p_fence
+      RETURNING x.expires_at INTO r.expires_at;
+    IF FOUND THEN
+      WITH gone AS (
+        DELETE FROM "{schema}"."{table}" AS l
+          WHERE l.key = p_key
+            AND NOT EXISTS (SELECT 1 FROM "{schema}"."{table}_holds" AS y
+                            WHERE y.key = p_key AND y.expires_at > v_now)
+          RETURNING l.key)
+      DELETE FROM "{schema}"."{table}_holds" AS x USING gone WHERE x.key = gone.key;
+      RETURN CASE WHEN r.expires_at > v_now THEN 1 ELSE 0 END;
+    END IF;
   END IF;
   SELECT * INTO r FROM "{schema}"."{table}" AS l WHERE l.key = p_key FOR UPDATE;
   IF NOT FOUND THEN

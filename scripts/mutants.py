@@ -1084,6 +1084,12 @@ MUTANTS = [
     ("postgres-kinds-fast-acquire-fence-drawn-before-the-insert", "src/backend/postgres/statements.rs",
      "RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest), \\",
      "RETURNING l.fence, true AS newest), \\"),
+    # A shared/permit key whose last waiter left kept its queued mark: its
+    # releases and acquires took the slow paths for as long as it was held
+    # (postgres_races: a_key_whose_last_waiter_gave_up_is_no_longer_marked_queued).
+    ("postgres-kinds-settle-keeps-the-queued-mark", "src/backend/postgres/functions.sql",
+     "    UPDATE \"{schema}\".\"{table}\" AS l SET expires_at = v_last,\n        queued = EXISTS",
+     "    UPDATE \"{schema}\".\"{table}\" AS l SET expires_at = v_last,\n        queued = queued OR EXISTS"),
     ("postgres-kinds-fast-acquire-names-no-ticket", "src/backend/postgres/statements.rs",
      "                      CASE WHEN $5::bigint > 0 AND $7::bigint IS NOT NULL \\\n                           THEN",
      "                      CASE WHEN false AND $7::bigint IS NOT NULL \\\n                           THEN"),

@@ -420,6 +420,39 @@ async fn the_last_holds_released_together_leave_no_row() {
     );
 }
 
+/// A reader holds; a writer queues behind it and gives up (its max wait
+/// ends, its entry leaves): the key is no longer marked queued, so its
+/// releases and acquires take their fast paths again. The mark stayed, and
+/// a key read without a break (its row never goes) took the slow paths for
+/// good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_last_waiter_gave_up_is_no_longer_marked_queued() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    b.acquire(
+        &req("k", "reader", 30 * SEC, Duration::ZERO)
+            .with_kind(LockKind::Shared)
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let gave_up = b.acquire(&req("k", "writer", 30 * SEC, ms(200))).await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    // Its entry goes in the same transaction as the mark.
+    queued(&server, "k", 0).await;
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM tower_lock.locks WHERE key = 'g:k' AND queued"
+        ),
+        0,
+        "the key is still marked queued with nobody queued"
+    );
+}
+
 /// An acquire that stalls before its row goes in (a slow trigger stands in
 /// for a stalled server process) while another acquisition is granted and
 /// force-released: when it goes on, its fence is higher than that one's.

@@ -162,8 +162,12 @@ END
 $$;
 
 -- settle: after a hold of the shared/permit key `p_key` (row locked) went,
--- hand the room to the waiters that fit; the row goes with the last hold,
--- else lives as long as the latest hold.
+-- or a waiter left, hand the room to the waiters that fit; the row goes
+-- with the last hold, else lives as long as the latest hold, and says
+-- whether anyone is still queued: a key whose last waiter left (gave up,
+-- or was dropped) is no longer marked queued, so its releases and acquires
+-- take their fast paths again (a key read by readers without a break
+-- keeps its row, and would keep the mark for good).
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_settle"(p_key text)
 RETURNS void
 LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
@@ -179,7 +183,9 @@ BEGIN
   IF v_last IS NULL THEN
     DELETE FROM "{schema}"."{table}" AS l WHERE l.key = p_key;
   ELSE
-    UPDATE "{schema}"."{table}" AS l SET expires_at = v_last WHERE l.key = p_key;
+    UPDATE "{schema}"."{table}" AS l SET expires_at = v_last,
+        queued = EXISTS (SELECT 1 FROM "{schema}"."{table}_waiters" AS q WHERE q.key = p_key)
+      WHERE l.key = p_key;
   END IF;
 END
 $$;

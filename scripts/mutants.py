@@ -1037,8 +1037,8 @@ MUTANTS = [
     ("apalis-unreachable-backend-aborted", "src/job/apalis.rs",
      "        JobError::Lock(e @ LockError::BackendUnavailable(_)) => Box::new(e),\n",
      ""),
-    # PostgreSQL's fast paths for shared holds and permits in front of the
-    # functions (MUTANTS_TESTS="postgres_races behaviour" MUTANTS_FILTER="the_last_holds
+    # PostgreSQL's fast path for releasing a shared hold or permit
+    # (MUTANTS_TESTS="postgres_races behaviour" MUTANTS_FILTER="the_last_holds
     # a_stalled_acquire take_whose_reply postgres::" scripts/mutants.py postgres-kinds-fast).
     # A release deciding on what it saw before it waited for the key's row
     # (one statement): the last two holds released together keep the row.
@@ -1081,18 +1081,16 @@ MUTANTS = [
     ("postgres-kinds-fast-release-drops-a-live-row", "src/backend/postgres/functions.sql",
      "            AND NOT EXISTS (SELECT 1 FROM \"{schema}\".\"{table}_holds\" AS y\n                            WHERE y.key = p_key AND y.expires_at > v_now)\n          RETURNING l.key)",
      "          RETURNING l.key)"),
-    ("postgres-kinds-fast-acquire-fence-drawn-before-the-insert", "src/backend/postgres/statements.rs",
-     "RETURNING l.fence, l.fence = pg_sequence_last_value('{fence}') AS newest), \\",
-     "RETURNING l.fence, true AS newest), \\"),
+    # The acquire function's own fast path (a shared hold's, a flight's).
+    ("postgres-function-fence-drawn-before-the-insert", "src/backend/postgres/functions.sql",
+     "    IF FOUND THEN\n      IF fence <> pg_sequence_last_value(",
+     "    IF FOUND THEN\n      IF false AND fence <> pg_sequence_last_value("),
     # A shared/permit key whose last waiter left kept its queued mark: its
     # releases and acquires took the slow paths for as long as it was held
     # (postgres_races: a_key_whose_last_waiter_gave_up_is_no_longer_marked_queued).
     ("postgres-kinds-settle-keeps-the-queued-mark", "src/backend/postgres/functions.sql",
      "    UPDATE \"{schema}\".\"{table}\" AS l SET expires_at = v_last,\n        queued = EXISTS",
      "    UPDATE \"{schema}\".\"{table}\" AS l SET expires_at = v_last,\n        queued = queued OR EXISTS"),
-    ("postgres-kinds-fast-acquire-names-no-ticket", "src/backend/postgres/statements.rs",
-     "                      CASE WHEN $5::bigint > 0 AND $7::bigint IS NOT NULL \\\n                           THEN",
-     "                      CASE WHEN false AND $7::bigint IS NOT NULL \\\n                           THEN"),
 ]
 
 

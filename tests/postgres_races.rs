@@ -457,8 +457,8 @@ async fn a_key_whose_last_waiter_gave_up_is_no_longer_marked_queued() {
 /// for a stalled server process) while another acquisition is granted and
 /// force-released: when it goes on, its fence is higher than that one's.
 /// Through the acquire statement's fast path, through the function alone
-/// (a single-flight's begin), and through the shared acquire statement's
-/// fast path (its hold goes in under the key's redrawn fence).
+/// (a single-flight's begin), and through a shared hold's (the function's
+/// own fast path: the hold goes in under the key's redrawn fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_acquire_never_holds_with_an_older_fence() {
     let server = PgServer::start();
@@ -1706,8 +1706,8 @@ async fn a_waiting_calls_take_whose_reply_was_lost_is_given_back() {
     a_take_whose_reply_was_lost(LockKind::Exclusive).await;
 }
 
-/// The same through the shared acquire statement's own fast path (the
-/// key's row and the hold go in together; the hold names the ticket).
+/// The same for a shared hold (the acquire function's own fast path puts
+/// the key's row and the hold in together; the hold names the ticket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_calls_shared_take_whose_reply_was_lost_is_given_back() {
     a_take_whose_reply_was_lost(LockKind::Shared).await;

@@ -543,7 +543,8 @@ DECLARE
   h record;
 BEGIN
   -- (An exclusive lock of ours, live, with nobody queued: the release
-  -- statement's own fast path, in front of this function, deleted it.)
+  -- statement's own fast path, in front of this function, deleted it;
+  -- other callers, as a single-flight's begin, take the general path.)
   -- Fast path: one hold of a shared/permit key, named by its fence, with
   -- nobody queued, so nobody to hand the room to. Two statements: the
   -- first locks the key's row and deletes the hold, under a snapshot taken

@@ -1085,6 +1085,11 @@ MUTANTS = [
     ("postgres-function-fence-drawn-before-the-insert", "src/backend/postgres/functions.sql",
      "    IF FOUND THEN\n      IF fence <> pg_sequence_last_value(",
      "    IF FOUND THEN\n      IF false AND fence <> pg_sequence_last_value("),
+    # A waiter leaving a key whose holder ran out handed it to nobody: the
+    # waiter behind it waited for its own re-check (redis::leave_test).
+    ("redis-leave-leaves-a-free-key-idle", "src/backend/redis/leave.lua",
+     "if current then\n  return {0, redis.call('PTTL', lock)}\nend\n-- Shared holds or permits:",
+     "if current or redis.call('EXISTS', holds) == 0 then\n  return {0, redis.call('PTTL', lock)}\nend\n-- Shared holds or permits:"),
     # A shared/permit key whose last waiter left kept its queued mark: its
     # releases and acquires took the slow paths for as long as it was held
     # (postgres_races: a_key_whose_last_waiter_gave_up_is_no_longer_marked_queued).

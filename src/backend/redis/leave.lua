@@ -40,11 +40,14 @@ if current then
     return {2}
   end
 end
-if current or redis.call('EXISTS', holds) == 0 then
+if current then
   return {0, redis.call('PTTL', lock)}
 end
 -- Shared holds or permits: one of them handed to this waiter, or none (no
 -- index names a hold by its grant: a waiter giving up reads them all).
+-- Or no holds at all: free (its holder's TTL ran out, nobody released it),
+-- and the waiters behind this one come in below, now, not at their own
+-- re-checks (up to their safety net's 2 s later).
 local now = now_ms()
 local live = live_holds(now)
 for i = 1, #live, 2 do
@@ -59,7 +62,7 @@ for i = 1, #live, 2 do
   end
 end
 -- Leaving may let the waiters behind this one in (readers behind a writer
--- that gave up).
+-- that gave up; anyone behind it on a key left free).
 hand_off(now, nil)
 local n = prune(now)
 if n == 0 then

@@ -155,3 +155,65 @@ async fn a_lock_a_dropped_waiters_own_attempt_took_is_given_back() {
         );
     }
 }
+
+/// A waiter leaves a key whose holder's TTL ran out (nobody released it,
+/// so nobody handed it on): that leave hands the lock to the waiter behind
+/// it, in the same script, so the lock names that waiter as soon as the
+/// leaver's entry is gone; it stayed free until the waiter's own re-check,
+/// up to its safety net's 2 s later. (The lock's key is deleted by hand,
+/// as its TTL would: an expiry tells nobody either.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_from_a_key_left_free_hands_it_to_the_next_waiter() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::from_url(&server.url()).unwrap();
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let request = |owner: &str, wait: u64| {
+        AcquireRequest::new(key.clone(), owner, ttl, Duration::from_secs(wait)).unwrap()
+    };
+    backend.acquire(&request("holder", 0)).await.unwrap();
+    let wait_for = |n: usize| {
+        let t0 = Instant::now();
+        let server = &server;
+        async move {
+            while queued(server) != n {
+                assert!(t0.elapsed() < Duration::from_secs(10), "never {n} queued");
+                sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let spawn = |owner: &'static str| {
+        let (backend, req) = (backend.clone(), request(owner, 300));
+        tokio::spawn(async move { backend.acquire(&req).await })
+    };
+    let first = spawn("first");
+    wait_for(1).await;
+    let second = spawn("second");
+    wait_for(2).await;
+
+    let queue = server.cmd(&["KEYS", "*:q"]);
+    let lock = queue
+        .lines()
+        .next()
+        .unwrap()
+        .strip_suffix(":q")
+        .unwrap()
+        .to_owned();
+    assert_eq!(server.cmd(&["DEL", &lock]), "1");
+    first.abort();
+    let t0 = Instant::now();
+    while queued(&server) == 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the leave never ran"
+        );
+        sleep(Duration::from_millis(1)).await;
+    }
+    let value = server.cmd(&["GET", &lock]);
+    assert!(
+        value.ends_with(" second"),
+        "right after the leave, the lock is {value:?}, not the next waiter's"
+    );
+    let lease = second.await.unwrap().unwrap();
+    assert!(lease.fence > 0);
+}

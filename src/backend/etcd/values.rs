@@ -46,21 +46,12 @@ impl HolderValue {
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = format!("{} {} {}", self.acquired_ms, self.expires_ms, self.ttl_ms);
-        push_kind(&mut out, self.kind);
-        if let Some(m) = &self.metadata {
-            out.push('\n');
-            out.push_str(m.as_json());
-        }
-        out.into_bytes()
+        let out = format!("{} {} {}", self.acquired_ms, self.expires_ms, self.ttl_ms);
+        with_tail(out, self.kind, self.metadata.as_ref())
     }
 
     pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let (head, metadata) = match text.split_once('\n') {
-            Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
-            None => (text, None),
-        };
+        let (head, metadata) = split_tail(bytes)?;
         let mut fields = head.split(' ');
         let mut number = || fields.next()?.parse::<u64>().ok();
         let (acquired_ms, expires_ms, ttl_ms) = (number()?, number()?, number()?);
@@ -115,24 +106,15 @@ impl WaiterValue {
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = format!(
+        let out = format!(
             "{} {} {} {}",
             self.ttl_ms, self.attempt, self.deadline_ms, self.owner
         );
-        push_kind(&mut out, self.kind);
-        if let Some(m) = &self.metadata {
-            out.push('\n');
-            out.push_str(m.as_json());
-        }
-        out.into_bytes()
+        with_tail(out, self.kind, self.metadata.as_ref())
     }
 
     pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let (head, metadata) = match text.split_once('\n') {
-            Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
-            None => (text, None),
-        };
+        let (head, metadata) = split_tail(bytes)?;
         let mut fields = head.splitn(5, ' ');
         let ttl_ms = fields.next()?.parse().ok()?;
         let attempt = fields.next()?.parse().ok()?;
@@ -203,19 +185,35 @@ impl HeldKey {
     }
 }
 
-/// ` <kind>` after a value's fields, for a kind other than exclusive.
-fn push_kind(out: &mut String, kind: LockKind) {
+/// A value's fields `out`, then ` <kind>` for a kind other than exclusive,
+/// then `\n` and the metadata's JSON when there is some.
+fn with_tail(mut out: String, kind: LockKind, metadata: Option<&LockMetadata>) -> Vec<u8> {
     if kind != LockKind::Exclusive {
         out.push(' ');
         out.push_str(&kind.to_string());
     }
+    if let Some(m) = metadata {
+        out.push('\n');
+        out.push_str(m.as_json());
+    }
+    out.into_bytes()
+}
+
+/// A stored value's line of fields and its metadata (after `\n`, if any);
+/// `None` when not UTF-8 or the metadata is malformed.
+fn split_tail(bytes: &[u8]) -> Option<(&str, Option<LockMetadata>)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    Some(match text.split_once('\n') {
+        Some((head, json)) => (head, Some(LockMetadata::from_json(json).ok()?)),
+        None => (text, None),
+    })
 }
 
 /// The optional kind field: exclusive when absent; `None` when malformed.
 fn parse_kind(field: Option<&str>) -> Option<LockKind> {
     match field {
         None => Some(LockKind::Exclusive),
-        // Written by push_kind only: "exclusive" is never stored.
+        // Written by with_tail only: "exclusive" is never stored.
         Some(text) => text.parse().ok().filter(|k| *k != LockKind::Exclusive),
     }
 }

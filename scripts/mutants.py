@@ -999,6 +999,18 @@ MUTANTS = [
     ("layer-declared-length-not-the-end", "src/layer/body.rs",
      "    if len == 0 {\n        return false;\n    }\n    *n = n.saturating_sub(len);",
      "    if len == 0 || true {\n        return false;\n    }\n    *n = n.saturating_sub(len);"),
+    # A body sent chunked (a `Transfer-Encoding` header) released at a
+    # `Content-Length` it also declares, mid-body (behaviour:
+    # a_chunked_body_keeps_its_lock_past_a_declared_length).
+    ("layer-chunked-body-released-at-its-declared-length", "src/layer/future.rs",
+     "http1 && !headers.contains_key(http::header::TRANSFER_ENCODING)",
+     "http1 || !headers.contains_key(http::header::TRANSFER_ENCODING)"),
+    # A declared length read before the body's exact size (which hyper
+    # frames it by): released a frame late, after the server stopped reading
+    # (behaviour: a_body_of_known_size_is_released_at_that_size).
+    ("layer-declared-length-before-the-exact-size", "src/layer/future.rs",
+     "                                .exact()\n                                .or_else(|| {",
+     "                                .exact()\n                                .filter(|_| false)\n                                .or_else(|| {"),
     ("layer-kept-lock-kept-while-the-response-is-unsent", "src/layer/future.rs",
      "                        unsent = Unsent(guard.locks().cloned());",
      "                        unsent = Unsent(guard.locks().cloned().filter(|_| false));"),

@@ -139,6 +139,8 @@ for_each_backend! {
             pass_through_without_spec,
             busy_lock_is_429_with_retry_after_and_json,
             lock_held_while_body_streams,
+            a_chunked_body_keeps_its_lock_past_a_declared_length,
+            a_body_of_known_size_is_released_at_that_size,
             a_lock_kept_once_the_handler_answered_is_refused,
             a_response_without_a_body_is_released_before_it_is_returned,
             ready_body_is_released_before_the_response_is_returned,

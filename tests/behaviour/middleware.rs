@@ -327,6 +327,116 @@ pub async fn lock_held_while_body_streams(h: Harness) {
     assert_eq!(ctl.runs(), 1);
 }
 
+/// A route whose streamed body is sent through a channel, with `headers`
+/// on its response, and `size` as its body's exact size if given; the
+/// channel's sender reaches the test through the returned receiver.
+fn channel_route(
+    h: &Harness,
+    headers: Vec<(http::HeaderName, &'static str)>,
+    size: Option<u64>,
+) -> (Router, mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>) {
+    let (senders_tx, senders) = mpsc::unbounded_channel::<mpsc::Sender<Bytes>>();
+    let handler = post(move || {
+        let (senders_tx, headers) = (senders_tx.clone(), headers.clone());
+        async move {
+            let (tx, rx) = mpsc::channel(4);
+            senders_tx.send(tx).expect("test listening");
+            let mut res = Response::new(Body::new(SizedChannel(ChannelBody(rx), size)));
+            for (name, value) in headers {
+                res.headers_mut()
+                    .insert(name, http::HeaderValue::from_static(value));
+            }
+            res
+        }
+    });
+    let app = Router::new().route(
+        "/s/{key}",
+        handler.layer(layer(&h.backend, Cfg::global(TTL))),
+    );
+    (app, senders)
+}
+
+/// A channel's body that reports an exact size, if given.
+struct SizedChannel(ChannelBody, Option<u64>);
+
+impl http_body::Body for SizedChannel {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.1
+            .map(http_body::SizeHint::with_exact)
+            .unwrap_or_default()
+    }
+}
+
+/// (6b) A body sent chunked (its response names a `Transfer-Encoding`) is
+/// read to its end, whatever `Content-Length` it also declares: the lock
+/// stays held past that length, to the body's end.
+pub async fn a_chunked_body_keeps_its_lock_past_a_declared_length(h: Harness) {
+    let (app, mut senders) = channel_route(
+        &h,
+        vec![
+            (http::header::TRANSFER_ENCODING, "chunked"),
+            (http::header::CONTENT_LENGTH, "5"),
+        ],
+        None,
+    );
+    let key = gkey("chunked");
+    let res = app.oneshot(post_req("/s/chunked")).await.unwrap();
+    let frames = senders.recv().await.expect("handler ran");
+    let mut body = res.into_body();
+
+    // Five bytes: the declared length, reached.
+    frames.send(Bytes::from_static(b"first")).await.unwrap();
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    assert_eq!(frame.into_data().expect("data"), "first");
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "released at the declared length of a chunked body"
+    );
+    frames.send(Bytes::from_static(b"more")).await.unwrap();
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    assert_eq!(frame.into_data().expect("data"), "more");
+    assert!(status_of(&h.backend, &key).await.is_some(), "held mid-body");
+
+    drop(frames);
+    assert!(body.frame().await.is_none(), "the body ends");
+    assert_eq!(status_of(&h.backend, &key).await, None, "free at its end");
+}
+
+/// (6c) A body of a known size is framed by that size on HTTP/1 (hyper's
+/// framing), not by a `Content-Length` header that says otherwise: its lock
+/// goes with the frame that completes the size, which waits for the
+/// release (the server reads no further and drops the body unpolled).
+pub async fn a_body_of_known_size_is_released_at_that_size(h: Harness) {
+    let (app, mut senders) = channel_route(&h, vec![(http::header::CONTENT_LENGTH, "10")], Some(5));
+    let key = gkey("sized");
+    let res = app.oneshot(post_req("/s/sized")).await.unwrap();
+    let frames = senders.recv().await.expect("handler ran");
+    let mut body = res.into_body();
+    assert!(
+        status_of(&h.backend, &key).await.is_some(),
+        "held before the body"
+    );
+
+    frames.send(Bytes::from_static(b"first")).await.unwrap();
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    assert_eq!(frame.into_data().expect("data"), "first");
+    assert_eq!(
+        status_of(&h.backend, &key).await,
+        None,
+        "still held once the body's whole size was handed on"
+    );
+}
+
 /// A body that is complete at once (a string) is read ahead: the lock is
 /// free when the response is handed on, before anyone reads the body, and
 /// the body and its length are intact.

@@ -999,6 +999,12 @@ MUTANTS = [
     ("layer-declared-length-not-the-end", "src/layer/body.rs",
      "    if len == 0 {\n        return false;\n    }\n    *n = n.saturating_sub(len);",
      "    if len == 0 || true {\n        return false;\n    }\n    *n = n.saturating_sub(len);"),
+    # A shared key's row left to end with the hold that put it in while a
+    # longer one lives: the sweep deletes it, a writer joins the reader
+    # (postgres_races: a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in).
+    ("postgres-kinds-fast-acquire-row-ends-with-its-first-hold", "src/backend/postgres/functions.sql",
+     "        WHERE l.key = p_key AND l.expires_at < v_now + v_ttl;",
+     "        WHERE l.key = p_key AND l.expires_at < v_now + v_ttl AND false;"),
     # A body sent chunked (a `Transfer-Encoding` header) released at a
     # `Content-Length` it also declares, mid-body (behaviour:
     # a_chunked_body_keeps_its_lock_past_a_declared_length).

@@ -1126,6 +1126,51 @@ async fn a_sweep_and_a_hand_off_never_deadlock() {
     assert_eq!(b.status(&key("k")).await.unwrap(), None);
 }
 
+/// A shared key's row lives at least as long as its latest hold: the row
+/// put in with a short hold, a long one taken beside it (its fast path),
+/// and the short one run out, a sweep still finds the row live and leaves
+/// it, so a writer is refused. Were the row to end with the hold that put
+/// it in, the sweep would delete it under the live hold, and the writer's
+/// insert of a fresh row would put it beside the reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let shared = |owner: &str, ttl: Duration| {
+        req("k", owner, ttl, Duration::ZERO)
+            .with_kind(LockKind::Shared)
+            .unwrap()
+    };
+    b.acquire(&shared("short", ms(200))).await.unwrap();
+    let long = b.acquire(&shared("long", 30 * SEC)).await.unwrap();
+    // The short hold runs out by the server's clock.
+    let live =
+        "SELECT count(*) FROM tower_lock.locks_holds WHERE key = 'g:k' AND expires_at > now()";
+    let deadline = Instant::now() + 10 * SEC;
+    while count(&server, live) != 1 {
+        assert!(Instant::now() < deadline, "the short hold never ran out");
+        tokio::time::sleep(ms(20)).await;
+    }
+    session(&server)
+        .await
+        .batch_execute("SELECT * FROM tower_lock.locks_sweep(0, 1000)")
+        .await
+        .unwrap();
+
+    let writer = b
+        .acquire(&req("k", "writer", 30 * SEC, Duration::ZERO))
+        .await;
+    assert!(
+        matches!(writer, Err(LockError::AcquisitionFailed { .. })),
+        "a writer beside a live reader: {writer:?}"
+    );
+    let status = b.status(&key("k")).await.unwrap().expect("held");
+    assert_eq!(
+        status.holders.iter().map(|h| h.fence).collect::<Vec<_>>(),
+        vec![long.fence]
+    );
+}
+
 // -------------------------------------------- 5. session settings
 
 /// What each statement on the lock table ran under, recorded by a trigger.

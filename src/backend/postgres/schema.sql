@@ -13,8 +13,9 @@ CREATE SEQUENCE IF NOT EXISTS "{schema}"."{table}_fence" AS bigint;
 -- key held shared or under permits (kind 1 or 2) the row is the key's
 -- anchor: every function locks it first, as for an exclusive lock, while
 -- the holds themselves are rows of {table}_holds; its owner is then '' (no
--- owner token is empty), its fence the latest granted and its expires_at
--- the latest hold's.
+-- owner token is empty), its fence that of a grant to it (not every hold's:
+-- each hold has its own) and its expires_at no earlier than the latest
+-- hold's (up to twice a hold's TTL later: see _acquire's fast path).
 CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
   key          text        PRIMARY KEY,  -- LockKey::encoded(): scope, route, key
   owner        text        NOT NULL,     -- the holder's owner token

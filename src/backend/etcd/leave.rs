@@ -169,6 +169,15 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
+/// How long after a dropped call's deadline its leave still watches for a
+/// late entry and a grant to it. A releaser judges an entry's deadline,
+/// stamped by the waiter's clock, by its own: one whose clock is behind the
+/// waiter's hands the lock to an entry that landed after that deadline for
+/// as long as its clock is behind, and the grant, on this process's lease,
+/// would stay while this process lives. Covers clocks up to this far apart
+/// (`a_late_entry_handed_the_lock_by_a_releaser_whose_clock_is_behind_is_left`).
+const LATE_MARGIN: Duration = Duration::from_secs(5);
+
 /// A dropped waiter's leave, with what it needs.
 struct Leave<'a> {
     backend: &'a EtcdBackend,
@@ -198,12 +207,13 @@ impl Leave<'_> {
         }
     }
 
-    /// Until `until` (the entry's deadline): watch the entry and our holder
-    /// key, and leave again when either is written; then leave once more.
+    /// Until `until` (the entry's deadline) and [`LATE_MARGIN`] after it:
+    /// watch the entry and our holder key, and leave again when either is
+    /// written; then leave once more.
     async fn late(&self, until: SystemTime) {
         let deadline = Instant::now()
             + until.duration_since(SystemTime::now()).unwrap_or_default()
-            + Duration::from_millis(10);
+            + LATE_MARGIN;
         let shared = &self.backend.shared;
         let mut retry = Retry::new(shared.conn.answers());
         while Instant::now() < deadline {

@@ -115,6 +115,28 @@ async fn an_entry_that_lands_after_the_leave_is_left_again() {
     comes_free(&backend, waiter.key()).await;
 }
 
+/// A releaser judges a queue entry's deadline (stamped by the waiter's
+/// clock) by its own clock: one a second behind the waiter's hands the lock
+/// to an entry that landed after the dropped call's deadline. The dropped
+/// call's leave must still be watching then, and give it back; ended at
+/// the deadline (10 ms after it, as it once did), it left the lock with the
+/// entry's holder key, on this process's lease, for as long as the process
+/// lives. The skew is staged by stamping the entry a second later than the
+/// deadline the dropped call knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_entry_handed_the_lock_by_a_releaser_whose_clock_is_behind_is_left() {
+    let (backend, waiter, id, _) = held().await;
+    let until = SystemTime::now() + Duration::from_millis(200);
+    drop_guard(&backend, &waiter, id, true, until);
+    // Past the dropped call's deadline, its queueing attempt lands, stamped
+    // (as the releaser reads it) a second later.
+    let past = until + Duration::from_millis(200);
+    tokio::time::sleep(past.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    queue(&backend, &waiter, id, until + Duration::from_secs(1)).await;
+    release(&backend, waiter.key()).await;
+    comes_free(&backend, waiter.key()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timer_for_a_grant_never_made_does_not_keep_a_handed_lock() {
     let (backend, waiter, id, until) = held().await;

@@ -1012,6 +1012,12 @@ MUTANTS = [
     ("postgres-kinds-fast-acquire-row-ends-with-its-first-hold", "src/backend/postgres/functions.sql",
      "        WHERE l.key = p_key AND l.expires_at < v_now + v_ttl;",
      "        WHERE l.key = p_key AND l.expires_at < v_now + v_ttl AND false;"),
+    # A force release of a shared key answering from its row's expiry, which
+    # may outlive its holds: "held" with every hold run out (postgres_races:
+    # a_force_release_of_a_shared_key_whose_holds_ran_out_holds_nothing).
+    ("postgres-force-release-judged-by-the-row", "src/backend/postgres/functions.sql",
+     "    SELECT max(gone.expires_at) INTO r.expires_at FROM gone;",
+     "    SELECT max(gone.expires_at) INTO h FROM gone;"),
     # A body sent chunked (a `Transfer-Encoding` header) released at a
     # `Content-Length` it also declares, mid-body (behaviour:
     # a_chunked_body_keeps_its_lock_past_a_declared_length).

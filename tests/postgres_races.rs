@@ -1141,7 +1141,9 @@ async fn a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in() {
             .with_kind(LockKind::Shared)
             .unwrap()
     };
-    b.acquire(&shared("short", ms(200))).await.unwrap();
+    // (The second hold must come while the first is live, to take the
+    // fast path: a second of slack for a slow machine.)
+    b.acquire(&shared("short", SEC)).await.unwrap();
     let long = b.acquire(&shared("long", 30 * SEC)).await.unwrap();
     // The short hold runs out by the server's clock.
     let live =
@@ -1169,6 +1171,40 @@ async fn a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in() {
         status.holders.iter().map(|h| h.fence).collect::<Vec<_>>(),
         vec![long.fence]
     );
+}
+
+/// A force release answers whether a live lock was held: for a shared key,
+/// a live hold, whatever the key's row says (it may outlive its holds by up
+/// to a hold's TTL). Both holds run out, the row still live: nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_of_a_shared_key_whose_holds_ran_out_holds_nothing() {
+    let server = PgServer::start();
+    let b = backend(&server.url()).await;
+    let shared = |owner: &str, ttl: Duration| {
+        req("k", owner, ttl, Duration::ZERO)
+            .with_kind(LockKind::Shared)
+            .unwrap()
+    };
+    // The row goes in with the first hold; the second, longer, moves its
+    // expiry to twice its TTL.
+    b.acquire(&shared("first", ms(500))).await.unwrap();
+    b.acquire(&shared("second", SEC)).await.unwrap();
+    let row_live_holds_gone = "SELECT count(*) FROM tower_lock.locks AS l WHERE l.key = 'g:k' \
+         AND l.expires_at > now() AND NOT EXISTS (SELECT 1 FROM tower_lock.locks_holds AS x \
+         WHERE x.key = l.key AND x.expires_at > now())";
+    let deadline = Instant::now() + 10 * SEC;
+    while count(&server, row_live_holds_gone) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "never a live row without a live hold"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert!(
+        !b.force_release(&key("k")).await.unwrap(),
+        "said held with every hold run out"
+    );
+    assert_eq!(b.status(&key("k")).await.unwrap(), None);
 }
 
 // -------------------------------------------- 5. session settings

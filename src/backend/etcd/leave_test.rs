@@ -118,11 +118,14 @@ async fn an_entry_that_lands_after_the_leave_is_left_again() {
 /// A releaser judges a queue entry's deadline (stamped by the waiter's
 /// clock) by its own clock: one a second behind the waiter's hands the lock
 /// to an entry that landed after the dropped call's deadline. The dropped
-/// call's leave must still be watching then, and give it back; ended at
-/// the deadline (10 ms after it, as it once did), it left the lock with the
-/// entry's holder key, on this process's lease, for as long as the process
-/// lives. The skew is staged by stamping the entry a second later than the
-/// deadline the dropped call knows.
+/// call's leave must still be watching then: it takes the entry out as it
+/// lands (or gives back a grant made first; which one comes first is the
+/// watch's race with the release, either keeps the lock from the entry).
+/// Ended at the deadline (10 ms after it, as it once did), it left the lock
+/// with the entry's holder key, on this process's lease, for as long as the
+/// process lives. The skew is staged by stamping the entry a second later
+/// than the deadline the dropped call knows (what a releaser's deadline
+/// check reads, `values.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_entry_handed_the_lock_by_a_releaser_whose_clock_is_behind_is_left() {
     let (backend, waiter, id, _) = held().await;

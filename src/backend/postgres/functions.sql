@@ -437,7 +437,7 @@ BEGIN
       -- twice the TTL, so that holds of one TTL coming and going rewrite
       -- it once per TTL, not with every hold (readers64 12 % faster than
       -- updating it every time, BENCHMARKS.md). Its fence and acquired_at
-      -- stay those of the grant that put it in or changed its kind.
+      -- are those of the last grant made on a slow path, not of every hold.
       UPDATE "{schema}"."{table}" AS l SET expires_at = v_now + 2 * v_ttl
         WHERE l.key = p_key AND l.expires_at < v_now + v_ttl;
       code := 1;
@@ -789,8 +789,11 @@ BEGIN
     RETURN 0;
   END IF;
   IF r.kind <> 0 THEN
-    -- Every hold goes (the row's expiry is its latest hold's).
-    DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key;
+    -- Every hold goes. Held means a live hold: the row's expiry may run
+    -- past the latest hold's (see _acquire's fast path).
+    WITH gone AS (
+      DELETE FROM "{schema}"."{table}_holds" AS x WHERE x.key = p_key RETURNING x.expires_at)
+    SELECT max(gone.expires_at) INTO r.expires_at FROM gone;
   END IF;
   h := "{schema}"."{table}_hand_off"(p_key, NULL, NULL);
   IF h.fence IS NULL THEN

@@ -107,6 +107,22 @@ async fn blocked_on_a_row(server: &PgServer, n: i64) {
 const BLOCKED_ON_A_ROW: &str = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
      AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()";
 
+/// Wait until the count `q` reads `n` on the server (`what` names it).
+async fn until_count(server: &PgServer, q: &str, n: i64, what: &str) {
+    let deadline = Instant::now() + 10 * SEC;
+    while count(server, q) != n {
+        assert!(Instant::now() < deadline, "never {what}");
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// A shared hold of key "k" for `owner`, no wait.
+fn shared_k(owner: &str, ttl: Duration) -> AcquireRequest {
+    req("k", owner, ttl, Duration::ZERO)
+        .with_kind(LockKind::Shared)
+        .unwrap()
+}
+
 /// Wait until `n` waiters are queued on `name`.
 async fn queued(server: &PgServer, name: &str, n: i64) {
     let q = format!("SELECT count(*) FROM tower_lock.locks_waiters WHERE key = 'g:{name}'");
@@ -1136,23 +1152,14 @@ async fn a_sweep_and_a_hand_off_never_deadlock() {
 async fn a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in() {
     let server = PgServer::start();
     let b = backend(&server.url()).await;
-    let shared = |owner: &str, ttl: Duration| {
-        req("k", owner, ttl, Duration::ZERO)
-            .with_kind(LockKind::Shared)
-            .unwrap()
-    };
     // (The second hold must come while the first is live, to take the
     // fast path: a second of slack for a slow machine.)
-    b.acquire(&shared("short", SEC)).await.unwrap();
-    let long = b.acquire(&shared("long", 30 * SEC)).await.unwrap();
+    b.acquire(&shared_k("short", SEC)).await.unwrap();
+    let long = b.acquire(&shared_k("long", 30 * SEC)).await.unwrap();
     // The short hold runs out by the server's clock.
     let live =
         "SELECT count(*) FROM tower_lock.locks_holds WHERE key = 'g:k' AND expires_at > now()";
-    let deadline = Instant::now() + 10 * SEC;
-    while count(&server, live) != 1 {
-        assert!(Instant::now() < deadline, "the short hold never ran out");
-        tokio::time::sleep(ms(20)).await;
-    }
+    until_count(&server, live, 1, "the short hold run out").await;
     session(&server)
         .await
         .batch_execute("SELECT * FROM tower_lock.locks_sweep(0, 1000)")
@@ -1180,26 +1187,21 @@ async fn a_sweep_leaves_a_shared_key_held_past_the_hold_that_put_its_row_in() {
 async fn a_force_release_of_a_shared_key_whose_holds_ran_out_holds_nothing() {
     let server = PgServer::start();
     let b = backend(&server.url()).await;
-    let shared = |owner: &str, ttl: Duration| {
-        req("k", owner, ttl, Duration::ZERO)
-            .with_kind(LockKind::Shared)
-            .unwrap()
-    };
-    // The row goes in with the first hold; the second, longer, moves its
-    // expiry to twice its TTL.
-    b.acquire(&shared("first", ms(500))).await.unwrap();
-    b.acquire(&shared("second", SEC)).await.unwrap();
+    // The row goes in with the first hold; the second, longer, taken while
+    // the first lives (a second of slack), moves its expiry to twice its
+    // TTL: two seconds of a live row after both holds ran out.
+    b.acquire(&shared_k("first", SEC)).await.unwrap();
+    b.acquire(&shared_k("second", 2 * SEC)).await.unwrap();
     let row_live_holds_gone = "SELECT count(*) FROM tower_lock.locks AS l WHERE l.key = 'g:k' \
          AND l.expires_at > now() AND NOT EXISTS (SELECT 1 FROM tower_lock.locks_holds AS x \
          WHERE x.key = l.key AND x.expires_at > now())";
-    let deadline = Instant::now() + 10 * SEC;
-    while count(&server, row_live_holds_gone) != 1 {
-        assert!(
-            Instant::now() < deadline,
-            "never a live row without a live hold"
-        );
-        tokio::time::sleep(ms(20)).await;
-    }
+    until_count(
+        &server,
+        row_live_holds_gone,
+        1,
+        "a live row without a live hold",
+    )
+    .await;
     assert!(
         !b.force_release(&key("k")).await.unwrap(),
         "said held with every hold run out"

@@ -303,9 +303,7 @@ pub async fn lock_held_while_body_streams(h: Harness) {
         .await
         .assert_rejection(429, "LOCK_ACQUISITION_FAILED");
 
-    frames.send(Bytes::from_static(b"first")).await.unwrap();
-    let frame = body.frame().await.expect("a frame").expect("no error");
-    assert_eq!(frame.into_data().expect("data"), "first");
+    pass_chunk(&frames, &mut body, "first").await;
     assert!(status_of(&h.backend, &key).await.is_some(), "held mid-body");
     send(&app, post_req("/r/report"))
         .await
@@ -325,6 +323,21 @@ pub async fn lock_held_while_body_streams(h: Harness) {
         StatusCode::OK
     );
     assert_eq!(ctl.runs(), 1);
+}
+
+/// Send `chunk` through a streamed body's channel and read it back as the
+/// body's next frame.
+async fn pass_chunk<B>(frames: &mpsc::Sender<Bytes>, body: &mut B, chunk: &'static str)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    frames
+        .send(Bytes::from_static(chunk.as_bytes()))
+        .await
+        .unwrap();
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    assert_eq!(frame.into_data().expect("data"), chunk);
 }
 
 /// A route whose streamed body is sent through a channel, with `headers`
@@ -395,16 +408,12 @@ pub async fn a_chunked_body_keeps_its_lock_past_a_declared_length(h: Harness) {
     let mut body = res.into_body();
 
     // Five bytes: the declared length, reached.
-    frames.send(Bytes::from_static(b"first")).await.unwrap();
-    let frame = body.frame().await.expect("a frame").expect("no error");
-    assert_eq!(frame.into_data().expect("data"), "first");
+    pass_chunk(&frames, &mut body, "first").await;
     assert!(
         status_of(&h.backend, &key).await.is_some(),
         "released at the declared length of a chunked body"
     );
-    frames.send(Bytes::from_static(b"more")).await.unwrap();
-    let frame = body.frame().await.expect("a frame").expect("no error");
-    assert_eq!(frame.into_data().expect("data"), "more");
+    pass_chunk(&frames, &mut body, "more").await;
     assert!(status_of(&h.backend, &key).await.is_some(), "held mid-body");
 
     drop(frames);
@@ -427,9 +436,7 @@ pub async fn a_body_of_known_size_is_released_at_that_size(h: Harness) {
         "held before the body"
     );
 
-    frames.send(Bytes::from_static(b"first")).await.unwrap();
-    let frame = body.frame().await.expect("a frame").expect("no error");
-    assert_eq!(frame.into_data().expect("data"), "first");
+    pass_chunk(&frames, &mut body, "first").await;
     assert_eq!(
         status_of(&h.backend, &key).await,
         None,

@@ -242,10 +242,11 @@ fn texts(names: &Names) -> [String; COUNT] {
         ),
         // Acquire of a shared or permit hold: the function alone (its own
         // fast path puts the key's row and the hold in). The exclusive
-        // statement's fast path in front of it, tried (2026-11-30), made a
-        // serial shared cycle 25-30 µs cheaper and readers64 12 % slower:
-        // on a held key its insert waits for the row's in-flight update,
-        // and the function's insert then waits again.
+        // statement's fast path in front of it, tried twice (2026-11-30),
+        // made a serial shared cycle 25-30 µs cheaper and readers64 12-15 %
+        // slower, also once the key's row was no longer rewritten with
+        // every hold (BENCHMARKS.md); why is not known (a second fence
+        // drawn per acquire on the one sequence is the suspect left).
         format!(
             "SELECT a.code, a.fence, a.acquired_us, a.now_us, a.remaining_us, a.created \
              FROM {}($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint, $6::text, \

@@ -296,7 +296,12 @@ impl EtcdBackend {
     /// a hand-off to the entry); or one that a live call of this process
     /// (such a retry) is waiting for, and will take; or one written again
     /// since the hand-off made it (a call has it: a retry's refresh, in
-    /// this process or another, an extension, a claim). Given back only
+    /// this process or another, an extension, a claim); or one on a lease
+    /// that is not this backend's: a hand-off writes the hold on the lease
+    /// of the entry it went through, and our entries are on ours, so that
+    /// hold went to an entry of another process (a retry of the same
+    /// request, same holder key, queued there), whose call takes it and
+    /// which this process's `waits` cannot see. Given back only
     /// while it stores the value read: a retry that took it over after the
     /// read (its refresh rewrote it, keeping its fence) keeps it, and its
     /// timer.
@@ -311,6 +316,7 @@ impl EtcdBackend {
             return Ok(());
         };
         if h.rewritten
+            || self.shared.leases.known_until(h.lease).is_none()
             || self.shared.expiries.tracks(&h.key, &h.raw_value)
             || self.shared.waits.has(mine)
         {

@@ -255,3 +255,49 @@ async fn a_grant_rewritten_since_its_hand_off_is_not_passed_on() {
         "the leave passed on the hold a retry elsewhere took"
     );
 }
+
+/// A retry of a request (same owner and attempt, so the same holder key)
+/// waiting in another process was handed the lock through its own entry,
+/// while this process's leave of the request's dropped first call watched
+/// that holder key. Nothing here waits for the key or tracks the hold, so
+/// the leave took the grant for the dropped call's and passed it on: two
+/// holders, the retry's caller and the next waiter. The hold is on the
+/// other process's lease, as a hand-off writes it on the lease of the entry
+/// it goes through; the leave now gives back only holds on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_retrys_entry_in_another_process_is_not_passed_on() {
+    // Two instances of one app: each its own leases, timers and waits.
+    let prefix = format!("leave-{}/", new_attempt_id());
+    let instance = || {
+        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+            .unwrap()
+            .prefix(prefix.clone())
+    };
+    let (here, there) = (instance(), instance());
+    let key = LockKey::global("k").unwrap();
+    here.acquire(&req(&key, "holder", Duration::ZERO))
+        .await
+        .unwrap();
+    let until = SystemTime::now() + Duration::from_secs(20);
+    // The retry queues there, and another request here behind it.
+    let waiter = req(&key, "waiter", Duration::from_secs(20));
+    queue(&there, &waiter, new_attempt_id(), until).await;
+    let other = req(&key, "other", Duration::from_secs(20));
+    queue(&here, &other, new_attempt_id(), until).await;
+    // The release hands the lock to the retry's entry: the request's
+    // holder key, which the dropped call's leave here reads.
+    release(&here, &key).await;
+    let keys = here.keys(&key);
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    let read = here.snapshot(&keys, here.deadline()).await.unwrap();
+    let fence = read.hold(&mine).expect("handed to the retry's entry").fence;
+    here.give_back_handed(&keys, read, &mine, here.deadline())
+        .await
+        .unwrap();
+    let status = here.status(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (status.owner.as_str(), status.fence),
+        ("waiter", fence),
+        "the leave passed on the hold handed to the other process's entry"
+    );
+}

@@ -167,6 +167,9 @@ pub(super) struct HeldKey {
     /// Written again since it was made (an extension, a refresh, a claim):
     /// some call has it.
     pub(super) rewritten: bool,
+    /// The lease it is on: a hand-off writes it on the lease of the entry
+    /// it was handed through, so the process whose entry that was.
+    pub(super) lease: i64,
 }
 
 impl HeldKey {
@@ -181,6 +184,7 @@ impl HeldKey {
             value: HolderValue::decode(kv.value())?,
             raw_value: kv.value().to_vec(),
             rewritten: kv.mod_revision() != kv.create_revision(),
+            lease: kv.lease(),
         })
     }
 }

@@ -175,10 +175,18 @@ async fn a_grant_a_live_retry_waits_for_is_not_passed_on() {
     let keys = backend.keys(waiter.key());
     let retry = WaitGuard::new(&backend, &keys, &waiter, until);
     queue(&backend, &waiter, new_attempt_id(), until).await;
-    // The hand-off writes that holder key: the retry's to take.
+    // The hand-off writes that holder key: the retry's to take. The
+    // dropped call's leave hears the write and reads the lock; it goes on
+    // from that read as here (called at the seam, so the test does not
+    // depend on when the watch fires).
     release(&backend, waiter.key()).await;
-    // (The dropped call's leave hears the write within milliseconds.)
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    let read = backend.snapshot(&keys, backend.deadline()).await.unwrap();
+    assert!(read.hold(&mine).is_some(), "handed to the retry's entry");
+    backend
+        .give_back_handed(&keys, read, &mine, backend.deadline())
+        .await
+        .unwrap();
     let status = backend.status(waiter.key()).await.unwrap().unwrap();
     assert_eq!(
         status.owner, "waiter",

@@ -746,6 +746,17 @@ MUTANTS = [
     ("etcd-leave-passes-on-another-processs-grant", "src/backend/etcd/leave.rs",
      "            || self.shared.leases.known_until(h.lease).is_none()\n",
      "            || false\n"),
+    # A retry answering with a hold handed through its twin's entry (the
+    # request's first call, dropped, in another process) as it was read:
+    # that call's leave passes it on (wait_test:
+    # a_retry_handed_its_twins_grant_in_another_process_takes_it_over and
+    # a_retry_giving_up_on_its_twins_grant_in_another_process_takes_it_over).
+    ("etcd-waiter-answers-with-a-twins-grant-as-read", "src/backend/etcd/wait.rs",
+     "                if !self.handed_through_ours(queued, kv.lease()) {",
+     "                if false {"),
+    ("etcd-give-up-answers-with-a-twins-grant-as-read", "src/backend/etcd/wait.rs",
+     "            if !self.handed_through_ours(false, *lease) {",
+     "            if false {"),
     ("etcd-leave-trusts-any-timer", "src/backend/etcd/expiry.rs",
      ".is_some_and(|t| t.iter().any(|t| *t.value == *value))",
      ".is_some_and(|t| !t.is_empty() || value.is_empty())"),

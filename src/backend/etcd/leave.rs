@@ -296,12 +296,14 @@ impl EtcdBackend {
     /// a hand-off to the entry); or one that a live call of this process
     /// (such a retry) is waiting for, and will take; or one written again
     /// since the hand-off made it (a call has it: a retry's refresh, in
-    /// this process or another, an extension, a claim); or one on a lease
-    /// that is not this backend's: a hand-off writes the hold on the lease
-    /// of the entry it went through, and our entries are on ours, so that
-    /// hold went to an entry of another process (a retry of the same
-    /// request, same holder key, queued there), whose call takes it and
-    /// which this process's `waits` cannot see. Given back only
+    /// this process or another, an extension; a retry that answers with a
+    /// grant it finds through another call's entry takes it over so, see
+    /// `wait.rs`); or one on a lease that is not this backend's: a hand-off
+    /// writes the hold on the lease of the entry it went through, and our
+    /// entries are on ours, so that hold went to an entry of another process
+    /// (a retry of the same request, same holder key, queued there), whose
+    /// call takes it and which this process's `waits` cannot see; a take or
+    /// a claim there writes on that process's lease too. Given back only
     /// while it stores the value read: a retry that took it over after the
     /// read (its refresh rewrote it, keeping its fence) keeps it, and its
     /// timer.

@@ -167,18 +167,17 @@ async fn a_timer_for_a_grant_never_made_does_not_keep_a_handed_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_a_live_retry_waits_for_is_not_passed_on() {
     let (backend, waiter, id, until) = held().await;
-    // The first call of the request was dropped with its attempt out; its
-    // leave now watches the request's holder key.
-    drop_guard(&backend, &waiter, id, true, until);
+    // The first call of the request was dropped (its leave is called at
+    // the seam below).
+    drop_guard(&backend, &waiter, id, false, until);
     // A retry of the same request (same owner and attempt) is waiting,
     // queued under an entry of its own.
     let keys = backend.keys(waiter.key());
     let retry = WaitGuard::new(&backend, &keys, &waiter, until);
     queue(&backend, &waiter, new_attempt_id(), until).await;
     // The hand-off writes that holder key: the retry's to take. The
-    // dropped call's leave hears the write and reads the lock; it goes on
-    // from that read as here (called at the seam, so the test does not
-    // depend on when the watch fires).
+    // dropped call's late leave would hear the write and read the lock; it
+    // goes on from that read as here.
     release(&backend, waiter.key()).await;
     let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
     let read = backend.snapshot(&keys, backend.deadline()).await.unwrap();

@@ -164,6 +164,27 @@ impl EtcdBackend {
         }
     }
 
+    /// Make `h`, handed to another call of `req`'s request (its twin, here
+    /// or in another process) through that call's queue entry, this call's:
+    /// refreshed on our lease. Rewritten, it is no longer a grant that the
+    /// other call's leave gives back (it gives back no hold written since
+    /// its hand-off), and on our lease it lasts as long as we live, not as
+    /// long as the other process does. `None` when it changed meanwhile
+    /// (that leave gave it back first).
+    pub(super) async fn take_over(
+        &self,
+        req: &AcquireRequest,
+        h: &HeldKey,
+        end: Instant,
+    ) -> Result<Option<Lease>, LockError> {
+        let lease = self
+            .shared
+            .leases
+            .lease_for(&self.shared, req.ttl(), end)
+            .await?;
+        self.refresh(req, h, lease, None, end).await
+    }
+
     /// Refresh the TTL of our own acquisition `h`; `None` when it changed
     /// meanwhile.
     async fn refresh(
@@ -175,12 +196,18 @@ impl EtcdBackend {
         end: Instant,
     ) -> Result<Option<Lease>, LockError> {
         let (now, at) = (SystemTime::now(), Instant::now());
-        let value = HolderValue {
+        let mut fresh = HolderValue {
             expires_ms: crate::time::unix_ms(now).saturating_add(ceil_ms(req.ttl())),
             ttl_ms: ceil_ms(req.ttl()),
             ..h.value.clone()
+        };
+        // Every write of a holder key stores a new value (values.rs): a
+        // give-back or an expiry conditioned on the value read must fail
+        // once the hold was refreshed, even in the millisecond it was made.
+        if fresh.encode() == h.raw_value {
+            fresh.expires_ms += 1;
         }
-        .encode();
+        let value = fresh.encode();
         let mut ops = vec![TxnOp::put(
             h.key.clone(),
             value.clone(),

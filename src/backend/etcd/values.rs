@@ -164,11 +164,12 @@ pub(super) struct HeldKey {
     pub(super) fence: u64,
     pub(super) value: HolderValue,
     pub(super) raw_value: Vec<u8>,
-    /// Written again since it was made (an extension, a refresh, a claim):
-    /// some call has it.
+    /// Written again since it was made (an extension, a refresh): some call
+    /// has it. (A claim makes a new key, under the claiming attempt.)
     pub(super) rewritten: bool,
-    /// The lease it is on: a hand-off writes it on the lease of the entry
-    /// it was handed through, so the process whose entry that was.
+    /// The lease it is on: a hand-off writes it on the lease of the queue
+    /// entry it goes through (so of the process whose entry that was); a
+    /// take, a refresh, an extension or a claim on the writer's own.
     pub(super) lease: i64,
 }
 

@@ -252,6 +252,17 @@ impl EtcdBackend {
         Ok(attempt)
     }
 
+    /// Whether our holder key, found held by a waiting call, came through
+    /// this call's own queue entry: the entry is gone (`queued` false; a
+    /// hand-off deletes the entry it goes through) and the hold is on one
+    /// of our leases (a hand-off writes it on the entry's). Otherwise it
+    /// came through another call's entry: a twin of this request (same
+    /// owner and attempt, so the same holder key) queued here or in another
+    /// process, whose leave may give it back.
+    fn handed_through_ours(&self, queued: bool, lease: i64) -> bool {
+        !queued && self.shared.leases.known_until(lease).is_some()
+    }
+
     /// The lock handed to us as `h` (on our lease `lease`): ours until its
     /// stored expiry, or sooner if etcd keeps our lease less long.
     fn granted(&self, req: &AcquireRequest, h: &HeldKey, lease: i64) -> Lease {
@@ -351,8 +362,16 @@ impl EtcdBackend {
                 .collect::<Result<Vec<_>, _>>()?;
             let entry = kvs_at(&reply, 2, WHAT)?;
             if let Some((h, kv)) = holders.iter().zip(&holder_kvs).find(|(h, _)| h.key == mine) {
+                let queued = !entry.is_empty();
+                if !self.handed_through_ours(queued, kv.lease()) {
+                    match self.take_over(req, h, end).await? {
+                        Some(lease) => return Ok(Seen::Granted(lease, queued)),
+                        // Given back meanwhile: read again.
+                        None => continue,
+                    }
+                }
                 let lease = self.granted(req, h, kv.lease());
-                return Ok(Seen::Granted(lease, !entry.is_empty()));
+                return Ok(Seen::Granted(lease, queued));
             }
             let Some(entry) = entry.first().and_then(Waiter::from_kv) else {
                 return Ok(Seen::Lost);
@@ -407,6 +426,16 @@ impl EtcdBackend {
             .ok_or_else(|| bad_reply("leaving the queue"))?;
         let mine = keys.holder(req.kind(), req.owner(), req.attempt());
         if let Some((h, lease)) = holders.iter().find(|(h, _)| h.key == mine) {
+            // (Our entry is gone now: whose it was, its lease says.)
+            if !self.handed_through_ours(false, *lease) {
+                if let Some(lease) = self.take_over(req, h, end).await? {
+                    return Ok(lease);
+                }
+                return Err(LockError::Timeout {
+                    waited: start.elapsed(),
+                    retry_after: None,
+                });
+            }
             return Ok(self.granted(req, h, *lease));
         }
         let holders: Vec<HeldKey> = holders.into_iter().map(|(h, _)| h).collect();

@@ -202,3 +202,116 @@ async fn a_rewrite_of_our_holder_key_is_not_a_hand_off() {
         "an extension taken for a hand-off"
     );
 }
+
+/// Two calls of one request (same owner and attempt: a retry) in two
+/// processes: the first, `here`, was dropped with its entry queued; the
+/// retry, `there`, queued behind it, and another request behind both. The
+/// release hands the lock to the first call's entry, on this process's
+/// lease (and drops the retry's entry, an acquisition that holds already).
+/// Returns both instances, the request and the retry's place.
+async fn twins_handed_through_the_first() -> (EtcdBackend, EtcdBackend, AcquireRequest, Place) {
+    let prefix = format!("twins-{}/", new_attempt_id());
+    let instance = || {
+        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+            .unwrap()
+            .prefix(prefix.clone())
+    };
+    let (here, there) = (instance(), instance());
+    let key = LockKey::global("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let wait = Duration::from_secs(20);
+    let holder = AcquireRequest::new(key.clone(), "holder", ttl, Duration::ZERO).unwrap();
+    here.acquire(&holder).await.unwrap();
+    let waiter = AcquireRequest::new(key.clone(), "waiter", ttl, wait).unwrap();
+    let other = AcquireRequest::new(key.clone(), "other", ttl, wait).unwrap();
+    let keys = here.keys(&key);
+    let until = Some(SystemTime::now() + wait);
+    let queue = async |backend: &EtcdBackend, req: &AcquireRequest| match backend
+        .attempt(
+            req,
+            &keys,
+            Some(new_attempt_id()),
+            until,
+            backend.deadline(),
+        )
+        .await
+        .unwrap()
+    {
+        Attempt::Busy {
+            queued: Some(q), ..
+        } => Place::from(q),
+        _ => panic!("the lock is busy: the call queues"),
+    };
+    queue(&here, &waiter).await;
+    let retry = queue(&there, &waiter).await;
+    queue(&here, &other).await;
+    here.release(&key, Holder::owner_only("holder"))
+        .await
+        .unwrap();
+    (here, there, waiter, retry)
+}
+
+/// After the retry answered with fence `fence`: the first call's leave,
+/// `here`, goes on from its read of the lock, and must leave the hold with
+/// the retry (on the retry's lease).
+async fn the_first_calls_leave_leaves_it(
+    here: &EtcdBackend,
+    there: &EtcdBackend,
+    waiter: &AcquireRequest,
+    fence: u64,
+) {
+    let keys = here.keys(waiter.key());
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    let read = here.snapshot(&keys, here.deadline()).await.unwrap();
+    let held = read.hold(&mine).expect("held by the request").clone();
+    assert!(
+        there.shared.leases.known_until(held.lease).is_some(),
+        "the hold lives on the retry's lease"
+    );
+    here.give_back_handed(&keys, read, &mine, here.deadline())
+        .await
+        .unwrap();
+    let status = here.status(waiter.key()).await.unwrap().unwrap();
+    assert_eq!(
+        (status.owner.as_str(), status.fence),
+        ("waiter", fence),
+        "the first call's leave passed on the hold the retry answered with"
+    );
+}
+
+/// The retry reads its holder key held and answers with it. The first
+/// call's leave then found the hold as its hand-off wrote it, on its own
+/// lease, and passed it on: two holders. (And the retry's hold lived on the
+/// other process's lease: freed before its TTL if that process stopped.)
+/// The retry now takes such a hold over (rewritten, on its own lease)
+/// before it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_handed_its_twins_grant_in_another_process_takes_it_over() {
+    let (here, there, waiter, retry) = twins_handed_through_the_first().await;
+    let keys = there.keys(waiter.key());
+    let Seen::Granted(lease, _) = there
+        .look(&waiter, &keys, &retry, None, there.deadline())
+        .await
+        .unwrap()
+    else {
+        panic!("the retry answers with the hold");
+    };
+    the_first_calls_leave_leaves_it(&here, &there, &waiter, lease.fence).await;
+}
+
+/// The same, found by the retry as its max wait ends: its give-up finds the
+/// request holding, and answers with that hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_giving_up_on_its_twins_grant_in_another_process_takes_it_over() {
+    let (here, there, waiter, retry) = twins_handed_through_the_first().await;
+    let keys = there.keys(waiter.key());
+    let until = SystemTime::now();
+    let mut guard = WaitGuard::new(&there, &keys, &waiter, until);
+    guard.entry = Some(retry.entry.clone());
+    let lease = there
+        .give_up(&mut guard, tokio::time::Instant::now(), there.deadline())
+        .await
+        .expect("the retry answers with the hold");
+    drop(guard);
+    the_first_calls_leave_leaves_it(&here, &there, &waiter, lease.fence).await;
+}

@@ -528,6 +528,18 @@ MUTANTS = [
      "            Some(conn) => self.shared.conn.eval_behind(inv, conn, end).await,",
      "            Some(_) => self.shared.conn.eval(inv, end).await,"),
     # Single-flight over HTTP (issue 21 items 8-13)
+    # A response that allows reuse for others' credentials only after the
+    # origin revalidates it (no-cache, a zero lifetime), shared across
+    # credentials as the bare directive names once let it (response.rs:
+    # a_response_reaches_only_requests_with_the_leaders_credentials; the
+    # behaviour suite's a_response_reaches_only_the_clients_with_its_credentials
+    # was red on the code before both).
+    ("flight-credentials-crossed-without-a-lifetime", "src/flight/response.rs",
+     "    s_maxage.unwrap_or(allowed && max_age)",
+     "    allowed || s_maxage.is_some()"),
+    ("flight-credentials-crossed-despite-no-cache", "src/flight/response.rs",
+     "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            return false;",
+     "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            continue;"),
     ("flight-conditional-requests-join", "src/flight/response.rs",
      "        .any(|name| request.contains_key(name))",
      "        .any(|name| request.contains_key(name) && false)"),

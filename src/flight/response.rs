@@ -182,11 +182,11 @@ const CREDENTIALS: [HeaderName; 3] = [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE
 
 /// The request headers a response is shared by: those its `Vary` names, and
 /// `Authorization` unless the response says it may answer other clients'
-/// authorized requests (`public`, `s-maxage` or `must-revalidate`, RFC 9111
-/// §3.5): a request with other credentials than the leader's (or with none
-/// where it had some, or some where it had none) runs the handler on its
-/// own, so one client's answer never reaches another client because the
-/// flight's key left the caller out. `None` for `Vary: *`.
+/// authorized requests as it is ([`answers_any_authorized`]): a request
+/// with other credentials than the leader's (or with none where it had
+/// some, or some where it had none) runs the handler on its own, so one
+/// client's answer never reaches another client because the flight's key
+/// left the caller out. `None` for `Vary: *`.
 pub(crate) fn keyed_by(response: &HeaderMap) -> Option<Vec<HeaderName>> {
     let mut names = vary(response)?;
     if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {
@@ -196,13 +196,29 @@ pub(crate) fn keyed_by(response: &HeaderMap) -> Option<Vec<HeaderName>> {
 }
 
 /// Whether `Cache-Control` lets a cache reuse the response for requests
-/// with credentials (RFC 9111 §3.5).
+/// with other credentials without asking the origin first (RFC 9111 §3.5:
+/// `public`, `must-revalidate` or `s-maxage` allow the reuse, each subject
+/// to its own rules, and the layer never revalidates): `s-maxage` above
+/// zero, or `public` or `must-revalidate` with a `max-age` above zero (and
+/// no `s-maxage`, which overrides it for shared caches); never with a
+/// `no-cache` (with or without field names), which asks for validation on
+/// every reuse. A lifetime that does not parse counts as none; an
+/// `Expires` is not read.
 fn answers_any_authorized(response: &HeaderMap) -> bool {
-    directives(response, CACHE_CONTROL).any(|(d, _)| {
-        d.eq_ignore_ascii_case("public")
-            || d.eq_ignore_ascii_case("s-maxage")
-            || d.eq_ignore_ascii_case("must-revalidate")
-    })
+    let positive = |value: &str| value.trim_matches('"').parse::<u64>().is_ok_and(|n| n > 0);
+    let (mut allowed, mut max_age, mut s_maxage) = (false, false, None);
+    for (d, value) in directives(response, CACHE_CONTROL) {
+        if d.eq_ignore_ascii_case("no-cache") {
+            return false;
+        } else if d.eq_ignore_ascii_case("public") || d.eq_ignore_ascii_case("must-revalidate") {
+            allowed = true;
+        } else if d.eq_ignore_ascii_case("max-age") {
+            max_age = positive(value);
+        } else if d.eq_ignore_ascii_case("s-maxage") {
+            s_maxage = Some(positive(value));
+        }
+    }
+    s_maxage.unwrap_or(allowed && max_age)
 }
 
 /// The field lines of `request` named by `names` ([`keyed_by`]), as kept
@@ -414,12 +430,38 @@ mod tests {
         let leader = kept(&res, &none);
         assert!(fits(&res, &leader, &none));
         assert!(!fits(&res, &leader, &a));
-        // A response that says it may answer anyone's authorized request.
-        for cc in ["public, max-age=5", "s-maxage=10", "Must-Revalidate"] {
+        // A response that says it may answer anyone's authorized request
+        // as it is.
+        for cc in [
+            "public, max-age=5",
+            "s-maxage=10",
+            "Must-Revalidate, max-age=60",
+            "max-age=0, s-maxage=10",
+        ] {
             let res = map(&[("cache-control", cc)]);
             let leader = kept(&res, &a);
             assert!(fits(&res, &leader, &b), "{cc}");
             assert!(fits(&res, &leader, &none), "{cc}");
+        }
+        // One that allows it only after asking the origin again (which the
+        // layer never does), or with no lifetime: the leader's
+        // credentials only.
+        for cc in [
+            "no-cache, must-revalidate",
+            "max-age=0, must-revalidate",
+            "s-maxage=0",
+            "public, no-cache",
+            "public, max-age=5, s-maxage=0",
+            "public, no-cache=\"set-cookie\", max-age=5",
+            "public, max-age=soon",
+            "must-revalidate",
+            "public",
+        ] {
+            let res = map(&[("cache-control", cc)]);
+            let leader = kept(&res, &a);
+            assert!(fits(&res, &leader, &a), "{cc}");
+            assert!(!fits(&res, &leader, &b), "{cc}");
+            assert!(!fits(&res, &leader, &none), "{cc}");
         }
         // Cookies count only when the response varies on them.
         let res = map(&[("vary", "Cookie"), ("cache-control", "public")]);

@@ -188,8 +188,10 @@ pub async fn a_varied_response_reaches_only_the_requests_it_fits(h: Harness) {
 /// A flight keyed without the caller (the app's mistake): a response
 /// reaches only the followers with the leader's credentials
 /// (`Authorization`); one with other credentials, or none, runs the
-/// handler on its own. A response that says `Cache-Control: public` is
-/// for anyone's request, and reaches them all.
+/// handler on its own, also when the response says `must-revalidate` but
+/// allows no reuse without asking the origin (`no-cache`). A response that
+/// says `Cache-Control: public` with a lifetime is for anyone's request,
+/// and reaches them all.
 pub async fn a_response_reaches_only_the_clients_with_its_credentials(h: Harness) {
     let flights = flights(&h);
     let ctl = Ctl::default();
@@ -205,7 +207,7 @@ pub async fn a_response_reaches_only_the_clients_with_its_credentials(h: Harness
                 let cache = if id == "public" {
                     "public, max-age=5"
                 } else {
-                    "max-age=5"
+                    "no-cache, must-revalidate"
                 };
                 ([(header::CACHE_CONTROL, cache)], format!("for {who}"))
             }

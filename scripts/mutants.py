@@ -540,6 +540,12 @@ MUTANTS = [
     ("flight-credentials-crossed-despite-no-cache", "src/flight/response.rs",
      "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            return false;",
      "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            continue;"),
+    # Flight keys normalised as lock keys are: two canonically equivalent
+    # paths share one flight, one's answer for the other (behaviour:
+    # canonically_equivalent_keys_are_separate_flights).
+    ("flight-key-normalised", "src/key.rs",
+     "        let mut k = Self::new(checked(key)?, None);",
+     "        let mut k = Self::new(normalise(key)?, None);"),
     ("flight-conditional-requests-join", "src/flight/response.rs",
      "        .any(|name| request.contains_key(name))",
      "        .any(|name| request.contains_key(name) && false)"),

@@ -122,8 +122,14 @@ impl LockKey {
     /// the flight's lock and its stored result live under it, in a namespace
     /// of their own (`f:` in [`LockKey::encoded`]), so no lock of either
     /// scope can name them.
+    ///
+    /// Kept as it is, not normalised as lock keys are: two canonically
+    /// equivalent but different strings (a path's `caf%C3%A9` and
+    /// `cafe%CC%81`) may name different resources, and sharing one's
+    /// response with the other would answer a request with what it did not
+    /// ask for. (Merging them costs a lock only some waiting.)
     pub(crate) fn flight(key: &str) -> Result<Self, LockError> {
-        let mut k = Self::new(normalise(key)?, None);
+        let mut k = Self::new(checked(key)?, None);
         // Marked in its hash, so it is never equal to the global lock of the
         // same name (and the key stays as small as before).
         k.hash |= FLIGHT_BIT;
@@ -139,7 +145,7 @@ impl LockKey {
         if *method == http::Method::GET {
             return Self::flight(key);
         }
-        let key = normalise(key)?;
+        let key = checked(key)?;
         let mut k = Self::new(
             SmolStr::new(format!("{key}\u{1f}{}", method.as_str())),
             None,
@@ -284,8 +290,18 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// on it.
 pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
     // ASCII is NFC already, and its control characters are single bytes.
-    let ascii = key.is_ascii();
-    let key = if ascii { Cow::Borrowed(key) } else { nfc(key) };
+    let key = if key.is_ascii() {
+        Cow::Borrowed(key)
+    } else {
+        nfc(key)
+    };
+    checked(&key)
+}
+
+/// `key` as it is, or why it cannot be a key (empty, too long, a control
+/// character): a flight's key, which is never normalised
+/// ([`LockKey::flight`]); a lock's after [`normalise`].
+fn checked(key: &str) -> Result<SmolStr, LockError> {
     if key.is_empty() {
         return Err(LockError::InvalidKey("the key is empty"));
     }
@@ -294,7 +310,7 @@ pub(crate) fn normalise(key: &str) -> Result<SmolStr, LockError> {
             "the key is longer than 512 bytes of UTF-8",
         ));
     }
-    if has_control(&key) {
+    if has_control(key) {
         return Err(LockError::InvalidKey("the key contains control characters"));
     }
     Ok(SmolStr::new(key))

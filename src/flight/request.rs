@@ -38,7 +38,9 @@ pub struct FlightSpec {
 
 impl FlightSpec {
     /// A flight under `key` whose result answers only the requests already
-    /// waiting (result TTL zero).
+    /// waiting (result TTL zero). The key is compared byte for byte: unlike
+    /// a lock's, it is not normalised to Unicode NFC (two canonically
+    /// equivalent paths may be two resources, and would share answers).
     pub fn new(key: impl Into<String>) -> Self {
         FlightSpec {
             key: key.into(),

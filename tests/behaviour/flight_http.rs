@@ -268,6 +268,42 @@ pub async fn a_response_reaches_only_the_clients_with_its_credentials(h: Harness
     assert_eq!(ctl.runs(), 5);
 }
 
+/// Two keys that differ in bytes but are the same Unicode text once
+/// normalised (a path's `caf%C3%A9` and `cafe%CC%81`) may name two
+/// resources: each is a flight of its own (a lock key is normalised to NFC,
+/// a flight key is kept as it is), so neither request gets the other's
+/// answer.
+pub async fn canonically_equivalent_keys_are_separate_flights(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(
+        move |axum::extract::Path(id): axum::extract::Path<String>, headers: HeaderMap| {
+            let ctl = runs.clone();
+            async move {
+                ctl.checkpoint(&headers).await;
+                format!("for {id}")
+            }
+        },
+    );
+    let app = Router::new().route("/{id}", handler.layer(on_route(&flights)));
+    let mut set = JoinSet::new();
+    spawn_call(&mut set, &app, gated_get("/caf%C3%A9", &[]));
+    ctl.entered().await;
+    // In a flight of its own, the second runs the handler too (in the
+    // first's, it would wait for that answer).
+    spawn_call(&mut set, &app, gated_get("/cafe%CC%81", &[]));
+    until_entered(&h, &ctl, 2).await;
+    ctl.open(2);
+    let mut bodies: Vec<_> = all(set).await.into_iter().map(|a| a.body).collect();
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        ["for cafe\u{301}", "for caf\u{e9}"],
+        "each request gets the answer for its own path"
+    );
+}
+
 /// A response kept for the result TTL answers later requests, but not one
 /// that says `Cache-Control: no-cache` or `max-age=0`: it runs the handler
 /// on its own (and its answer replaces nothing). Such a request still

@@ -215,6 +215,7 @@ for_each_backend! {
             conditional_and_range_requests_stay_out_of_flights,
             a_varied_response_reaches_only_the_requests_it_fits,
             a_response_reaches_only_the_clients_with_its_credentials,
+            canonically_equivalent_keys_are_separate_flights,
             a_request_for_a_fresh_answer_never_gets_a_stored_one,
             head_and_get_are_separate_flights,
             a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends,

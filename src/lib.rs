@@ -45,7 +45,7 @@
 //!
 //! - [`MemoryBackend`]: in this process; the default for examples, tests and
 //!   single-instance apps.
-//! - `RedisBackend` (feature `redis`, on by default): shared by every
+//! - `RedisBackend` (feature `redis`, off by default): shared by every
 //!   instance of the app through one Redis, on `deadpool-redis`.
 //! - `PostgresBackend` (feature `postgres`, off by default): shared through
 //!   the PostgreSQL database the app already has, on `tokio-postgres` and

@@ -546,6 +546,12 @@ MUTANTS = [
     ("flight-key-normalised", "src/key.rs",
      "        let mut k = Self::new(checked(key)?, None);",
      "        let mut k = Self::new(normalise(key)?, None);"),
+    # Requests refusing a stored result each run the handler on their own
+    # (a burst of reloads: a stampede) instead of meeting in a flight of
+    # their own (behaviour: a_burst_refusing_the_stored_answer_runs_the_handler_once).
+    ("flight-refusing-requests-run-alone", "src/flight/service.rs",
+     "            Some(why) if !refreshing => {",
+     "            Some(why) if false => {"),
     ("flight-conditional-requests-join", "src/flight/response.rs",
      "        .any(|name| request.contains_key(name))",
      "        .any(|name| request.contains_key(name) && false)"),

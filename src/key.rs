@@ -154,6 +154,18 @@ impl LockKey {
         Ok(k)
     }
 
+    /// The flight, beside this one, of the requests that refuse its stored
+    /// result (they ask for an answer made after they came): this key, two
+    /// unit separators (a method, after one, is never empty, so no method's
+    /// flight is named so) and `fresh`. Its answer is kept for nobody: a
+    /// burst of such requests runs the handler once, and the stored result
+    /// of this flight stays.
+    pub(crate) fn refreshing(&self) -> Self {
+        let mut k = Self::new(SmolStr::new(format!("{}\u{1f}\u{1f}fresh", self.key)), None);
+        k.hash |= FLIGHT_BIT;
+        k
+    }
+
     /// Whether this is a single-flight key (see [`LockKey::encoded`]).
     pub fn is_flight(&self) -> bool {
         self.hash & FLIGHT_BIT != 0

@@ -32,7 +32,10 @@ use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
 /// - **Stored responses** (a result TTL above zero): a request that says
 ///   `Cache-Control: no-cache` or `max-age=0` (or `Pragma: no-cache`
 ///   without a `Cache-Control`) is not answered with a response published
-///   before it came; it runs the handler on its own. It still joins a
+///   before it came. Such requests meet in a flight of their own beside the
+///   key's ([`SingleFlight::status_refreshing`]): one runs the handler and
+///   those that come while it runs share its answer, which is kept for
+///   nobody (the stored response stays). Such a request still joins a
 ///   flight under way.
 /// - **Conditional and range requests** (`If-None-Match`,
 ///   `If-Modified-Since`, `If-Match`, `If-Unmodified-Since`, `If-Range`,

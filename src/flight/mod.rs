@@ -188,6 +188,17 @@ impl SingleFlight {
         self.backend.status(&key).await
     }
 
+    /// The same for the flight beside the GET flight `key` that the HTTP
+    /// layer's requests refusing its stored result meet in
+    /// (`Cache-Control: no-cache` or `max-age=0`, see
+    /// [`SingleFlightLayer`]): one runs
+    /// the handler, those that come while it runs share its answer. For
+    /// operators and tests.
+    pub async fn status_refreshing(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let key = LockKey::flight(key)?.refreshing();
+        self.backend.status(&key).await
+    }
+
     /// See [`max_wait`](SingleFlight::max_wait).
     pub fn get_max_wait(&self) -> Duration {
         self.max_wait

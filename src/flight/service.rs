@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response};
@@ -127,18 +128,36 @@ where
 {
     // The method is part of the flight: a HEAD's response (no body, and
     // the GET's `content-length`) must never answer a GET.
-    let key = match LockKey::flight_of_method(spec.get_key(), req.method()) {
+    let mut key = match LockKey::flight_of_method(spec.get_key(), req.method()) {
         Ok(key) => key,
         Err(e) => return Ok(rejection(&reject, &e)),
     };
-    let leader = match join(flights.backend(), key, flights.settings()).await {
-        Ok(Role::Shared { result, stored }) => {
-            let refused = stored.then(|| refuses_stored(req.headers())).flatten();
-            if let Some(why) = refused {
+    let mut result_ttl = spec.get_result_ttl();
+    let mut refreshing = false;
+    let leader = loop {
+        let (result, stored) = match join(flights.backend(), key.clone(), flights.settings()).await
+        {
+            Ok(Role::Leader(leader)) => break leader,
+            Ok(Role::Shared { result, stored }) => (result, stored),
+            Err(e) => return Ok(rejection(&reject, &e)),
+        };
+        let refused = stored.then(|| refuses_stored(req.headers())).flatten();
+        match refused {
+            Some(why) if !refreshing => {
                 // Published before this request came, and it asks for an
-                // answer made for it (RFC 9111 §5.2.1): not for it.
+                // answer made for it (RFC 9111 §5.2.1): not for it. Such
+                // requests meet in a flight of their own, whose answer
+                // (made after each of them came) is kept for nobody: a
+                // burst of them (a browser's reloads) runs the handler
+                // once, and the stored answer stays for the others.
                 tracing::debug!(why, "a stored single-flight response not used");
-            } else {
+                (key, result_ttl, refreshing) = (key.refreshing(), Duration::ZERO, true);
+                continue;
+            }
+            // (Kept for nobody, a refreshing flight's answer is never a
+            // stored one; should another version store one, it is not used.)
+            Some(_) => {}
+            None => {
                 match decode(Bytes::from_owner(SharedBytes(result.value))) {
                     Some(Shared::Response { response, varied })
                         if fits(response.headers(), &varied, req.headers()) =>
@@ -160,12 +179,10 @@ where
                     }
                 }
             }
-            // This request runs the handler on its own, outside the flight.
-            let res = inner.call(req).await?;
-            return Ok(res.map(FlightBody::inner));
         }
-        Ok(Role::Leader(leader)) => leader,
-        Err(e) => return Ok(rejection(&reject, &e)),
+        // This request runs the handler on its own, outside the flight.
+        let res = inner.call(req).await?;
+        return Ok(res.map(FlightBody::inner));
     };
     // What the response's `Vary` may name (and the credentials), to be
     // checked against each follower's request.
@@ -204,7 +221,7 @@ where
         owned(shared_headers(&parts.headers)),
         varied(&names, &asked),
         (flights.get_max_result_bytes(), flights.get_lock_ttl()),
-        spec.get_result_ttl(),
+        result_ttl,
     );
     let mut body = FlightBody::tee(body, sharing);
     std::future::poll_fn(|cx| body.read_ahead(cx)).await;

@@ -306,8 +306,9 @@ pub async fn canonically_equivalent_keys_are_separate_flights(h: Harness) {
 
 /// A response kept for the result TTL answers later requests, but not one
 /// that says `Cache-Control: no-cache` or `max-age=0`: it runs the handler
-/// on its own (and its answer replaces nothing). Such a request still
-/// joins a flight under way, whose response is made after it came.
+/// (leading a flight of such requests, whose answer replaces nothing). Such
+/// a request still joins a flight under way, whose response is made after
+/// it came.
 pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
     let flights = flights(&h);
     let ctl = Ctl::default();
@@ -350,7 +351,11 @@ pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
     ] {
         let (shared, body) = one(asks).await;
         assert_eq!(body, run, "{asks:?} got a stored response");
-        assert_eq!(shared, None, "{asks:?} ran on its own");
+        assert_eq!(
+            shared,
+            Some("leader".parse().unwrap()),
+            "{asks:?} led a flight of its own"
+        );
     }
     assert_eq!(one(&[]).await.1, "run 1", "the stored response stays");
 
@@ -378,6 +383,87 @@ pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
         );
     }
     assert_eq!(ctl.runs(), 5);
+}
+
+/// A burst of requests that refuse the stored response (a browser's
+/// reloads say `max-age=0`, its hard reloads `no-cache`) meets in a flight
+/// of its own: one runs the handler, the others share that answer, made
+/// after each of them came. Each running on its own, they were the
+/// stampede single-flight is there to stop. The stored response stays.
+pub async fn a_burst_refusing_the_stored_answer_runs_the_handler_once(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            format!("run {}", ctl.runs())
+        }
+    });
+    let layer = SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
+        let id = tower_lock::path_params(req).get("id")?.to_owned();
+        Some(FlightSpec::new(format!("page:{id}")).result_ttl(LONG))
+    });
+    let app = Router::new().route("/{id}", handler.layer(layer));
+    let mut stored = JoinSet::new();
+    spawn_call(
+        &mut stored,
+        &app,
+        Request::get("/burst").body(Body::empty()).unwrap(),
+    );
+    assert_eq!(all(stored).await[0].body, "run 1");
+    ctl.entered().await;
+    let mut set = JoinSet::new();
+    let reloads: [&[(&str, &str)]; 5] = [
+        &[("cache-control", "no-cache")],
+        &[("cache-control", "max-age=0")],
+        &[("cache-control", "no-cache")],
+        &[("pragma", "no-cache")],
+        &[("cache-control", "max-age=0")],
+    ];
+    for asks in reloads {
+        spawn_call(&mut set, &app, gated_get("/burst", asks));
+    }
+    ctl.entered().await;
+    let mut queued = false;
+    for _ in 0..20_000 {
+        let status = flights.status_refreshing("page:burst").await.unwrap();
+        if status.is_some_and(|s| s.waiters >= 4) {
+            queued = true;
+            break;
+        }
+        h.tick().await;
+    }
+    assert!(
+        queued,
+        "the other four never queued on the refreshing flight"
+    );
+    // One gate for the run that should happen, and one more: should a
+    // reload (wrongly) run on its own, it answers "run 3" instead of
+    // hanging.
+    ctl.open(2);
+    let answers = all(set).await;
+    for x in &answers {
+        assert_eq!(x.body, "run 2", "every reload gets the one fresh answer");
+    }
+    let leaders = answers
+        .iter()
+        .filter(|x| flight_header(x) == Some("leader"))
+        .count();
+    assert_eq!(leaders, 1);
+    assert_eq!(ctl.runs(), 2, "the stored run and one for the burst");
+    let mut after = JoinSet::new();
+    spawn_call(
+        &mut after,
+        &app,
+        Request::get("/burst").body(Body::empty()).unwrap(),
+    );
+    assert_eq!(
+        all(after).await[0].body,
+        "run 1",
+        "the stored response stays"
+    );
 }
 
 /// With the layer outside the Router (`layer.layer(router)`, as

@@ -217,6 +217,7 @@ for_each_backend! {
             a_response_reaches_only_the_clients_with_its_credentials,
             canonically_equivalent_keys_are_separate_flights,
             a_request_for_a_fresh_answer_never_gets_a_stored_one,
+            a_burst_refusing_the_stored_answer_runs_the_handler_once,
             head_and_get_are_separate_flights,
             a_streamed_body_flows_to_its_client_and_is_shared_when_it_ends,
             a_stream_past_the_cap_releases_every_follower_at_once,

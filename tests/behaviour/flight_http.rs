@@ -304,13 +304,10 @@ pub async fn canonically_equivalent_keys_are_separate_flights(h: Harness) {
     );
 }
 
-/// A response kept for the result TTL answers later requests, but not one
-/// that says `Cache-Control: no-cache` or `max-age=0`: it runs the handler
-/// (leading a flight of such requests, whose answer replaces nothing). Such
-/// a request still joins a flight under way, whose response is made after
-/// it came.
-pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
-    let flights = flights(&h);
+/// A route `/{id}` whose handler answers `run <n>` (the runs so far, this
+/// one included), flights keyed `page:{id}` with a long result TTL.
+fn kept_runs(h: &Harness) -> (SingleFlight, Ctl, Router) {
+    let flights = flights(h);
     let ctl = Ctl::default();
     let runs = ctl.clone();
     let handler = get(move |headers: HeaderMap| {
@@ -324,7 +321,20 @@ pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
         let id = tower_lock::path_params(req).get("id")?.to_owned();
         Some(FlightSpec::new(format!("page:{id}")).result_ttl(LONG))
     });
-    let app = Router::new().route("/{id}", handler.layer(layer));
+    (
+        flights,
+        ctl,
+        Router::new().route("/{id}", handler.layer(layer)),
+    )
+}
+
+/// A response kept for the result TTL answers later requests, but not one
+/// that says `Cache-Control: no-cache` or `max-age=0`: it runs the handler
+/// (leading a flight of such requests, whose answer replaces nothing). Such
+/// a request still joins a flight under way, whose response is made after
+/// it came.
+pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
+    let (flights, ctl, app) = kept_runs(&h);
     let one = |asks: &'static [(&'static str, &'static str)]| {
         let app = app.clone();
         async move {
@@ -391,21 +401,7 @@ pub async fn a_request_for_a_fresh_answer_never_gets_a_stored_one(h: Harness) {
 /// after each of them came. Each running on its own, they were the
 /// stampede single-flight is there to stop. The stored response stays.
 pub async fn a_burst_refusing_the_stored_answer_runs_the_handler_once(h: Harness) {
-    let flights = flights(&h);
-    let ctl = Ctl::default();
-    let runs = ctl.clone();
-    let handler = get(move |headers: HeaderMap| {
-        let ctl = runs.clone();
-        async move {
-            ctl.checkpoint(&headers).await;
-            format!("run {}", ctl.runs())
-        }
-    });
-    let layer = SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
-        let id = tower_lock::path_params(req).get("id")?.to_owned();
-        Some(FlightSpec::new(format!("page:{id}")).result_ttl(LONG))
-    });
-    let app = Router::new().route("/{id}", handler.layer(layer));
+    let (flights, ctl, app) = kept_runs(&h);
     let mut stored = JoinSet::new();
     spawn_call(
         &mut stored,

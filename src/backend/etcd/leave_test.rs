@@ -28,6 +28,18 @@ fn backend() -> EtcdBackend {
         .prefix(format!("leave-{}/", new_attempt_id()))
 }
 
+/// Two instances of one app on a fresh prefix (`name-<id>/`), as two
+/// processes have them: each its own leases, timers and waits.
+pub(in crate::backend::etcd) fn two_instances(name: &str) -> (EtcdBackend, EtcdBackend) {
+    let prefix = format!("{name}-{}/", new_attempt_id());
+    let instance = || {
+        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
+            .unwrap()
+            .prefix(prefix.clone())
+    };
+    (instance(), instance())
+}
+
 fn req(key: &LockKey, owner: &str, wait: Duration) -> AcquireRequest {
     AcquireRequest::new(key.clone(), owner, TTL, wait).unwrap()
 }
@@ -273,14 +285,7 @@ async fn a_grant_rewritten_since_its_hand_off_is_not_passed_on() {
 /// it goes through; the leave now gives back only holds on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_to_a_retrys_entry_in_another_process_is_not_passed_on() {
-    // Two instances of one app: each its own leases, timers and waits.
-    let prefix = format!("leave-{}/", new_attempt_id());
-    let instance = || {
-        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
-            .unwrap()
-            .prefix(prefix.clone())
-    };
-    let (here, there) = (instance(), instance());
+    let (here, there) = two_instances("leave");
     let key = LockKey::global("k").unwrap();
     here.acquire(&req(&key, "holder", Duration::ZERO))
         .await

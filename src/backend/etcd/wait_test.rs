@@ -18,6 +18,7 @@ use crate::key::LockKey;
 use crate::spec::new_attempt_id;
 
 use super::super::etcd_cluster;
+use super::super::leave::leave_test::two_instances;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_to_an_entry_since_lost_is_not_a_grant() {
@@ -210,13 +211,7 @@ async fn a_rewrite_of_our_holder_key_is_not_a_hand_off() {
 /// lease (and drops the retry's entry, an acquisition that holds already).
 /// Returns both instances, the request and the retry's place.
 async fn twins_handed_through_the_first() -> (EtcdBackend, EtcdBackend, AcquireRequest, Place) {
-    let prefix = format!("twins-{}/", new_attempt_id());
-    let instance = || {
-        EtcdBackend::from_endpoints(etcd_cluster::EtcdCluster::shared().endpoints())
-            .unwrap()
-            .prefix(prefix.clone())
-    };
-    let (here, there) = (instance(), instance());
+    let (here, there) = two_instances("twins");
     let key = LockKey::global("k").unwrap();
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(20);

@@ -252,15 +252,21 @@ impl EtcdBackend {
         Ok(attempt)
     }
 
-    /// Whether our holder key, found held by a waiting call, came through
-    /// this call's own queue entry: the entry is gone (`queued` false; a
-    /// hand-off deletes the entry it goes through) and the hold is on one
-    /// of our leases (a hand-off writes it on the entry's). Otherwise it
-    /// came through another call's entry: a twin of this request (same
-    /// owner and attempt, so the same holder key) queued here or in another
-    /// process, whose leave may give it back.
-    fn handed_through_ours(&self, queued: bool, lease: i64) -> bool {
-        !queued && self.shared.leases.known_until(lease).is_some()
+    /// Whether a waiting call that found its holder key held as `h` (on
+    /// `lease`; `queued`: its own entry still there) must take it over
+    /// ([`EtcdBackend::take_over`]) before answering with it: the hold came
+    /// through another call's entry (a twin of this request, same owner
+    /// and attempt, so the same holder key, queued here or in another
+    /// process), whose leave may give it back, and nobody has written it
+    /// since the hand-off. It came through our own entry when that entry
+    /// is gone (a hand-off deletes the entry it goes through) and the hold
+    /// is on one of our leases (a hand-off writes it on the entry's). One
+    /// written since (the twin's extension or refresh) is some call's, which
+    /// a leave never gives back, and may last longer than our TTL: taken
+    /// over, it would end sooner than its holder was told.
+    fn must_take_over(&self, h: &HeldKey, queued: bool, lease: i64) -> bool {
+        let ours = !queued && self.shared.leases.known_until(lease).is_some();
+        !ours && !h.rewritten
     }
 
     /// The lock handed to us as `h` (on our lease `lease`): ours until its
@@ -363,7 +369,7 @@ impl EtcdBackend {
             let entry = kvs_at(&reply, 2, WHAT)?;
             if let Some((h, kv)) = holders.iter().zip(&holder_kvs).find(|(h, _)| h.key == mine) {
                 let queued = !entry.is_empty();
-                if !self.handed_through_ours(queued, kv.lease()) {
+                if self.must_take_over(h, queued, kv.lease()) {
                     match self.take_over(req, h, end).await? {
                         Some(lease) => return Ok(Seen::Granted(lease, queued)),
                         // Given back meanwhile: read again.
@@ -427,7 +433,7 @@ impl EtcdBackend {
         let mine = keys.holder(req.kind(), req.owner(), req.attempt());
         if let Some((h, lease)) = holders.iter().find(|(h, _)| h.key == mine) {
             // (Our entry is gone now: whose it was, its lease says.)
-            if !self.handed_through_ours(false, *lease) {
+            if self.must_take_over(h, false, *lease) {
                 if let Some(lease) = self.take_over(req, h, end).await? {
                     return Ok(lease);
                 }

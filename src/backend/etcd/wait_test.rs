@@ -310,3 +310,38 @@ async fn a_retry_giving_up_on_its_twins_grant_in_another_process_takes_it_over()
     drop(guard);
     the_first_calls_leave_leaves_it(&here, &there, &waiter, lease.fence).await;
 }
+
+/// The first call answered with the hold after all (it was not dropped)
+/// and extended it past the retry's TTL. The retry's answer leaves that
+/// hold as it is: taken over, it was rewritten with the retry's shorter
+/// TTL, and its timer ended it before the extension the first call's
+/// caller was told of (two holders once the next waiter had it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_leaves_a_hold_its_twin_extended_as_it_is() {
+    let (here, there, waiter, retry) = twins_handed_through_the_first().await;
+    let keys = here.keys(waiter.key());
+    let mine = keys.holder(waiter.kind(), waiter.owner(), waiter.attempt());
+    let read = here.snapshot(&keys, here.deadline()).await.unwrap();
+    let fence = read.hold(&mine).expect("handed to the first call").fence;
+    here.extend(
+        waiter.key(),
+        Holder::new("waiter", fence),
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let extended = here.status(waiter.key()).await.unwrap().unwrap();
+    let Seen::Granted(lease, _) = there
+        .look(&waiter, &keys, &retry, None, there.deadline())
+        .await
+        .unwrap()
+    else {
+        panic!("the retry answers with the hold");
+    };
+    assert_eq!(lease.fence, fence);
+    let after = here.status(waiter.key()).await.unwrap().unwrap();
+    assert_eq!(
+        after.expires_at, extended.expires_at,
+        "the retry shortened the hold its twin extended"
+    );
+}

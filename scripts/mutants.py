@@ -535,10 +535,10 @@ MUTANTS = [
     # behaviour suite's a_response_reaches_only_the_clients_with_its_credentials
     # was red on the code before both).
     ("flight-credentials-crossed-without-a-lifetime", "src/flight/response.rs",
-     "    s_maxage.unwrap_or(allowed && max_age)",
-     "    allowed || s_maxage.is_some()"),
+     "        None if allowed => max_age.unwrap_or(0),",
+     "        None if allowed => max_age.unwrap_or(1).max(1),"),
     ("flight-credentials-crossed-despite-no-cache", "src/flight/response.rs",
-     "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            return false;",
+     "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            return None;",
      "        if d.eq_ignore_ascii_case(\"no-cache\") {\n            continue;"),
     # Flight keys normalised as lock keys are: two canonically equivalent
     # paths share one flight, one's answer for the other (behaviour:
@@ -552,6 +552,12 @@ MUTANTS = [
     ("flight-refusing-requests-run-alone", "src/flight/service.rs",
      "            Some(why) if !refreshing => {",
      "            Some(why) if false => {"),
+    # A response shared across credentials kept for the whole result TTL,
+    # past its own lifetime: served stale to other clients (behaviour:
+    # a_response_crosses_credentials_only_while_fresh).
+    ("flight-credentials-crossed-while-stale", "src/flight/service.rs",
+     "        Some(lifetime) if !names.contains(&http::header::AUTHORIZATION) => result_ttl.min(lifetime),",
+     "        Some(lifetime) if false => result_ttl.min(lifetime),"),
     ("flight-conditional-requests-join", "src/flight/response.rs",
      "        .any(|name| request.contains_key(name))",
      "        .any(|name| request.contains_key(name) && false)"),

@@ -76,8 +76,9 @@ use crate::layer::rejection::{Rejecter, SharedRejection, default_hook, hook};
 ///   followers whose `Authorization` is the leader's (none where it had
 ///   none), unless it says it may answer anyone's request as it is
 ///   (`Cache-Control: s-maxage` above zero, or `public` or
-///   `must-revalidate` with a `max-age` above zero, and no `no-cache`); a
-///   follower with other credentials runs the handler on its own. `Authorization`, `Proxy-Authorization` and `Cookie` (when
+///   `must-revalidate` with a `max-age` above zero, and no `no-cache`: kept
+///   no longer than that lifetime, whatever the result TTL); a follower
+///   with other credentials runs the handler on its own. `Authorization`, `Proxy-Authorization` and `Cookie` (when
 ///   a `Vary` names it) are kept with the shared result only as a SHA-256
 ///   digest, never as they are.
 /// - A request that runs the handler outside a flight (conditional, range,

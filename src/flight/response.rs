@@ -3,6 +3,8 @@
 //! to a shared response too, as sharing one is caching it for the length
 //! of a flight (and its result TTL).
 
+use std::time::Duration;
+
 use http::header::{
     AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, COOKIE, HeaderName, HeaderValue,
     IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PRAGMA,
@@ -189,36 +191,45 @@ const CREDENTIALS: [HeaderName; 3] = [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE
 /// left the caller out. `None` for `Vary: *`.
 pub(crate) fn keyed_by(response: &HeaderMap) -> Option<Vec<HeaderName>> {
     let mut names = vary(response)?;
-    if !names.contains(&AUTHORIZATION) && !answers_any_authorized(response) {
+    if !names.contains(&AUTHORIZATION) && crossing_lifetime(response).is_none() {
         names.push(AUTHORIZATION);
     }
     Some(names)
 }
 
-/// Whether `Cache-Control` lets a cache reuse the response for requests
+/// How long `Cache-Control` lets a cache reuse the response for requests
 /// with other credentials without asking the origin first (RFC 9111 §3.5:
 /// `public`, `must-revalidate` or `s-maxage` allow the reuse, each subject
-/// to its own rules, and the layer never revalidates): `s-maxage` above
-/// zero, or `public` or `must-revalidate` with a `max-age` above zero (and
-/// no `s-maxage`, which overrides it for shared caches); never with a
-/// `no-cache` (with or without field names), which asks for validation on
-/// every reuse. A lifetime that does not parse counts as none; an
-/// `Expires` is not read.
-fn answers_any_authorized(response: &HeaderMap) -> bool {
-    let positive = |value: &str| value.trim_matches('"').parse::<u64>().is_ok_and(|n| n > 0);
-    let (mut allowed, mut max_age, mut s_maxage) = (false, false, None);
+/// to its own rules, and the layer never revalidates): `s-maxage` when
+/// above zero, else `max-age` when above zero with `public` or
+/// `must-revalidate` (`s-maxage` overrides `max-age` for shared caches);
+/// `None` with a `no-cache` (with or without field names), which asks for
+/// validation on every reuse, or without a lifetime. A directive given
+/// twice counts by its smallest value; one that does not parse counts as
+/// zero; an `Expires` is not read. The layer keeps such a response no
+/// longer than this (its result TTL capped by it), so it never answers
+/// another client's request stale.
+pub(crate) fn crossing_lifetime(response: &HeaderMap) -> Option<Duration> {
+    let seconds = |value: &str| value.trim_matches('"').parse::<u64>().unwrap_or(0);
+    let least = |old: Option<u64>, new: u64| Some(old.map_or(new, |o| o.min(new)));
+    let (mut allowed, mut max_age, mut s_maxage) = (false, None, None);
     for (d, value) in directives(response, CACHE_CONTROL) {
         if d.eq_ignore_ascii_case("no-cache") {
-            return false;
+            return None;
         } else if d.eq_ignore_ascii_case("public") || d.eq_ignore_ascii_case("must-revalidate") {
             allowed = true;
         } else if d.eq_ignore_ascii_case("max-age") {
-            max_age = positive(value);
+            max_age = least(max_age, seconds(value));
         } else if d.eq_ignore_ascii_case("s-maxage") {
-            s_maxage = Some(positive(value));
+            s_maxage = least(s_maxage, seconds(value));
         }
     }
-    s_maxage.unwrap_or(allowed && max_age)
+    let lifetime = match s_maxage {
+        Some(s) => s,
+        None if allowed => max_age.unwrap_or(0),
+        None => 0,
+    };
+    (lifetime > 0).then(|| Duration::from_secs(lifetime))
 }
 
 /// The field lines of `request` named by `names` ([`keyed_by`]), as kept
@@ -417,6 +428,26 @@ mod tests {
     }
 
     #[test]
+    fn a_response_crosses_credentials_for_its_lifetime() {
+        let life = |cc: &str| crossing_lifetime(&map(&[("cache-control", cc)]));
+        let secs = |n: u64| Some(Duration::from_secs(n));
+        assert_eq!(life("public, max-age=5"), secs(5));
+        assert_eq!(life("must-revalidate, max-age=60"), secs(60));
+        assert_eq!(life("max-age=60, s-maxage=10"), secs(10));
+        assert_eq!(life("max-age=0, s-maxage=10"), secs(10));
+        assert_eq!(life("public, max-age=9, max-age=3"), secs(3));
+        assert_eq!(life("public, max-age=\"7\""), secs(7));
+        for none in [
+            "max-age=60",
+            "public",
+            "public, s-maxage=0, max-age=5",
+            "no-cache, s-maxage=9",
+        ] {
+            assert_eq!(life(none), None, "{none}");
+        }
+    }
+
+    #[test]
     fn a_response_reaches_only_requests_with_the_leaders_credentials() {
         let res = map(&[("content-type", "text/plain")]);
         let a = map(&[("authorization", "Bearer a")]);
@@ -454,6 +485,7 @@ mod tests {
             "public, max-age=5, s-maxage=0",
             "public, no-cache=\"set-cookie\", max-age=5",
             "public, max-age=soon",
+            "public, max-age=5, max-age=0",
             "must-revalidate",
             "public",
         ] {

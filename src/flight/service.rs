@@ -20,8 +20,8 @@ use super::frame::{Shared, decode};
 use super::layer::SingleFlightLayer;
 use super::request::{FlightRequest, FlightSpec};
 use super::response::{
-    LEADER, SHARED, SINGLE_FLIGHT, Verdict, fits, keyed_by, refuses_stored, shared_headers,
-    stays_out, varied, verdict,
+    LEADER, SHARED, SINGLE_FLIGHT, Verdict, crossing_lifetime, fits, keyed_by, refuses_stored,
+    shared_headers, stays_out, varied, verdict,
 };
 use crate::key::LockKey;
 use crate::layer::rejection::SharedRejection;
@@ -215,6 +215,12 @@ where
             .collect()
     };
     let names = keyed_by(&parts.headers).unwrap_or_default();
+    // Shared across credentials, a response is kept only while it may be
+    // reused without asking the origin: never longer than its lifetime.
+    let result_ttl = match crossing_lifetime(&parts.headers) {
+        Some(lifetime) if !names.contains(&http::header::AUTHORIZATION) => result_ttl.min(lifetime),
+        _ => result_ttl,
+    };
     let sharing = Sharing::new(
         leader,
         parts.status,

@@ -304,6 +304,45 @@ pub async fn canonically_equivalent_keys_are_separate_flights(h: Harness) {
     );
 }
 
+/// A response that may answer other clients' requests (`public, max-age=1`)
+/// does so only while fresh: kept no longer than its lifetime under a longer
+/// result TTL. Served stale to another client, it would be what RFC 9111
+/// §3.5 allows only after asking the origin, which the layer never does.
+pub async fn a_response_crosses_credentials_only_while_fresh(h: Harness) {
+    let flights = flights(&h);
+    let ctl = Ctl::default();
+    let runs = ctl.clone();
+    let handler = get(move |headers: HeaderMap| {
+        let ctl = runs.clone();
+        async move {
+            ctl.checkpoint(&headers).await;
+            let run = format!("run {}", ctl.runs());
+            ([(header::CACHE_CONTROL, "public, max-age=1")], run)
+        }
+    });
+    let layer = SingleFlightLayer::new(flights.clone(), |req: &Request<Body>| {
+        let id = tower_lock::path_params(req).get("id")?.to_owned();
+        Some(FlightSpec::new(format!("page:{id}")).result_ttl(LONG))
+    });
+    let app = Router::new().route("/{id}", handler.layer(layer));
+    let one = |who: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::get("/fresh").header(header::AUTHORIZATION, who);
+            let res = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            res.into_body().collect().await.unwrap().to_bytes()
+        }
+    };
+    assert_eq!(one("Bearer a").await, "run 1");
+    assert_eq!(one("Bearer b").await, "run 1", "fresh: anyone's");
+    h.advance(Duration::from_millis(1_100)).await;
+    assert_eq!(
+        one("Bearer b").await,
+        "run 2",
+        "a stale response reached another client"
+    );
+}
+
 /// A route `/{id}` whose handler answers `run <n>` (the runs so far, this
 /// one included), flights keyed `page:{id}` with a long result TTL.
 fn kept_runs(h: &Harness) -> (SingleFlight, Ctl, Router) {

@@ -215,6 +215,7 @@ for_each_backend! {
             conditional_and_range_requests_stay_out_of_flights,
             a_varied_response_reaches_only_the_requests_it_fits,
             a_response_reaches_only_the_clients_with_its_credentials,
+            a_response_crosses_credentials_only_while_fresh,
             canonically_equivalent_keys_are_separate_flights,
             a_request_for_a_fresh_answer_never_gets_a_stored_one,
             a_burst_refusing_the_stored_answer_runs_the_handler_once,

@@ -558,6 +558,12 @@ MUTANTS = [
     ("flight-credentials-crossed-while-stale", "src/flight/service.rs",
      "        Some(lifetime) if !names.contains(&http::header::AUTHORIZATION) => result_ttl.min(lifetime),",
      "        Some(lifetime) if false => result_ttl.min(lifetime),"),
+    # A request refusing the stored result it found counted as `fresh` as
+    # well as by the flight it then joins (metrics:
+    # single_flight_outcomes_leader_shared_fresh).
+    ("flight-refused-stored-counted-fresh", "src/flight/engine.rs",
+     "    if !(refuses_stored && matches!(role, Ok(Role::Shared { stored: true, .. }))) {",
+     "    if true {"),
     ("flight-conditional-requests-join", "src/flight/response.rs",
      "        .any(|name| request.contains_key(name))",
      "        .any(|name| request.contains_key(name) && false)"),

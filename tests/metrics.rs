@@ -16,7 +16,7 @@ use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower::ServiceExt;
-use tower_lock::flight::SingleFlight;
+use tower_lock::flight::{FlightSpec, SingleFlight, SingleFlightLayer};
 use tower_lock::{
     LockBackend, LockLayer, LockSpec, Locks, MemoryBackend, SharedBackend, path_params,
 };
@@ -376,6 +376,37 @@ async fn single_flight_outcomes_leader_shared_fresh() {
     assert_eq!((n("leader"), n("shared"), n("fresh")), (1, 1, 1));
     // A flight's own lock is not counted as a lock acquisition.
     assert_eq!(r.counter(ACQ, &[("route", "")]), 0);
+
+    // Through the layer: a request that refuses the stored result it finds
+    // (`no-cache`) is counted once, by the flight of such requests it
+    // leads, not as `fresh` too.
+    let layer = SingleFlightLayer::new(flights.clone(), |_: &Request<Body>| {
+        Some(FlightSpec::new("page").result_ttl(Duration::from_secs(60)))
+    });
+    let app = Router::new().route(
+        "/page",
+        axum::routing::get(|| async { "page" }).layer(layer),
+    );
+    for cache in ["", "", "no-cache"] {
+        let mut req = Request::get("/page");
+        if !cache.is_empty() {
+            req = req.header("cache-control", cache);
+        }
+        let res = app
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let r = read();
+    let n = |outcome| {
+        r.counter(
+            "tower_lock_flights_total",
+            &[("backend", "memory"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!((n("leader"), n("shared"), n("fresh")), (3, 1, 2));
 }
 
 #[cfg(feature = "redis")]

@@ -89,17 +89,23 @@ impl Leader {
 /// Join the flight `key`: its fresh result, or its lock (then compute), or
 /// wait for whichever comes first of the leader's result and the lock (a
 /// leader that fails or dies passes the lock on). Waits at most
-/// `settings.max_wait` ([`LockError::Timeout`] after it).
+/// `settings.max_wait` ([`LockError::Timeout`] after it). `refuses_stored`:
+/// the caller will not use a stored result (it asks for a fresh answer),
+/// so one found is not counted as `fresh`: the caller counts the flight it
+/// then joins instead.
 pub(crate) async fn join(
     backend: &SharedBackend,
     key: LockKey,
     settings: Settings,
+    refuses_stored: bool,
 ) -> Result<Role, LockError> {
     let (outcome, role) = match begin(backend, key, settings).await {
         Ok((outcome, role)) => (outcome, Ok(role)),
         Err(e) => (observe::error_outcome(&e), Err(e)),
     };
-    observe::flight(backend, outcome);
+    if !(refuses_stored && matches!(role, Ok(Role::Shared { stored: true, .. }))) {
+        observe::flight(backend, outcome);
+    }
     role
 }
 

@@ -249,7 +249,7 @@ impl SingleFlight {
         Fut: Future<Output = Result<T, E>>,
     {
         let key = LockKey::flight(key).map_err(FlightError::Lock)?;
-        let leader = match join(&self.backend, key, self.settings())
+        let leader = match join(&self.backend, key, self.settings(), false)
             .await
             .map_err(FlightError::Lock)?
         {

@@ -134,9 +134,13 @@ where
     };
     let mut result_ttl = spec.get_result_ttl();
     let mut refreshing = false;
+    // (Whether it refuses a stored result, decided before it is found: such
+    // a result is counted by the flight this request then joins, not as
+    // `fresh`.)
+    let refuses = refuses_stored(req.headers()).is_some();
     let leader = loop {
-        let (result, stored) = match join(flights.backend(), key.clone(), flights.settings()).await
-        {
+        let joined = join(flights.backend(), key.clone(), flights.settings(), refuses).await;
+        let (result, stored) = match joined {
             Ok(Role::Leader(leader)) => break leader,
             Ok(Role::Shared { result, stored }) => (result, stored),
             Err(e) => return Ok(rejection(&reject, &e)),

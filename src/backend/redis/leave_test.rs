@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::RedisBackend;
+use super::ops::{Attempt, LeaveMode};
 use super::redis_server::RedisServer;
+use super::scripts::ceil_ms;
 use crate::backend::{Holder, LockBackend};
 use crate::key::LockKey;
 use crate::spec::AcquireRequest;
@@ -161,7 +163,11 @@ async fn a_lock_a_dropped_waiters_own_attempt_took_is_given_back() {
 /// it, in the same script, so the lock names that waiter as soon as the
 /// leaver's entry is gone; it stayed free until the waiter's own re-check,
 /// up to its safety net's 2 s later. (The lock's key is deleted by hand,
-/// as its TTL would: an expiry tells nobody either.)
+/// as its TTL would: an expiry tells nobody either.) Both waiters are
+/// entries their attempts queued, and the leave is the one a dropped call
+/// sends, called at the seam: a live waiter's re-check (after subscribing,
+/// or its safety net's) could take or hand on the free lock first, which
+/// under load a live first waiter did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leave_from_a_key_left_free_hands_it_to_the_next_waiter() {
     let server = RedisServer::start();
@@ -172,24 +178,20 @@ async fn a_leave_from_a_key_left_free_hands_it_to_the_next_waiter() {
         AcquireRequest::new(key.clone(), owner, ttl, Duration::from_secs(wait)).unwrap()
     };
     backend.acquire(&request("holder", 0)).await.unwrap();
-    let wait_for = |n: usize| {
-        let t0 = Instant::now();
-        let server = &server;
-        async move {
-            while queued(server) != n {
-                assert!(t0.elapsed() < Duration::from_secs(10), "never {n} queued");
-                sleep(Duration::from_millis(5)).await;
-            }
-        }
+    // Two waiters' entries, as their attempts queue them.
+    let queue = async |owner: &str| {
+        let id = backend.shared.wake.next_id();
+        let (req, end) = (request(owner, 300), backend.deadline());
+        let attempt = backend
+            .attempt(&req, ceil_ms(ttl), Some((300_000, id)), end)
+            .await
+            .unwrap();
+        assert!(matches!(attempt, Attempt::Busy { .. }), "{owner} queues");
+        id
     };
-    let spawn = |owner: &'static str| {
-        let (backend, req) = (backend.clone(), request(owner, 300));
-        tokio::spawn(async move { backend.acquire(&req).await })
-    };
-    let first = spawn("first");
-    wait_for(1).await;
-    let second = spawn("second");
-    wait_for(2).await;
+    let first = queue("first").await;
+    let second = queue("second").await;
+    assert_eq!(queued(&server), 2);
 
     let queue = server.cmd(&["KEYS", "*:q"]);
     let lock = queue
@@ -200,20 +202,16 @@ async fn a_leave_from_a_key_left_free_hands_it_to_the_next_waiter() {
         .unwrap()
         .to_owned();
     assert_eq!(server.cmd(&["DEL", &lock]), "1");
-    first.abort();
-    let t0 = Instant::now();
-    while queued(&server) == 2 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the leave never ran"
-        );
-        sleep(Duration::from_millis(1)).await;
-    }
+    // The first call is dropped: its guard sends this leave.
+    let end = backend.deadline();
+    backend
+        .leave(&key, "first", first, LeaveMode::Drop, Duration::ZERO, end)
+        .await
+        .unwrap();
     let value = server.cmd(&["GET", &lock]);
     assert!(
-        value.ends_with(" second"),
-        "right after the leave, the lock is {value:?}, not the next waiter's"
+        value.ends_with(" second") && value.contains(&format!(" {second}@")),
+        "right after the leave, the lock is {value:?}, not handed to the next waiter"
     );
-    let lease = second.await.unwrap().unwrap();
-    assert!(lease.fence > 0);
+    assert_eq!(queued(&server), 0, "both entries are out of the queue");
 }

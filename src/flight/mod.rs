@@ -46,6 +46,7 @@
 
 mod body;
 mod engine;
+mod fit;
 mod frame;
 mod layer;
 mod request;

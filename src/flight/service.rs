@@ -16,12 +16,12 @@ use tower_service::Service;
 pub use super::body::FlightBody;
 use super::body::{Sharing, release_followers};
 use super::engine::{Role, join};
+use super::fit::{crossing_lifetime, fits, keyed_by, varied};
 use super::frame::{Shared, decode};
 use super::layer::SingleFlightLayer;
 use super::request::{FlightRequest, FlightSpec};
 use super::response::{
-    LEADER, SHARED, SINGLE_FLIGHT, Verdict, crossing_lifetime, fits, keyed_by, refuses_stored,
-    shared_headers, stays_out, varied, verdict,
+    LEADER, SHARED, SINGLE_FLIGHT, Verdict, refuses_stored, shared_headers, stays_out, verdict,
 };
 use crate::key::LockKey;
 use crate::layer::rejection::SharedRejection;
@@ -137,15 +137,16 @@ where
     // (Whether it refuses a stored result, decided before it is found: such
     // a result is counted by the flight this request then joins, not as
     // `fresh`.)
-    let refuses = refuses_stored(req.headers()).is_some();
+    let refuses = refuses_stored(req.headers());
     let leader = loop {
-        let joined = join(flights.backend(), key.clone(), flights.settings(), refuses).await;
+        let settings = flights.settings();
+        let joined = join(flights.backend(), key.clone(), settings, refuses.is_some()).await;
         let (result, stored) = match joined {
             Ok(Role::Leader(leader)) => break leader,
             Ok(Role::Shared { result, stored }) => (result, stored),
             Err(e) => return Ok(rejection(&reject, &e)),
         };
-        let refused = stored.then(|| refuses_stored(req.headers())).flatten();
+        let refused = stored.then_some(refuses).flatten();
         match refused {
             Some(why) if !refreshing => {
                 // Published before this request came, and it asks for an
